@@ -1,0 +1,48 @@
+# lapse — developer entry points. `make help` lists them.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install databases kube stack test test-unit lint format run clean
+
+help: ## Show the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+install: $(STAMP) ## Create .venv and install lapse with its dev tools
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+databases: ## Install (Debian packages) and start PostgreSQL and MariaDB on loopback
+	bash scripts/databases.sh
+
+kube: ## Build etcd + kube-apiserver from the Go module proxy (cached by version)
+	bash lapse/embedded/build-kube.sh >/dev/null
+
+stack: databases kube ## Everything the integration tests need (NATS is started by the tests)
+
+test: install stack ## Run the whole test suite against real servers
+	$(BIN)/pytest
+
+test-unit: install ## Run only the unit tests (no servers)
+	$(BIN)/pytest tests/unit
+
+lint: install ## ruff and mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: install ## Apply ruff's formatting and safe fixes
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+run: install ## Run lapse (for now: its --help; lapse up arrives with the runtime)
+	$(BIN)/lapse --help
+
+clean: ## Remove the virtualenv and caches kept inside the repository
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,0 +1,50 @@
+"""NATS subjects: part of the contract, because other tools subscribe to them too."""
+
+from __future__ import annotations
+
+import re
+
+from events.run import Target
+
+SCHEDULE_PREFIX = "lapse.sched"
+DUE_PREFIX = "lapse.due"
+EVENTS_PREFIX = "lapse.events"
+AUDIT_PREFIX = "lapse.audit"
+DLQ_PREFIX = "lapse.dlq"
+
+# A subject token may not contain separators, wildcards or white space; Kubernetes uids
+# (UUIDs) never do, but a uid arrives from outside, so it is checked, not trusted.
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+class InvalidSubjectToken(ValueError):
+    pass
+
+
+def _token(value: str) -> str:
+    if not _TOKEN.match(value):
+        raise InvalidSubjectToken(f"{value!r} cannot be part of a NATS subject")
+    return value
+
+
+def schedule_subject(target: Target, uid: str) -> str:
+    """Where the one pending schedule for (target, uid) lives: publishing replaces it."""
+    return f"{SCHEDULE_PREFIX}.{target.value}.{_token(uid)}"
+
+
+def due_subject(target: Target, uid: str) -> str:
+    """Where the scheduler puts the due message when the deadline arrives."""
+    return f"{DUE_PREFIX}.{target.value}.{_token(uid)}"
+
+
+def event_subject(event_type: str) -> str:
+    """Ingress subject for a lifecycle event type (dots in the type become tokens)."""
+    return f"{EVENTS_PREFIX}.{event_type}"
+
+
+def audit_subject(event_type: str) -> str:
+    return f"{AUDIT_PREFIX}.{event_type}"
+
+
+def dlq_subject(event_type: str) -> str:
+    return f"{DLQ_PREFIX}.{event_type}"

@@ -1,0 +1,1 @@
+"""The I/O edges: one connection helper per system lapse talks to."""

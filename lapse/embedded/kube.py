@@ -1,0 +1,220 @@
+"""A local Kubernetes control plane: etcd + kube-apiserver, no controllers.
+
+Started the way controller-runtime's envtest starts one: etcd on free loopback ports with a
+throwaway data dir, kube-apiserver self-signing its serving certificate, RBAC on, and token
+authentication. Nothing runs the Argo controller: whoever uses this writes Workflow status
+themselves, which is exactly the part of the object lapse reads.
+
+The binaries are built from the Go module proxy by `build-kube.sh` (next to this file) and
+cached outside any repository, keyed by version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import ssl
+import subprocess
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from lapse.embedded.process import ServerStartError, free_port, port_open, spawn, stop, wait_until
+
+KUBE_VERSION = "v1.35.4"
+ARGO_WORKFLOWS_VERSION = "v3.7.9"
+ARGO_MODULE = "github.com/argoproj/argo-workflows/v3"
+BUILD_SCRIPT = Path(__file__).with_name("build-kube.sh")
+
+ADMIN_USER = "admin"
+READONLY_USER = "lapse-readonly"
+
+
+def cache_root() -> Path:
+    if root := os.environ.get("LAPSE_CACHE"):
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "lapse"
+
+
+def kube_binaries(version: str = KUBE_VERSION, *, build: bool = True) -> Path:
+    """The directory holding `etcd` and `kube-apiserver`, building them if needed."""
+    directory = cache_root() / "kube" / version
+    if not build:
+        if (directory / "kube-apiserver").exists() and (directory / "etcd").exists():
+            return directory
+        raise ServerStartError(
+            f"kube-apiserver {version} is not built yet: run `make kube` once (5-20 minutes)"
+        )
+    # The script is idempotent and returns at once when the cache is current.
+    env = {**os.environ, "LAPSE_KUBE_VERSION": version, "LAPSE_CACHE": str(cache_root())}
+    result = subprocess.run(["bash", str(BUILD_SCRIPT)], env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ServerStartError(
+            f"building kube-apiserver {version} failed:\n{result.stderr[-4000:]}"
+        )
+    return directory
+
+
+def go_module_dir(module: str, version: str) -> Path:
+    """Download a pinned Go module into the module cache and return its directory."""
+    try:
+        out = subprocess.run(
+            ["go", "mod", "download", "-json", f"{module}@{version}"],
+            capture_output=True, text=True, check=True,
+            env={**os.environ, "GOFLAGS": "-mod=mod"},
+        )  # fmt: skip
+    except FileNotFoundError as exc:
+        raise ServerStartError("the 'go' tool is needed to read pinned CRDs") from exc
+    except subprocess.CalledProcessError as exc:
+        raise ServerStartError(f"go mod download {module}@{version} failed: {exc.stderr}") from exc
+    return Path(json.loads(out.stdout)["Dir"])
+
+
+def argo_workflow_crd(version: str = ARGO_WORKFLOWS_VERSION) -> dict[str, object]:
+    """The Workflow CRD exactly as Argo installs it by default (the `minimal` variant)."""
+    path = (
+        go_module_dir(ARGO_MODULE, version)
+        / "manifests/base/crds/minimal/argoproj.io_workflows.yaml"
+    )
+    crd: dict[str, object] = yaml.safe_load(path.read_text())
+    return crd
+
+
+@dataclass
+class EmbeddedKube:
+    """etcd + kube-apiserver on loopback, with two token users: an admin (system:masters)
+    and `lapse-readonly`, who has no rights until a test binds some with RBAC."""
+
+    work_dir: Path
+    version: str = KUBE_VERSION
+    etcd_port: int = field(default_factory=free_port)
+    etcd_peer_port: int = field(default_factory=free_port)
+    port: int = field(default_factory=free_port)
+    admin_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    readonly_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    etcd: subprocess.Popen[bytes] | None = None
+    apiserver: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://127.0.0.1:{self.etcd_port}"
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self.work_dir / "kubeconfig"
+
+    def start(self, timeout: float = 120.0) -> EmbeddedKube:
+        binaries = kube_binaries(self.version)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._start_etcd(binaries / "etcd", timeout)
+        self._start_apiserver(binaries / "kube-apiserver", timeout)
+        self._write_kubeconfig()
+        return self
+
+    def stop(self) -> None:
+        stop(self.apiserver)
+        stop(self.etcd)
+        self.apiserver = self.etcd = None
+
+    def _start_etcd(self, binary: Path, timeout: float) -> None:
+        log = self.work_dir / "etcd.log"
+        peer = f"http://127.0.0.1:{self.etcd_peer_port}"
+        self.etcd = spawn(
+            [
+                str(binary),
+                "--name", "lapse",
+                "--data-dir", str(self.work_dir / "etcd"),
+                "--listen-client-urls", self.etcd_url,
+                "--advertise-client-urls", self.etcd_url,
+                "--listen-peer-urls", peer,
+                "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"lapse={peer}",
+                "--unsafe-no-fsync",
+            ],
+            log,
+        )  # fmt: skip
+        wait_until(
+            lambda: _http_ok(f"{self.etcd_url}/health"),
+            process=self.etcd, what="etcd", log_path=log, timeout=timeout,
+        )  # fmt: skip
+
+    def _start_apiserver(self, binary: Path, timeout: float) -> None:
+        log = self.work_dir / "kube-apiserver.log"
+        key = self.work_dir / "sa.key"
+        if not key.exists():
+            subprocess.run(
+                ["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True
+            )
+        tokens = self.work_dir / "tokens.csv"
+        tokens.write_text(
+            f'{self.admin_token},{ADMIN_USER},admin-uid,"system:masters"\n'
+            f"{self.readonly_token},{READONLY_USER},readonly-uid\n"
+        )
+        self.apiserver = spawn(
+            [
+                str(binary),
+                "--etcd-servers", self.etcd_url,
+                "--cert-dir", str(self.work_dir / "certs"),
+                "--secure-port", str(self.port),
+                "--bind-address", "127.0.0.1",
+                "--service-cluster-ip-range", "10.0.0.0/24",
+                "--authorization-mode", "RBAC",
+                "--disable-admission-plugins", "ServiceAccount",
+                "--service-account-issuer", "https://kubernetes.default.svc",
+                "--service-account-key-file", str(key),
+                "--service-account-signing-key-file", str(key),
+                "--token-auth-file", str(tokens),
+                "--allow-privileged",
+            ],
+            log,
+        )  # fmt: skip
+        wait_until(
+            lambda: port_open(self.port) and _http_ok(f"{self.url}/readyz", self.admin_token),
+            process=self.apiserver, what="kube-apiserver", log_path=log, timeout=timeout,
+        )  # fmt: skip
+
+    def kubeconfig(self, token: str | None = None, user: str = ADMIN_USER) -> dict[str, object]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "lapse",
+                    # kube-apiserver self-signs its serving certificate into --cert-dir.
+                    "cluster": {
+                        "server": self.url,
+                        "certificate-authority": str(self.work_dir / "certs" / "apiserver.crt"),
+                    },
+                }
+            ],
+            "users": [{"name": user, "user": {"token": token or self.admin_token}}],
+            "contexts": [{"name": "lapse", "context": {"cluster": "lapse", "user": user}}],
+            "current-context": "lapse",
+        }
+
+    def _write_kubeconfig(self) -> None:
+        self.kubeconfig_path.write_text(yaml.safe_dump(self.kubeconfig()))
+        self.kubeconfig_path.chmod(0o600)
+
+
+def _http_ok(url: str, token: str | None = None) -> bool:
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    # Loopback only, against a certificate the apiserver just signed for itself.
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(request, timeout=2, context=context) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False

@@ -1,0 +1,95 @@
+"""Session fixtures: real NATS, PostgreSQL, MariaDB and a kube-apiserver with etcd.
+
+Each server starts the first time a test asks for it and stops at the end of the session;
+unit tests ask for none of them and start nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from lapse.clients.kubernetes import Workflows, load_api_client
+from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
+from lapse.embedded.nats import EmbeddedNats
+from tests.stack import Database, scratch_database
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    server = EmbeddedNats(tmp_path_factory.mktemp("nats")).start()
+    yield server
+    server.stop()
+
+
+@dataclass
+class KubeStack:
+    server: EmbeddedKube
+    api_client: client.ApiClient
+    kubeconfig: Path
+    workflows: Workflows
+    executor: ThreadPoolExecutor
+
+    def namespace(self, name: str) -> str:
+        """Create a namespace (idempotent) and return its name."""
+        core = client.CoreV1Api(self.api_client)
+        try:
+            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        return name
+
+
+def _install_crd(api_client: client.ApiClient, crd: dict[str, object]) -> None:
+    ext = client.ApiextensionsV1Api(api_client)
+    ext.create_custom_resource_definition(crd)
+    name = crd["metadata"]["name"]  # type: ignore[index]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = ext.read_custom_resource_definition(name).status
+        if any(c.type == "Established" and c.status == "True" for c in status.conditions or []):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"CRD {name} never became Established")
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeStack]:
+    server = EmbeddedKube(tmp_path_factory.mktemp("kube")).start()
+    api_client = load_api_client(str(server.kubeconfig_path))
+    _install_crd(api_client, argo_workflow_crd())
+    executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kube-test")
+    yield KubeStack(
+        server, api_client, server.kubeconfig_path, Workflows(api_client, executor), executor
+    )
+    executor.shutdown(wait=False, cancel_futures=True)
+    api_client.close()
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+async def postgres() -> AsyncIterator[Database]:
+    async with scratch_database("postgresql") as db:
+        yield db
+
+
+@pytest.fixture(scope="session")
+async def mysql() -> AsyncIterator[Database]:
+    async with scratch_database("mysql") as db:
+        yield db
+
+
+@pytest.fixture(scope="session", params=["postgresql", "mysql"])
+def database(request: pytest.FixtureRequest) -> Database:
+    """Runs a test once on PostgreSQL and once on MariaDB."""
+    fixture = "postgres" if request.param == "postgresql" else "mysql"
+    db: Database = request.getfixturevalue(fixture)
+    return db
