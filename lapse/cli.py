@@ -13,13 +13,13 @@ import traceback
 from collections.abc import Callable
 from importlib.metadata import version
 
+from lapse.commands import infra, plan
+from lapse.commands.common import UsageError
+from lapse.resources import MissingSetting
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """The command line or the configuration is wrong: exit code 2."""
 
 
 Command = Callable[[argparse.Namespace], int]
@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="configuration file (default: $LAPSE_CONFIG, else built-in defaults)",
     )
     parser.add_argument("--debug", action="store_true", help="verbose logs and full tracebacks")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in (plan, infra):
+        command.register(subparsers)
     return parser
 
 
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE if args.command is None and argv else EXIT_OK
     try:
         return run(args)
-    except UsageError as exc:
+    except (UsageError, MissingSetting) as exc:
         print(f"lapse: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import nats
@@ -14,8 +13,7 @@ from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
 import infra
-
-log = logging.getLogger(__name__)
+from lapse.config import Streams
 
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -31,18 +29,15 @@ async def connect(url: str, *, name: str = "lapse") -> NATS:
     )
 
 
-@dataclass(frozen=True)
-class StreamNames:
-    schedule: str = "LAPSE_SCHED"
-    events: str = "LAPSE_EVENTS"
-    audit: str = "LAPSE_AUDIT"
-    dlq: str = "LAPSE_DLQ"
-
-
 def _seconds(value: str | int | float) -> float:
     if isinstance(value, int | float):
         return float(value)
     return float(value[:-1]) * _SECONDS[value[-1]]
+
+
+def due_message_ttl() -> float:
+    """Seconds a fired due message is kept (handled or not) before the server removes it."""
+    return _seconds(_definitions()["schedule"].get("due_message_ttl", "7d"))
 
 
 def _definitions() -> dict[str, dict[str, Any]]:
@@ -53,11 +48,14 @@ def _definitions() -> dict[str, dict[str, Any]]:
 
 
 def stream_configs(
-    names: StreamNames = StreamNames(), *, replicas: int = 1, audit_max_age: str | None = None
+    names: Streams | None = None, *, replicas: int = 1, audit_max_age: timedelta | None = None
 ) -> list[StreamConfig]:
+    names = names or Streams()
     configs = []
     for key, spec in _definitions().items():
-        max_age = audit_max_age if key == "audit" and audit_max_age else spec.get("max_age", 0)
+        max_age: str | float = spec.get("max_age", 0)
+        if key == "audit" and audit_max_age is not None:
+            max_age = audit_max_age.total_seconds()
         configs.append(
             StreamConfig(
                 name=getattr(names, key),
@@ -67,6 +65,7 @@ def stream_configs(
                 max_age=_seconds(max_age),
                 num_replicas=replicas,
                 allow_msg_schedules=bool(spec.get("allow_msg_schedules")) or None,
+                allow_msg_ttl=bool(spec.get("allow_msg_ttl")) or None,
                 # Publishers set Nats-Msg-Id to the CloudEvent id: duplicates within this
                 # window are dropped by the server.
                 duplicate_window=120.0,

@@ -9,14 +9,15 @@ from nats.js.api import ConsumerConfig
 
 from events.run import Target
 from events.subjects import due_subject, schedule_subject
-from lapse.clients.nats import StreamNames, connect, ensure_streams, stream_configs
+from lapse.clients.nats import connect, ensure_streams, stream_configs
+from lapse.config import Streams
 from lapse.embedded.nats import EmbeddedNats
 
 
 async def test_streams_are_created_idempotently(nats_server: EmbeddedNats) -> None:
     nc = await connect(nats_server.url)
     js = nc.jetstream()
-    names = StreamNames(schedule="T1_SCHED", events="T1_EVENTS", audit="T1_AUDIT", dlq="T1_DLQ")
+    names = Streams(schedule="T1_SCHED", events="T1_EVENTS", audit="T1_AUDIT", dlq="T1_DLQ")
     try:
         first = await ensure_streams(js, stream_configs(names))
         second = await ensure_streams(js, stream_configs(names))
@@ -61,7 +62,7 @@ async def test_jetstream_publish_and_durable_pull(nats_server: EmbeddedNats) -> 
 async def test_message_schedule_fires_on_its_target(nats_server: EmbeddedNats) -> None:
     nc = await connect(nats_server.url)
     js = nc.jetstream()
-    names = StreamNames(schedule="T3_SCHED", events="T3_EVENTS", audit="T3_AUDIT", dlq="T3_DLQ")
+    names = Streams(schedule="T3_SCHED", events="T3_EVENTS", audit="T3_AUDIT", dlq="T3_DLQ")
     await ensure_streams(js, stream_configs(names)[:1])
     try:
         uid = "0b7c3a8e-9a56-4b8f-a2b7-1c1f0e3a5d11"

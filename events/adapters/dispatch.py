@@ -1,0 +1,112 @@
+"""Choose the adapter for an object or an incoming CloudEvent."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from cloudevents.core.base import BaseCloudEvent
+
+from events.adapters import argo, job, kube_events, tekton
+from events.adapters.kube import api_group, as_object, optional_str, required_str
+from events.adapters.result import AdapterResult, Ignored, NeedsFetch
+from events.builder import parse_payload
+from events.errors import InvalidEvent
+from events.jsontext import is_json_media_type, parse_json
+from events.models import RunDeleted, RunFinished
+from events.types import EventType
+
+KNATIVE_RESOURCE_EVENTS: Final = {
+    "dev.knative.apiserver.resource.add": False,
+    "dev.knative.apiserver.resource.update": False,
+    "dev.knative.apiserver.resource.delete": True,
+}
+KNATIVE_REF_EVENTS: Final = {
+    "dev.knative.apiserver.ref.add": False,
+    "dev.knative.apiserver.ref.update": False,
+    "dev.knative.apiserver.ref.delete": True,
+}
+
+ObjectAdapter = Callable[[object, bool], AdapterResult]
+
+_OBJECT_ADAPTERS: Final[dict[tuple[str, str], ObjectAdapter]] = {
+    (argo.GROUP, argo.KIND): argo.adapt_workflow,
+    (tekton.GROUP, tekton.KIND): tekton.adapt_pipelinerun,
+    (job.GROUP, job.KIND): job.adapt_job,
+    **{
+        (group, kube_events.KIND): kube_events.adapt_kubernetes_event
+        for group in kube_events.GROUPS
+    },
+}
+
+
+def adapt_object(obj: object, deleted: bool = False) -> AdapterResult:
+    """A Kubernetes object (with apiVersion and kind), chosen by its group and kind."""
+    adapter = _OBJECT_ADAPTERS.get(_group_kind(as_object(obj, "object"), "object"))
+    if adapter is None:
+        raise InvalidEvent(f"unsupported object type {_describe(obj)}")
+    return adapter(obj, deleted)
+
+
+def adapt_cloudevent(event: BaseCloudEvent) -> AdapterResult:
+    """Any CloudEvent lapse accepts as run input, chosen by its `type`.
+
+    Already-normalized `dev.lapse.run.finished/deleted.v1` events pass through validated,
+    so a producer that speaks lapse's contract needs no adapter.
+    """
+    event_type = event.get_type()
+    if event_type in KNATIVE_RESOURCE_EVENTS:
+        return adapt_object(_data(event), deleted=KNATIVE_RESOURCE_EVENTS[event_type])
+    if event_type in KNATIVE_REF_EVENTS:
+        return _from_reference(_data(event), deleted=KNATIVE_REF_EVENTS[event_type])
+    if event_type.startswith(tekton.EVENT_PREFIX):
+        return tekton.adapt_tekton_event(event_type, _data(event))
+    if event_type == EventType.RUN_FINISHED:
+        return parse_payload(event, RunFinished)
+    if event_type == EventType.RUN_DELETED:
+        return parse_payload(event, RunDeleted)
+    raise InvalidEvent(f"unsupported event type {event_type!r}")
+
+
+def _from_reference(data: Any, deleted: bool) -> NeedsFetch | Ignored:
+    """Knative ApiServerSource Reference mode: data is an ObjectReference, nothing more."""
+    ref = as_object(data, "ApiServerSource reference")
+    group_kind = _group_kind(ref, "reference")
+    if group_kind not in _OBJECT_ADAPTERS:
+        raise InvalidEvent(f"unsupported object type {_describe(ref)}")
+    if deleted and group_kind[1] == kube_events.KIND:
+        return Ignored("a Kubernetes Event was deleted")
+    return NeedsFetch(
+        api_version=required_str(ref, "apiVersion", "reference apiVersion"),
+        kind=group_kind[1],
+        namespace=required_str(ref, "namespace", "reference namespace"),
+        name=required_str(ref, "name", "reference name"),
+        uid=optional_str(ref, "uid", "reference uid") or None,
+        deleted=deleted,
+    )
+
+
+def _group_kind(obj: dict[str, Any], where: str) -> tuple[str, str]:
+    api_version = required_str(obj, "apiVersion", f"{where} apiVersion")
+    return api_group(api_version), required_str(obj, "kind", f"{where} kind")
+
+
+def _describe(obj: object) -> str:
+    if not isinstance(obj, dict):
+        return type(obj).__name__
+    return f"{str(obj.get('apiVersion'))[:80]} {str(obj.get('kind'))[:80]}"
+
+
+def _data(event: BaseCloudEvent) -> Any:
+    content_type = event.get_datacontenttype()
+    if content_type is not None and not is_json_media_type(content_type):
+        raise InvalidEvent(f"{event.get_type()}: datacontenttype {content_type!r} is not JSON")
+    data = event.get_data()
+    if isinstance(data, str | bytes):
+        try:
+            return parse_json(data)
+        except ValueError as exc:
+            raise InvalidEvent(f"{event.get_type()}: data is {exc}") from None
+    if data is None:
+        raise InvalidEvent(f"{event.get_type()}: event has no data")
+    return data

@@ -1,0 +1,521 @@
+"""When does a finished run expire? The pure policy engine (no I/O, no clock: `now` is given).
+
+For each target the first source that has something to say decides.
+
+Kubernetes object (`Target.KUBERNETES`):
+  1. `lapse.dev/keep: "true"`   never delete; a pending schedule is cancelled.
+  2. `lapse.dev/expires`        absolute RFC 3339 deadline.
+  3. `lapse.dev/ttl`            duration after the run finished (or `never`).
+  4. Argo `spec.ttlStrategy`    with Argo's own rule: phase `Failed` uses secondsAfterFailure
+                                and `Succeeded` secondsAfterSuccess when set, every phase
+                                otherwise secondsAfterCompletion (so `Error` only ever gets
+                                secondsAfterCompletion).
+  5. the first configured policy that matches the run and has a clock for its phase.
+  6. the built-in default: 24h after the run finished.
+
+Database rows (`Target.DATABASE`): only 5 and 6 (built-in default: never). The people who
+run the database decide how long rows live, so annotations never set a database TTL and
+`keep` does not apply by itself; a policy can still match on `lapse.dev/keep` through its
+annotation selector.
+
+A malformed `lapse.dev/*` annotation never falls through to a later source (that could
+delete an object earlier than its owner asked): it yields an `invalid` decision, which the
+caller dead-letters. Only `keep: "true"` outranks it, because keeping is always safe.
+
+Policies are matched per target: a policy that configures only the Kubernetes clock says
+nothing about the database, and the search for a database TTL continues with the next
+policy. Likewise a Kubernetes section without a clock for the run's phase (e.g. only
+`after_success` for a Failed run) passes to the next policy. Within a section the phase
+rule is Argo's: `after_failure` for Failed, `after_success` for Succeeded, when set;
+`ttl` otherwise.
+
+Deadlines are `finishedAt + ttl` (`now + ttl` when the run has no finishedAt), in UTC.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import Enum, StrEnum
+from fnmatch import fnmatchcase
+from typing import Annotated, Final, Literal, TypeAlias
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    WithJsonSchema,
+    model_validator,
+)
+
+from events.run import ArgoTTLStrategy, Engine, RunRef, Target
+
+KEEP_ANNOTATION: Final = "lapse.dev/keep"
+EXPIRES_ANNOTATION: Final = "lapse.dev/expires"
+TTL_ANNOTATION: Final = "lapse.dev/ttl"
+
+
+# --- durations --------------------------------------------------------------------------
+
+
+class NeverType(Enum):
+    """The TTL `never`: a singleton, so that "no TTL configured here" (None) stays distinct."""
+
+    NEVER = "never"
+
+
+NEVER: Final = NeverType.NEVER
+Ttl: TypeAlias = timedelta | Literal[NeverType.NEVER]
+
+DEFAULT_KUBERNETES_TTL: Final[Ttl] = timedelta(hours=24)
+DEFAULT_DATABASE_TTL: Final[Ttl] = NEVER
+
+UNIT_HINT: Final = "use s, m, h, d or w"
+_UNITS: Final = {
+    "w": timedelta(weeks=1),
+    "d": timedelta(days=1),
+    "h": timedelta(hours=1),
+    "m": timedelta(minutes=1),
+    "s": timedelta(seconds=1),
+}
+_PART = re.compile(r"(\d+)(\D*)")
+
+
+class DurationError(ValueError):
+    """A duration that does not parse; `problem` is the part after the value."""
+
+    def __init__(self, what: str, text: str, problem: str) -> None:
+        super().__init__(f"{what} {text!r}: {problem}")
+        self.text = text
+        self.problem = problem
+
+
+def parse_duration(text: str, *, what: str = "duration") -> timedelta:
+    """Parse `90s`, `30m`, `12h`, `7d`, `2w`, or a combination largest unit first (`1d12h`).
+
+    Strict: no bare numbers, no fractions, no signs, no `never` (see `parse_ttl`). `what`
+    names the value in the error message, e.g. `ttl '3x': unknown unit 'x'; use s, m, ...`.
+    """
+    value = text.strip()
+    if value == NEVER.value:
+        raise DurationError(what, text, "'never' is not allowed here; give a duration")
+    if not value:
+        raise DurationError(what, text, f"empty; {UNIT_HINT}, e.g. 12h")
+    if value[0] in "+-":
+        raise DurationError(what, text, f"no sign allowed; {UNIT_HINT}, e.g. 12h")
+    if re.search(r"\d[.,]\d", value):
+        raise DurationError(what, text, "whole numbers only; use a smaller unit (90m, not 1.5h)")
+    parts = _PART.findall(value)
+    if not value[0].isdigit() or "".join(n + u for n, u in parts) != value:
+        raise DurationError(what, text, f"expected a number and a unit; {UNIT_HINT}, e.g. 12h")
+    total = timedelta()
+    previous = -1
+    order = list(_UNITS)
+    for number, unit in parts:
+        if not unit:
+            raise DurationError(what, text, f"missing unit; {UNIT_HINT}")
+        if unit not in _UNITS:
+            raise DurationError(what, text, f"unknown unit {unit!r}; {UNIT_HINT}")
+        if order.index(unit) <= previous:
+            raise DurationError(what, text, "units go largest first, each once (e.g. 1d12h)")
+        previous = order.index(unit)
+        if len(number) > 15:  # beyond ~30 million years; also keeps int() cheap
+            raise DurationError(what, text, "too large; use 'never' to keep forever")
+        try:
+            total += int(number) * _UNITS[unit]
+        except OverflowError:
+            raise DurationError(what, text, "too large; use 'never' to keep forever") from None
+    return total
+
+
+def parse_ttl(text: str, *, what: str = "ttl") -> Ttl:
+    """A duration (see `parse_duration`) or the literal `never`."""
+    if text.strip() == NEVER.value:
+        return NEVER
+    return parse_duration(text, what=what)
+
+
+def format_duration(value: Ttl) -> str:
+    """The canonical text of a TTL (`30d`, `2w`, `1d12h`, `never`); for whole seconds
+    `parse_ttl(format_duration(x)) == x`."""
+    if not isinstance(value, timedelta):
+        return NEVER.value
+    seconds = value.days * 86_400 + value.seconds
+    if seconds == 0:
+        return "0s"
+    week = 7 * 86_400
+    if seconds % week == 0:
+        return f"{seconds // week}w"
+    text = ""  # weeks only when exact: "30d" reads better than "4w2d"
+    for unit, size in list(_UNITS.items())[1:]:
+        count, seconds = divmod(seconds, int(size.total_seconds()))
+        if count:
+            text += f"{count}{unit}"
+    return text
+
+
+def _coerce(value: object, *, allow_never: bool) -> Ttl:
+    """Validate a config value; the messages are written to follow the key path."""
+    if isinstance(value, timedelta):
+        if value < timedelta() or value.microseconds:
+            raise ValueError(f"{value} is not a duration (whole, non-negative seconds only)")
+        return value
+    if value is NEVER and allow_never:
+        return NEVER
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)  # YAML `ttl: 30` is an int: report the missing unit, not the type
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a duration ({UNIT_HINT}, e.g. 12h)")
+    try:
+        return parse_ttl(value) if allow_never else parse_duration(value)
+    except DurationError as exc:
+        raise ValueError(f"{exc.text!r} is not a duration ({exc.problem})") from None
+
+
+def _duration(value: object) -> timedelta:
+    result = _coerce(value, allow_never=False)
+    assert isinstance(result, timedelta)
+    return result
+
+
+def _ttl(value: object) -> Ttl:
+    return _coerce(value, allow_never=True)
+
+
+DurationField = Annotated[
+    timedelta,
+    PlainValidator(_duration),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "examples": ["30s", "12h", "7d"]}),
+]
+"""A pydantic field type for durations written as text (`30s`); `never` is rejected."""
+
+TtlField = Annotated[
+    Ttl,
+    PlainValidator(_ttl),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "examples": ["12h", "7d", "never"]}),
+]
+"""A pydantic field type for TTLs: a duration or `never`."""
+
+
+# --- policies ---------------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _glob(pattern: str) -> str:
+    if not pattern:
+        raise ValueError("an empty pattern matches no namespace")
+    return pattern
+
+
+class Match(_Model):
+    """Which runs a policy applies to. Every given condition must hold; an omitted or empty
+    condition holds for every run, so an empty `match` matches everything.
+
+    - `engines`: any of these engines.
+    - `namespaces`: any of these shell globs (`team-*`, `ci-?`), case-sensitive.
+    - `labels` / `annotations`: each key present with exactly this value.
+    - `has_labels` / `has_annotations`: each key present, any value.
+    """
+
+    engines: tuple[Engine, ...] = ()
+    namespaces: tuple[Annotated[str, AfterValidator(_glob)], ...] = ()
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    has_labels: tuple[str, ...] = ()
+    has_annotations: tuple[str, ...] = ()
+
+    @property
+    def matches_everything(self) -> bool:
+        return not (
+            self.engines
+            or self.namespaces
+            or self.labels
+            or self.annotations
+            or self.has_labels
+            or self.has_annotations
+        )
+
+    def matches(self, run: RunRef) -> bool:
+        return (
+            (not self.engines or run.engine in self.engines)
+            and (not self.namespaces or any(fnmatchcase(run.namespace, p) for p in self.namespaces))
+            and _selected(run.labels, self.labels, self.has_labels)
+            and _selected(run.annotations, self.annotations, self.has_annotations)
+        )
+
+
+def _selected(values: Mapping[str, str], equal: Mapping[str, str], present: Sequence[str]) -> bool:
+    return all(values.get(k) == v for k, v in equal.items()) and all(k in values for k in present)
+
+
+class KubernetesClock(_Model):
+    """The Kubernetes-object TTL of a policy, per phase like Argo's ttlStrategy: a Failed run
+    uses `after_failure` and a Succeeded run `after_success` when set; every other case uses
+    `ttl`. If the clock that applies is not set, the policy has no opinion for that run and
+    the next matching policy is asked."""
+
+    ttl: TtlField | None = None
+    after_success: TtlField | None = None
+    after_failure: TtlField | None = None
+
+    @model_validator(mode="after")
+    def _some_clock(self) -> KubernetesClock:
+        if self.ttl is None and self.after_success is None and self.after_failure is None:
+            raise ValueError("set at least one of ttl, after_success, after_failure")
+        return self
+
+    def for_phase(self, phase: str) -> tuple[str, Ttl] | None:
+        """(key, ttl) that applies to a run in `phase`, or None."""
+        if phase == "Failed" and self.after_failure is not None:
+            return "after_failure", self.after_failure
+        if phase == "Succeeded" and self.after_success is not None:
+            return "after_success", self.after_success
+        if self.ttl is not None:
+            return "ttl", self.ttl
+        return None
+
+
+class DatabaseClock(_Model):
+    """The database-rows TTL of a policy (one clock: rows have no phase-dependent life)."""
+
+    ttl: TtlField
+
+
+def _policy_name(name: str) -> str:
+    # It ends up in `source` ("policy:<name>") and the audit trail: keep it plain.
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", name):
+        raise ValueError(f"{name!r} is not a policy name (letters, digits, '.', '-', '_')")
+    return name
+
+
+class Policy(_Model):
+    """One entry of the ordered policy list. See the module docstring for how it is used."""
+
+    name: Annotated[str, AfterValidator(_policy_name)]
+    match: Match = Field(default_factory=Match)
+    kubernetes: KubernetesClock | None = None
+    database: DatabaseClock | None = None
+
+    @model_validator(mode="after")
+    def _some_target(self) -> Policy:
+        if self.kubernetes is None and self.database is None:
+            raise ValueError(f"policy {self.name!r} sets neither kubernetes nor database")
+        return self
+
+    def clock(self, target: Target, phase: str) -> tuple[str, Ttl] | None:
+        """(key, ttl) this policy sets for `target` on a run in `phase`, or None."""
+        if target is Target.KUBERNETES:
+            return self.kubernetes.for_phase(phase) if self.kubernetes else None
+        return ("ttl", self.database.ttl) if self.database else None
+
+
+def check_policies(policies: tuple[Policy, ...]) -> tuple[Policy, ...]:
+    """Reject duplicate names and sections that can never apply (after a match-all policy
+    whose clock covers every phase for that target): both are always configuration slips."""
+    seen: dict[str, int] = {}
+    covered: dict[Target, tuple[int, str]] = {}
+    for index, policy in enumerate(policies):
+        if policy.name in seen:
+            raise ValueError(
+                f"policy name {policy.name!r} is used twice (index {seen[policy.name]} and {index})"
+            )
+        seen[policy.name] = index
+        for target, section in (
+            (Target.KUBERNETES, policy.kubernetes),
+            (Target.DATABASE, policy.database),
+        ):
+            if section is None:
+                continue
+            if target in covered:
+                first, name = covered[target]
+                raise ValueError(
+                    f"policy {policy.name!r} (index {index}) never sets the {target} TTL: "
+                    f"{name!r} (index {first}) matches every run first"
+                )
+            if policy.match.matches_everything and section.ttl is not None:
+                covered[target] = (index, policy.name)
+    return policies
+
+
+Policies = Annotated[tuple[Policy, ...], AfterValidator(check_policies)]
+"""The ordered policy list as a pydantic field type (first match wins, per target)."""
+
+
+# --- decisions --------------------------------------------------------------------------
+
+
+class Action(StrEnum):
+    SCHEDULE = "schedule"  # delete at `deadline`
+    CANCEL = "cancel"  # never delete (keep, or a TTL of never): withdraw any schedule
+    INVALID = "invalid"  # a malformed lapse.dev/* annotation: dead-letter, delete nothing
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do about one target of one run, and why.
+
+    `source` names what decided: `annotation:lapse.dev/keep|expires|ttl`,
+    `argo:ttlStrategy.<field>`, `policy:<name>` or `default`. `deadline` is set (UTC)
+    exactly when `action` is schedule.
+    """
+
+    target: Target
+    action: Action
+    deadline: datetime | None
+    source: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        if (self.action is Action.SCHEDULE) != (self.deadline is not None):
+            raise ValueError("a deadline is given exactly when the action is schedule")
+
+
+def decide(run: RunRef, target: Target, policies: Sequence[Policy], now: datetime) -> Decision:
+    """The decision for one target; `now` stands in for a missing finishedAt."""
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    if target is Target.KUBERNETES:
+        early = _from_annotations(run, now) or _from_argo(run, now)
+        if early is not None:
+            return early
+    for policy in policies:
+        clock = policy.clock(target, run.phase)
+        if clock is not None and policy.match.matches(run):
+            key, ttl = clock
+            return _after(
+                target,
+                run,
+                now,
+                ttl,
+                f"policy:{policy.name}",
+                f"policy {policy.name!r} {target}.{key}",
+            )
+    default = DEFAULT_KUBERNETES_TTL if target is Target.KUBERNETES else DEFAULT_DATABASE_TTL
+    return _after(target, run, now, default, "default", f"built-in default for {target}")
+
+
+def plan(run: RunRef, policies: Sequence[Policy], now: datetime) -> dict[Target, Decision]:
+    """The decision for every target."""
+    return {target: decide(run, target, policies, now) for target in Target}
+
+
+def _from_annotations(run: RunRef, now: datetime) -> Decision | None:
+    k8s = Target.KUBERNETES
+    annotations = run.annotations
+    keep = annotations.get(KEEP_ANNOTATION)
+    if keep == "true":
+        return Decision(
+            k8s,
+            Action.CANCEL,
+            None,
+            f"annotation:{KEEP_ANNOTATION}",
+            f"{KEEP_ANNOTATION} is 'true': the object is kept",
+        )
+    if keep is not None and keep != "false":
+        # Strict on purpose: a policy selector compares the exact string, so accepting
+        # "True" here would keep the object while a keep-matching policy does not match.
+        return _invalid(KEEP_ANNOTATION, f"{KEEP_ANNOTATION} {keep!r}: use 'true' or 'false'")
+
+    expires = annotations.get(EXPIRES_ANNOTATION)
+    if expires is not None:
+        try:
+            deadline = parse_rfc3339(expires)
+        except ValueError as exc:
+            return _invalid(EXPIRES_ANNOTATION, f"{EXPIRES_ANNOTATION} {expires!r}: {exc}")
+        return Decision(
+            k8s,
+            Action.SCHEDULE,
+            deadline,
+            f"annotation:{EXPIRES_ANNOTATION}",
+            f"{EXPIRES_ANNOTATION} is {expires}",
+        )
+
+    ttl_text = annotations.get(TTL_ANNOTATION)
+    if ttl_text is not None:
+        try:
+            ttl = parse_ttl(ttl_text, what=TTL_ANNOTATION)
+        except DurationError as exc:
+            return _invalid(TTL_ANNOTATION, str(exc))
+        return _after(k8s, run, now, ttl, f"annotation:{TTL_ANNOTATION}", TTL_ANNOTATION)
+    return None
+
+
+def argo_ttl(strategy: ArgoTTLStrategy, phase: str) -> tuple[str, int] | None:
+    """Argo's own rule: (field, seconds) of the ttlStrategy field that applies, or None."""
+    if phase == "Failed" and strategy.seconds_after_failure is not None:
+        return "secondsAfterFailure", strategy.seconds_after_failure
+    if phase == "Succeeded" and strategy.seconds_after_success is not None:
+        return "secondsAfterSuccess", strategy.seconds_after_success
+    if strategy.seconds_after_completion is not None:
+        return "secondsAfterCompletion", strategy.seconds_after_completion
+    return None
+
+
+def _from_argo(run: RunRef, now: datetime) -> Decision | None:
+    found = argo_ttl(run.ttl_strategy, run.phase) if run.ttl_strategy else None
+    if found is None:
+        return None
+    field, seconds = found
+    try:
+        ttl = timedelta(seconds=seconds)
+    except OverflowError:
+        ttl = timedelta.max
+    return _after(
+        Target.KUBERNETES,
+        run,
+        now,
+        ttl,
+        f"argo:ttlStrategy.{field}",
+        f"ttlStrategy.{field}={seconds} (phase {run.phase or 'unknown'})",
+    )
+
+
+def _after(
+    target: Target, run: RunRef, now: datetime, ttl: Ttl, source: str, what: str
+) -> Decision:
+    if not isinstance(ttl, timedelta):
+        return Decision(target, Action.CANCEL, None, source, f"{what} is never")
+    start, clock = (
+        (run.finished_at, "finishedAt") if run.finished_at else (now, "now (no finishedAt)")
+    )
+    try:
+        deadline = (start + ttl).astimezone(UTC)
+    except OverflowError:
+        # Past year 9999: the owner meant "practically never"; keeping is the safe reading.
+        return Decision(
+            target,
+            Action.CANCEL,
+            None,
+            source,
+            f"{what} {format_duration(ttl)} ends after year 9999: treated as never",
+        )
+    return Decision(
+        target, Action.SCHEDULE, deadline, source, f"{what} {format_duration(ttl)} after {clock}"
+    )
+
+
+def _invalid(annotation: str, reason: str) -> Decision:
+    return Decision(Target.KUBERNETES, Action.INVALID, None, f"annotation:{annotation}", reason)
+
+
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+
+
+def parse_rfc3339(text: str) -> datetime:
+    """An RFC 3339 timestamp with an explicit offset (`2026-01-02T15:04:05Z`), in UTC."""
+    if not _RFC3339.fullmatch(text):
+        raise ValueError("not an RFC 3339 timestamp with offset, e.g. 2026-01-02T15:04:05Z")
+    try:
+        return datetime.fromisoformat(text.upper()).astimezone(UTC)
+    except (ValueError, OverflowError) as exc:
+        raise ValueError(f"not a valid RFC 3339 timestamp ({exc})") from None

@@ -1,0 +1,80 @@
+"""What the handlers need from the outside world, as Protocols.
+
+Handlers are written against these and never import NATS, Kubernetes or SQLAlchemy, so the
+decision logic stays testable and the runtimes (`lapse up`, a Knative function, a test)
+plug in the real edges from `lapse/`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from cloudevents.core.base import BaseCloudEvent
+
+from events.run import Target
+
+
+@dataclass(frozen=True)
+class PendingSchedule:
+    """A deadline the scheduler holds for one (target, uid)."""
+
+    target: Target
+    uid: str
+    deadline: datetime
+
+
+class ScheduleStore(Protocol):
+    """Durable delayed delivery: at `deadline` the due event is delivered to the reapers.
+
+    One pending schedule per (target, uid): `put` replaces, `cancel` withdraws.
+    """
+
+    async def get(self, target: Target, uid: str) -> PendingSchedule | None: ...
+
+    async def put(
+        self, target: Target, uid: str, deadline: datetime, due_event: BaseCloudEvent
+    ) -> None: ...
+
+    async def cancel(self, target: Target, uid: str) -> bool:
+        """Withdraw the schedule; True if one was pending."""
+        ...
+
+
+class Emitter(Protocol):
+    """Where handlers send the events they produce (audit trail, dead letters)."""
+
+    async def emit(self, event: BaseCloudEvent) -> None: ...
+
+
+class ObjectFetcher(Protocol):
+    """A fresh read of a Kubernetes object, for inputs that only reference it."""
+
+    async def fetch(
+        self, api_version: str, kind: str, namespace: str, name: str
+    ) -> dict[str, Any] | None: ...
+
+
+class Handler(Protocol):
+    """One function's logic. Returns the events it emitted (for tests and replies).
+
+    Raises `RetryLater` for a transient failure: the runtime redelivers the same event
+    after the delay, and dead-letters it when the tries run out. Any other exception is a
+    bug and is treated like `RetryLater` with the runtime's default delay.
+    """
+
+    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]: ...
+
+
+class RetryLater(Exception):
+    """Not done yet, not failed either: deliver this event again after `delay` seconds.
+
+    Raised for transient conditions (database unreachable, 429/5xx from the API server, a
+    gate such as Argo archiving still pending). Nothing has been acknowledged.
+    """
+
+    def __init__(self, reason: str, delay: float = 5.0) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.delay = delay

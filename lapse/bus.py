@@ -1,0 +1,96 @@
+"""The NATS side of the handlers' ports: schedules, and publishing CloudEvents.
+
+Schedules are JetStream message schedules: the due event is stored, in binary CloudEvents
+mode, on `lapse.sched.<target>.<uid>` with `Nats-Schedule: @at <deadline>` and fired by the
+server onto `lapse.due.<target>.<uid>`. The server rolls schedules up per subject, so
+putting again replaces; purging the subject cancels.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from cloudevents.core.base import BaseCloudEvent
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from events.nats_binding import to_nats
+from events.run import Target
+from events.subjects import audit_subject, dlq_subject, due_subject, schedule_subject
+from events.timeutil import format_rfc3339, parse_rfc3339
+from events.types import EventType
+from functions.ports import PendingSchedule
+from lapse.clients.nats import due_message_ttl
+from lapse.config import Streams
+
+SCHEDULE_HEADER = "Nats-Schedule"
+SCHEDULE_TARGET_HEADER = "Nats-Schedule-Target"
+SCHEDULE_TTL_HEADER = "Nats-Schedule-TTL"
+_AT = "@at "
+
+
+def schedule_headers(deadline: datetime, target_subject: str) -> dict[str, str]:
+    return {
+        SCHEDULE_HEADER: _AT + format_rfc3339(deadline),
+        SCHEDULE_TARGET_HEADER: target_subject,
+        SCHEDULE_TTL_HEADER: f"{int(due_message_ttl())}s",
+    }
+
+
+class NatsScheduleStore:
+    def __init__(self, js: JetStreamContext, streams: Streams) -> None:
+        self._js = js
+        self._stream = streams.schedule
+
+    async def get(self, target: Target, uid: str) -> PendingSchedule | None:
+        try:
+            msg = await self._js.get_last_msg(self._stream, schedule_subject(target, uid))
+        except NotFoundError:
+            return None
+        spec = (msg.headers or {}).get(SCHEDULE_HEADER, "")
+        if not spec.startswith(_AT):
+            return None
+        return PendingSchedule(target, uid, parse_rfc3339(spec[len(_AT) :]))
+
+    async def put(
+        self, target: Target, uid: str, deadline: datetime, due_event: BaseCloudEvent
+    ) -> None:
+        message = to_nats(due_event)
+        headers = {**message.headers, **schedule_headers(deadline, due_subject(target, uid))}
+        # Nats-Msg-Id would make a later re-schedule with the same event id a duplicate;
+        # replacement is what the subject roll-up is for, so the id is not sent here.
+        headers.pop("Nats-Msg-Id", None)
+        await self._js.publish(
+            schedule_subject(target, uid), message.body, stream=self._stream, headers=headers
+        )
+
+    async def cancel(self, target: Target, uid: str) -> bool:
+        if await self.get(target, uid) is None:
+            return False
+        await self._js.purge_stream(self._stream, subject=schedule_subject(target, uid))
+        return True
+
+
+class NatsEmitter:
+    """Every produced event goes to the audit stream; failures also to the dead letters."""
+
+    def __init__(self, js: JetStreamContext, streams: Streams) -> None:
+        self._js = js
+        self._streams = streams
+
+    async def emit(self, event: BaseCloudEvent) -> None:
+        message = to_nats(event)
+        event_type = event.get_type()
+        await self._js.publish(
+            audit_subject(event_type),
+            message.body,
+            stream=self._streams.audit,
+            headers=message.headers,
+        )
+        if event_type == EventType.CLEANUP_FAILED:
+            await self._js.publish(
+                dlq_subject(event_type),
+                message.body,
+                stream=self._streams.dlq,
+                headers=message.headers,
+            )

@@ -1,0 +1,1 @@
+"""One module per `lapse` sub-command; each exposes `register(subparsers)`."""

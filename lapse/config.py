@@ -1,0 +1,538 @@
+"""The one configuration loader: `lapse.yaml` plus environment overrides, checked at start-up.
+
+Where the file comes from: the `path` argument (the CLI's `--config`), else the environment
+variable `LAPSE_CONFIG`, else there is no file and every setting has its default.
+`lapse.example.yaml` at the repository root documents every key.
+
+Environment overrides win over the file. Their names are `LAPSE_` followed by the key path
+in upper case with `__` between the levels:
+
+    LAPSE_NATS__URL=nats://nats:4222           nats.url
+    LAPSE_SAFETY__DRY_RUN=true                 safety.dry_run
+    LAPSE_SAFETY__MASS_DELETION_BRAKE__WINDOW=2m
+    LAPSE_SAFETY__NAMESPACES__EXCLUDE=kube-*,argo   a list: comma-separated
+    LAPSE_DATABASE__URL=                       empty: unset an optional key (here: SQLite)
+
+Values are text, validated exactly like the file's (booleans true/false/yes/no/1/0,
+durations like `30s`). Lists of objects (`policies`, `database.targets.tables`) can only be
+set in the file. `LAPSE_*` names without `__` (such as `LAPSE_CONFIG`) are not overrides;
+an override naming an unknown key is an error, as is an unknown key in the file.
+
+Every problem is reported as a `ConfigError` whose text is one line naming where it is, e.g.
+`lapse.yaml: policies[2].kubernetes.ttl: '3x' is not a duration (unknown unit 'x'; ...)` or
+`LAPSE_SAFETY__DRY_RUN: 'maybe' is not a boolean (use true or false)`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import types
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
+from sqlalchemy.engine import make_url
+
+from functions.policy import DurationField, Policies
+from lapse.clients.database import DatabaseURLError, async_url
+
+CONFIG_ENV = "LAPSE_CONFIG"
+ENV_PREFIX = "LAPSE_"
+ENV_SEPARATOR = "__"
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used. `str()` is one line; `problems` has them all."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        more = len(self.problems) - 1
+        suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+        super().__init__(self.problems[0] + suffix)
+
+
+# --- field types ------------------------------------------------------------------------
+
+
+def _checked(pattern: str, what: str) -> AfterValidator:
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not compiled.fullmatch(value):
+            raise ValueError(f"{value!r} is not {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _positive(value: timedelta) -> timedelta:
+    if value <= timedelta():
+        raise ValueError("must be longer than 0s")
+    return value
+
+
+PositiveDuration = Annotated[DurationField, AfterValidator(_positive)]
+StreamName = Annotated[
+    str, _checked(r"[A-Za-z0-9_-]{1,32}", "a stream name (1-32 letters, digits, '-' or '_')")
+]
+# Syntax only: the reaper checks the names against the reflected schema at start-up.
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
+TableName = Annotated[
+    str, _checked(rf"{_IDENT}(\.{_IDENT})?", "an SQL table name ([schema.]table, letters/digits/_)")
+]
+ColumnName = Annotated[str, _checked(_IDENT, "an SQL column name (letters, digits and _)")]
+TargetName = Annotated[
+    str, _checked(r"[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?", "a name (lower case, digits, - and _)")
+]
+KeyFrom = Annotated[
+    str,
+    _checked(
+        r"uid|name|(label|annotation):[^\s:][^\s]*",
+        "a key source (uid, name, label:<key> or annotation:<key>)",
+    ),
+]
+
+
+def _database_url(value: str) -> str:
+    # Messages never echo the URL: it usually carries a password.
+    try:
+        make_url(value)
+    except Exception:  # SQLAlchemy raises ArgumentError (and others) for unparseable text
+        raise ValueError("not a SQLAlchemy URL (e.g. postgresql://user:password@host/db)") from None
+    try:
+        async_url(value)
+    except DatabaseURLError as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+def _nats_url(value: str) -> str:
+    for server in value.split(","):
+        scheme, sep, rest = server.strip().partition("://")
+        if not sep or scheme not in ("nats", "tls", "ws", "wss") or not rest:
+            raise ValueError(
+                "not a NATS URL (nats://host:4222, tls://, ws:// or wss://; "
+                "several separated by commas)"
+            )
+    return value
+
+
+# --- sections ---------------------------------------------------------------------------
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Streams(_Section):
+    schedule: StreamName = "LAPSE_SCHED"
+    events: StreamName = "LAPSE_EVENTS"
+    audit: StreamName = "LAPSE_AUDIT"
+    dlq: StreamName = "LAPSE_DLQ"
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Streams:
+        names = [self.schedule, self.events, self.audit, self.dlq]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stream names must differ: {', '.join(names)}")
+        return self
+
+
+class NatsConfig(_Section):
+    # Absent: `lapse up` / `lapse demo` start an embedded nats-server.
+    url: Annotated[str, AfterValidator(_nats_url)] | None = Field(default=None, repr=False)
+    streams: Streams = Streams()
+    replicas: int = Field(default=1, ge=1, le=5)
+    audit_max_age: PositiveDuration = timedelta(days=30)
+    max_deliver: int = Field(default=5, ge=1)
+    ack_wait: PositiveDuration = timedelta(seconds=30)
+
+
+class KfpTarget(_Section):
+    enabled: bool = False
+
+
+class ArgoArchiveTarget(_Section):
+    enabled: bool = False
+    cluster_name: str = Field(default="default", min_length=1)
+
+
+class ChildTable(_Section):
+    table: TableName
+    foreign_key_column: ColumnName
+
+
+class TableTarget(_Section):
+    """A user-declared table: delete rows where `key_column` = the run's key, children first."""
+
+    name: TargetName
+    table: TableName
+    key_column: ColumnName
+    key_from: KeyFrom = "uid"
+    children: tuple[ChildTable, ...] = ()
+
+    @property
+    def key_source(self) -> tuple[Literal["uid", "name", "label", "annotation"], str | None]:
+        """(`uid` | `name`, None) or (`label` | `annotation`, key)."""
+        kind, _, key = self.key_from.partition(":")
+        if kind == "label":
+            return "label", key
+        if kind == "annotation":
+            return "annotation", key
+        return ("uid" if kind == "uid" else "name"), None
+
+
+class DatabaseTargets(_Section):
+    kfp: KfpTarget = KfpTarget()
+    argo_archive: ArgoArchiveTarget = ArgoArchiveTarget()
+    tables: tuple[TableTarget, ...] = ()
+
+    @model_validator(mode="after")
+    def _unique(self) -> DatabaseTargets:
+        seen: set[str] = set()
+        for table in self.tables:
+            if table.name in ("kfp", "argo_archive"):
+                raise ValueError(f"tables: {table.name!r} is the name of a built-in target")
+            if table.name in seen:
+                raise ValueError(f"tables: the name {table.name!r} is used twice")
+            seen.add(table.name)
+        return self
+
+
+class DatabaseConfig(_Section):
+    # Absent: `lapse demo` uses a local SQLite file.
+    url: Annotated[str, AfterValidator(_database_url)] | None = Field(default=None, repr=False)
+    targets: DatabaseTargets = DatabaseTargets()
+
+
+class KubernetesConfig(_Section):
+    # Neither kubeconfig nor in_cluster: the client's usual lookup ($KUBECONFIG, ~/.kube).
+    kubeconfig: Path | None = None
+    context: str | None = None
+    in_cluster: bool = False
+    qps: float = Field(default=50, gt=0)
+    burst: int = Field(default=100, ge=1)
+    propagation_policy: Literal["Background", "Foreground", "Orphan"] = "Background"
+    record_events: bool = False
+
+    @model_validator(mode="after")
+    def _one_way_in(self) -> KubernetesConfig:
+        if self.in_cluster and (self.kubeconfig is not None or self.context is not None):
+            raise ValueError("in_cluster cannot be combined with kubeconfig or context")
+        return self
+
+
+class NamespaceFilter(_Section):
+    """A namespace is handled if it matches an `include` glob and no `exclude` glob."""
+
+    include: tuple[str, ...] = ("*",)
+    exclude: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _includes_something(self) -> NamespaceFilter:
+        if not self.include:
+            raise ValueError("include is empty, so no namespace would be handled (use ['*'])")
+        return self
+
+
+class MassDeletionBrake(_Section):
+    """More than `max_due` deletions due within `window` pause deletion and raise an alert."""
+
+    enabled: bool = True
+    max_due: int = Field(default=1000, ge=1)
+    window: PositiveDuration = timedelta(seconds=60)
+
+
+class GateRetry(_Section):
+    """Waiting for Argo archiving / KFP persistence: retry every `backoff`, up to `max_wait`."""
+
+    max_wait: PositiveDuration = timedelta(hours=1)
+    backoff: PositiveDuration = timedelta(seconds=10)
+
+    @model_validator(mode="after")
+    def _backoff_fits(self) -> GateRetry:
+        if self.backoff > self.max_wait:
+            raise ValueError("backoff is longer than max_wait")
+        return self
+
+
+class SafetyConfig(_Section):
+    dry_run: bool = False
+    namespaces: NamespaceFilter = NamespaceFilter()
+    max_deletions_per_second: float = Field(default=50, gt=0)
+    mass_deletion_brake: MassDeletionBrake = MassDeletionBrake()
+    wait_for_archiving: bool = True
+    wait_for_kfp_persisted: bool = True
+    gate_retry: GateRetry = GateRetry()
+
+
+class LapseConfig(_Section):
+    nats: NatsConfig = NatsConfig()
+    database: DatabaseConfig = DatabaseConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
+    policies: Policies = ()
+    safety: SafetyConfig = SafetyConfig()
+
+
+# --- loading ----------------------------------------------------------------------------
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, *, env: Mapping[str, str] | None = None
+) -> LapseConfig:
+    """Read, merge and validate the configuration; raise `ConfigError` on any problem.
+
+    `env` defaults to `os.environ` (tests pass their own mapping).
+    """
+    environ = os.environ if env is None else env
+    from_env = path is None and bool(environ.get(CONFIG_ENV))
+    if path is None:
+        path = environ.get(CONFIG_ENV) or None
+    label = os.fspath(path) if path is not None else "environment"
+    data = _read_file(Path(path), label, from_env) if path is not None else {}
+    overrides = _env_overrides(environ)
+    for override in overrides:
+        _set(data, override.keys, override.value)
+    try:
+        return LapseConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = [_describe(error, label, overrides) for error in exc.errors()]
+        raise ConfigError(problems) from None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys: PyYAML would silently keep the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, Hashable):
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_file(path: Path, label: str, from_env: bool) -> dict[str, Any]:
+    origin = f" (from {CONFIG_ENV})" if from_env else ""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([f"{label}: file not found{origin}"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError([f"{label}: cannot read{origin}: {reason}"]) from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ConfigError([_yaml_problem(label, exc)]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [f"{label}: the top level must be a mapping of sections ({_keys(LapseConfig)})"]
+        )
+    return data
+
+
+def _yaml_problem(label: str, exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f"{label}:{mark.line + 1}:{mark.column + 1}" if mark is not None else label
+    return f"{where}: invalid YAML: {' '.join(str(problem).split())}"
+
+
+@dataclass(frozen=True)
+class _Override:
+    name: str
+    keys: tuple[str, ...]
+    value: str | list[str] | None
+
+
+def _env_overrides(environ: Mapping[str, str]) -> list[_Override]:
+    overrides = []
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or ENV_SEPARATOR not in name:
+            continue
+        keys = tuple(name[len(ENV_PREFIX) :].lower().split(ENV_SEPARATOR))
+        if not all(keys):
+            raise ConfigError(
+                [
+                    f"{name}: malformed override name (use LAPSE_<SECTION>__<KEY>, "
+                    "e.g. LAPSE_NATS__URL)"
+                ]
+            )
+        shape = _override_shape(name, keys)
+        text = environ[name]
+        value: str | list[str] | None = text
+        if shape == "list":
+            value = [item.strip() for item in text.split(",") if item.strip()]
+        elif shape == "optional" and text == "":
+            value = None
+        overrides.append(_Override(name, keys, value))
+    return overrides
+
+
+def _override_shape(name: str, keys: tuple[str, ...]) -> Literal["scalar", "optional", "list"]:
+    """What an override may set, from the models: it must name one scalar or list of scalars."""
+    model: type[BaseModel] = LapseConfig
+    for depth, key in enumerate(keys):
+        dotted = ".".join(keys[: depth + 1])
+        field = model.model_fields.get(key)
+        if field is None:
+            raise ConfigError(
+                [f"{name}: unknown setting {dotted!r} (expected one of: {_keys(model)})"]
+            )
+        inner, optional = _unwrap_optional(field.annotation)
+        last = depth == len(keys) - 1
+        if _is_model(inner):
+            if last:
+                raise ConfigError([f"{name}: {dotted!r} is a section; set one of its keys"])
+            model = inner
+            continue
+        is_list = get_origin(inner) in (tuple, list)
+        if is_list and any(_is_model(arg) for arg in get_args(inner)):
+            raise ConfigError([f"{name}: {dotted!r} can only be set in the config file"])
+        if not last:
+            raise ConfigError([f"{name}: {dotted!r} has no keys below it"])
+        if is_list:
+            return "list"
+        return "optional" if optional else "scalar"
+    raise AssertionError("unreachable: keys is never empty")
+
+
+def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1 and len(get_args(annotation)) == 2:
+            return args[0], True
+    return annotation, False
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _keys(model: type[BaseModel]) -> str:
+    return ", ".join(model.model_fields)
+
+
+def _set(data: dict[str, Any], keys: tuple[str, ...], value: object) -> None:
+    for key in keys[:-1]:
+        if data.get(key) is None:
+            data[key] = {}
+        child = data[key]
+        if not isinstance(child, dict):
+            return  # the file's own value is wrong; validation reports it there
+        data = child
+    data[keys[-1]] = value
+
+
+# --- error messages ---------------------------------------------------------------------
+
+
+def _describe(error: ErrorDetails, label: str, overrides: Sequence[_Override]) -> str:
+    loc = tuple(error["loc"])
+    where = label
+    rest = loc
+    for override in overrides:
+        if loc[: len(override.keys)] == override.keys:
+            where, rest = override.name, loc[len(override.keys) :]
+            break
+    blamed = where != label
+    path = _path(rest)
+    if path:
+        where = f"{where}{path}" if path.startswith("[") else f"{where}: {path}"
+    # A check across several keys of a section may have been tripped by an override.
+    inside = [o.name for o in overrides if len(o.keys) > len(loc) and o.keys[: len(loc)] == loc]
+    note = f" (overridden: {', '.join(inside)})" if inside and not blamed else ""
+    return f"{where}: {_problem(error)}{note}"
+
+
+def _path(loc: Sequence[int | str]) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
+            text += f".{part}" if text else part
+        else:
+            text += f"[{part!r}]"
+    return text
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return _show(value)
+
+
+_PROBLEMS: dict[str, Callable[[ErrorDetails], str]] = {
+    "missing": lambda e: "required key is missing",
+    "bool_parsing": lambda e: f"{_show(e['input'])} is not a boolean (use true or false)",
+    "bool_type": lambda e: f"{_show(e['input'])} is not a boolean (use true or false)",
+    "int_parsing": lambda e: f"{_show(e['input'])} is not a whole number",
+    "int_type": lambda e: f"{_show(e['input'])} is not a whole number",
+    "int_from_float": lambda e: f"{_show(e['input'])} is not a whole number",
+    "float_parsing": lambda e: f"{_show(e['input'])} is not a number",
+    "float_type": lambda e: f"{_show(e['input'])} is not a number",
+    "string_type": lambda e: (
+        f"{_show(e['input'])} is not text"
+        + (" (quote it in YAML)" if isinstance(e["input"], bool | int | float) else "")
+    ),
+    "model_type": lambda e: f"expected a mapping of keys, got {_kind(e['input'])}",
+    "dict_type": lambda e: f"expected a mapping, got {_kind(e['input'])}",
+    "list_type": lambda e: f"expected a list, got {_kind(e['input'])}",
+    "tuple_type": lambda e: f"expected a list, got {_kind(e['input'])}",
+}
+
+
+def _problem(error: ErrorDetails) -> str:
+    kind = error["type"]
+    if kind == "value_error":
+        # Our validators write complete sentences; pydantic would prefix "Value error, ".
+        return str(error.get("ctx", {}).get("error", error["msg"]))
+    if kind == "extra_forbidden":
+        parent = _model_at(tuple(error["loc"])[:-1])
+        expected = f" (expected one of: {_keys(parent)})" if parent else ""
+        return f"unknown key{expected}"
+    if kind in _PROBLEMS:
+        return _PROBLEMS[kind](error)
+    message = error["msg"]
+    if message.startswith("Input should"):
+        return f"{_show(error['input'])} should{message.removeprefix('Input should')}"
+    return f"{_show(error['input'])}: {message}"
+
+
+def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The model class at a validation-error location, for listing the keys it accepts."""
+    current: Any = LapseConfig
+    for part in loc:
+        current, _ = _unwrap_optional(current)
+        if isinstance(part, int):
+            args = get_args(current)
+            current = args[0] if args else None
+        elif _is_model(current) and part in current.model_fields:
+            current = current.model_fields[part].annotation
+        else:
+            return None
+    current, _ = _unwrap_optional(current)
+    return current if _is_model(current) else None

@@ -1,0 +1,103 @@
+"""The connections a process holds, opened once from the configuration and closed together.
+
+Each is opened on first use, so a command or function only connects to what it needs
+(`lapse plan` never touches NATS; the row-reaper never touches Kubernetes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+
+from kubernetes import client
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from lapse.bus import NatsEmitter, NatsScheduleStore
+from lapse.clients import database, nats
+from lapse.clients.kubernetes import Workflows, load_api_client
+from lapse.config import LapseConfig
+
+# The official Kubernetes client is synchronous: its calls run on this many threads, which
+# also bounds how many API requests one process has in flight.
+KUBE_THREADS = 16
+
+
+class MissingSetting(Exception):
+    """A command needs a server that the configuration does not name."""
+
+
+class Resources:
+    def __init__(self, config: LapseConfig, *, nats_url: str | None = None) -> None:
+        self.config = config
+        self._nats_url = nats_url or config.nats.url
+        self._nc: NATS | None = None
+        self._api_client: client.ApiClient | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._engine: AsyncEngine | None = None
+
+    async def __aenter__(self) -> Resources:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def jetstream(self) -> JetStreamContext:
+        if self._nc is None:
+            if not self._nats_url:
+                raise MissingSetting(
+                    "nats.url is not set (LAPSE_NATS__URL); `lapse up` starts an embedded server"
+                )
+            self._nc = await nats.connect(self._nats_url)
+        return self._nc.jetstream()
+
+    async def schedules(self) -> NatsScheduleStore:
+        return NatsScheduleStore(await self.jetstream(), self.config.nats.streams)
+
+    async def emitter(self) -> NatsEmitter:
+        return NatsEmitter(await self.jetstream(), self.config.nats.streams)
+
+    def kube_client(self) -> client.ApiClient:
+        if self._api_client is None:
+            k = self.config.kubernetes
+            self._api_client = load_api_client(
+                str(k.kubeconfig) if k.kubeconfig else None, k.context, k.in_cluster
+            )
+        return self._api_client
+
+    def kube_executor(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(KUBE_THREADS, thread_name_prefix="kube")
+        return self._executor
+
+    def workflows(self) -> Workflows:
+        return Workflows(self.kube_client(), self.kube_executor())
+
+    def database(self) -> AsyncEngine:
+        if self._engine is None:
+            if not self.config.database.url:
+                raise MissingSetting("database.url is not set (LAPSE_DATABASE__URL)")
+            self._engine = database.create_engine(self.config.database.url)
+        return self._engine
+
+    async def close(self) -> None:
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.drain()
+            self._nc = None
+        if self._engine is not None:
+            await self._engine.dispose()
+            self._engine = None
+        if self._api_client is not None:
+            self._api_client.close()
+            self._api_client = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None

@@ -1,0 +1,81 @@
+"""A lapse function served the way Knative serves it: func-python's ASGI app, HTTP in."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+from cloudevents.core.bindings.http import to_binary_event
+from func_python.cloudevent import ASGIApplication
+
+from events.builder import build_event
+from events.models import RunFinished
+from events.run import Engine, RunRef, Target
+from events.types import EventType
+from functions.ttl_planner.function import new
+from lapse.bus import NatsScheduleStore
+from lapse.clients.nats import connect, ensure_streams, stream_configs
+from lapse.config import Streams
+from lapse.embedded.nats import EmbeddedNats
+
+
+@pytest.fixture
+async def streams(nats_server: EmbeddedNats) -> AsyncIterator[None]:
+    nc = await connect(nats_server.url)
+    await ensure_streams(nc.jetstream(), stream_configs())
+    yield
+    for name in Streams().model_dump().values():
+        await nc.jetstream().delete_stream(name)
+    await nc.close()
+
+
+async def test_planner_function_schedules_from_an_http_cloudevent(
+    nats_server: EmbeddedNats, streams: None
+) -> None:
+    function = new()
+    function.start({"LAPSE_NATS__URL": nats_server.url})
+    await function.started()
+    app = ASGIApplication(function)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://function") as http:
+        assert (await http.get("/health/readiness")).status_code == 200
+
+        uid = str(uuid.uuid4())
+        run = RunRef(
+            engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+            namespace="ns", name="wf", uid=uid, phase="Succeeded",
+            finished_at=datetime(2026, 11, 21, 12, 0, tzinfo=UTC),
+            annotations={"lapse.dev/ttl": "30d"},
+        )  # fmt: skip
+        message = to_binary_event(
+            build_event(EventType.RUN_FINISHED, source="/test", data=RunFinished(run=run))
+        )
+        response = await http.post("/", headers=message.headers, content=message.body)
+        assert response.status_code == 202
+
+        not_an_event = await http.post("/", content=b"hello")
+        assert not_an_event.status_code == 400
+
+    nc = await connect(nats_server.url)
+    pending = await NatsScheduleStore(nc.jetstream(), Streams()).get(Target.KUBERNETES, uid)
+    await nc.close()
+    assert pending is not None
+    assert pending.deadline == datetime(2026, 12, 21, 12, 0, tzinfo=UTC)
+    function.stop()
+
+
+async def test_function_with_bad_config_is_not_ready() -> None:
+    function = new()
+    function.start({"LAPSE_SAFETY__DRY_RUN": "maybe"})
+    await function.started()
+    ready, why = function.ready()
+    assert ready is False
+    assert "LAPSE_SAFETY__DRY_RUN" in why
+    app = ASGIApplication(function)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://f"
+    ) as http:
+        assert (await http.get("/health/readiness")).status_code == 500
