@@ -48,3 +48,16 @@ def audit_subject(event_type: str) -> str:
 
 def dlq_subject(event_type: str) -> str:
     return f"{DLQ_PREFIX}.{event_type}"
+
+
+def subject_filter(event_type: str, target: str | None = None) -> str:
+    """The NATS subject filter that carries events of this type (and target).
+
+    Due events live on the schedule stream keyed by target; what handlers produce lives on
+    the audit stream; everything else arrives through ingress.
+    """
+    if event_type == "dev.lapse.cleanup.due.v1":
+        return f"{DUE_PREFIX}.{target}.>" if target else f"{DUE_PREFIX}.>"
+    if event_type.startswith("dev.lapse.cleanup."):
+        return audit_subject(event_type)
+    return event_subject(event_type)

@@ -16,7 +16,13 @@ from nats.js.errors import NotFoundError
 
 from events.nats_binding import to_nats
 from events.run import Target
-from events.subjects import audit_subject, dlq_subject, due_subject, schedule_subject
+from events.subjects import (
+    audit_subject,
+    dlq_subject,
+    due_subject,
+    event_subject,
+    schedule_subject,
+)
 from events.timeutil import format_rfc3339, parse_rfc3339
 from events.types import EventType
 from functions.ports import PendingSchedule
@@ -94,3 +100,21 @@ class NatsEmitter:
                 stream=self._streams.dlq,
                 headers=message.headers,
             )
+
+
+class NatsPublisher:
+    """Ingress: puts lifecycle events on `lapse.events.<type>`; returns once JetStream has
+    stored them, so a caller that got an answer can forget the event."""
+
+    def __init__(self, js: JetStreamContext, streams: Streams) -> None:
+        self._js = js
+        self._stream = streams.events
+
+    async def publish(self, event: BaseCloudEvent) -> None:
+        message = to_nats(event)
+        await self._js.publish(
+            event_subject(event.get_type()),
+            message.body,
+            stream=self._stream,
+            headers=message.headers,
+        )

@@ -43,7 +43,7 @@ class FunctionShell:
             config = load_config(env.get("LAPSE_CONFIG"), env=env)
             self._resources = Resources(config)
             self._handler = await build_handler(self.name, self._resources)
-            self._problem = ""
+            self._problem = "" if self._handler else "nothing to do with this configuration"
             log.info("%s ready", self.name)
         except ConfigError as exc:
             self._problem = f"configuration: {exc}"

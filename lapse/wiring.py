@@ -1,7 +1,8 @@
 """Which handler each function name runs, and how it is built from the resources.
 
 The single registry both runtimes use: `lapse serve NAME` / a Knative function folder, and
-the local dispatcher of `lapse up`.
+the local dispatcher of `lapse up`. A factory returns None when the configuration gives
+the function nothing to do (no database target enabled for the row-reaper).
 """
 
 from __future__ import annotations
@@ -9,10 +10,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from functions.ports import Handler
+from functions.row_reaper import RowReaper, targets_for
 from functions.ttl_planner import Planner
+from functions.workflow_reaper import WorkflowReaper
+from lapse.clients.kubernetes import KubeEvents
 from lapse.resources import Resources
+from lapse.rows import open_row_store
 
-Factory = Callable[[Resources], Awaitable[Handler]]
+Factory = Callable[[Resources], Awaitable[Handler | None]]
 
 
 async def _ttl_planner(resources: Resources) -> Handler:
@@ -23,12 +28,42 @@ async def _ttl_planner(resources: Resources) -> Handler:
     )
 
 
+async def _workflow_reaper(resources: Resources) -> Handler:
+    kubernetes = resources.config.kubernetes
+    recorder = (
+        KubeEvents(resources.kube_client(), resources.kube_executor(), component="lapse")
+        if kubernetes.record_events
+        else None
+    )
+    return WorkflowReaper(
+        workflows=resources.workflows(),
+        schedules=await resources.schedules(),
+        emitter=await resources.emitter(),
+        policies=tuple(resources.config.policies),
+        safety=resources.config.safety,
+        propagation_policy=kubernetes.propagation_policy,
+        recorder=recorder,
+    )
+
+
+async def _row_reaper(resources: Resources) -> Handler | None:
+    targets = targets_for(resources.config.database.targets)
+    if not targets:
+        return None
+    store = await open_row_store(resources.database(), targets)
+    return RowReaper(
+        rows=store, emitter=await resources.emitter(), dry_run=resources.config.safety.dry_run
+    )
+
+
 FUNCTIONS: dict[str, Factory] = {
     "ttl-planner": _ttl_planner,
+    "workflow-reaper": _workflow_reaper,
+    "row-reaper": _row_reaper,
 }
 
 
-async def build_handler(name: str, resources: Resources) -> Handler:
+async def build_handler(name: str, resources: Resources) -> Handler | None:
     try:
         factory = FUNCTIONS[name]
     except KeyError:

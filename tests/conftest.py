@@ -48,7 +48,7 @@ class KubeStack:
         return name
 
 
-def _install_crd(api_client: client.ApiClient, crd: dict[str, object]) -> None:
+def install_crd(api_client: client.ApiClient, crd: dict[str, object]) -> None:
     ext = client.ApiextensionsV1Api(api_client)
     ext.create_custom_resource_definition(crd)
     name = crd["metadata"]["name"]  # type: ignore[index]
@@ -65,7 +65,7 @@ def _install_crd(api_client: client.ApiClient, crd: dict[str, object]) -> None:
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeStack]:
     server = EmbeddedKube(tmp_path_factory.mktemp("kube")).start()
     api_client = load_api_client(str(server.kubeconfig_path))
-    _install_crd(api_client, argo_workflow_crd())
+    install_crd(api_client, argo_workflow_crd())
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kube-test")
     yield KubeStack(
         server, api_client, server.kubeconfig_path, Workflows(api_client, executor), executor

@@ -137,3 +137,14 @@ class Planner:
         for event in events:
             await self.emitter.emit(event)
         return events
+
+    async def apply(self, run: RunRef, decision: Decision) -> list[BaseCloudEvent]:
+        """Carry out one decision made by the caller, e.g. `lapse reconcile`'s database
+        deadline for rows whose run object is gone (planning both targets would schedule
+        the deletion of an object that no longer exists). Idempotent like `handle`."""
+        try:
+            produced = await self._apply(run, decision)
+        except InvalidSubjectToken as exc:
+            failed = CleanupFailed(run=run, target=decision.target, reason=str(exc), stage=STAGE)
+            produced = build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=failed)
+        return await self._emit([produced] if produced is not None else [])

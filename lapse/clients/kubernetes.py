@@ -1,7 +1,8 @@
-"""The Kubernetes edge: one API client, and async access to Argo Workflows.
+"""The Kubernetes edge: one API client, async access to Argo Workflows, Kubernetes Events.
 
 The official client is synchronous, so every call goes through a bounded thread pool and
-never blocks the event loop.
+never blocks the event loop. Handlers never see the client's exceptions: `api_failure`
+turns them into a status and a one-line message (`ApiCallFailure`).
 """
 
 from __future__ import annotations
@@ -9,13 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
+import secrets
+import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from kubernetes import client, config, watch
+import urllib3
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 WORKFLOW_GROUP = "argoproj.io"
 WORKFLOW_VERSION = "v1alpha1"
@@ -35,6 +42,54 @@ def load_api_client(
         config_file=kubeconfig, context=context, client_configuration=configuration
     )
     return client.ApiClient(configuration)
+
+
+@dataclass(frozen=True)
+class ApiCallFailure:
+    """A failed API call: HTTP `status` (None when no response came back), the server's own
+    message, and its Retry-After in seconds when it sent one."""
+
+    status: int | None
+    message: str
+    retry_after: float | None = None
+
+
+def api_failure(exc: BaseException) -> ApiCallFailure | None:
+    """Describe an exception raised by the client, or None if it is not an API or transport
+    failure (a bug, which the caller lets propagate)."""
+    if isinstance(exc, ApiException):
+        return ApiCallFailure(
+            exc.status or None, _status_message(exc), _retry_after(exc.headers or {})
+        )
+    # urllib3 raises its own exceptions (MaxRetryError, timeouts) for connection failures;
+    # OSError covers what escapes it (refused sockets, TLS).
+    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
+        return ApiCallFailure(None, f"{type(exc).__name__}: {exc}")
+    return None
+
+
+def _status_message(exc: ApiException) -> str:
+    # The API server answers errors with a Status object whose message is the useful part
+    # ("... is forbidden: User x cannot delete resource ..."), not the HTTP reason.
+    body = exc.body
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if isinstance(body, str) and body:
+        try:
+            status = json.loads(body)
+        except ValueError:
+            return body[:1000]
+        if isinstance(status, dict) and isinstance(status.get("message"), str):
+            return str(status["message"])
+    return str(exc.reason or f"HTTP {exc.status}")
+
+
+def _retry_after(headers: Any) -> float | None:
+    value = headers.get("Retry-After") if hasattr(headers, "get") else None
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: rare from the API server, and the default delay is fine
 
 
 @dataclass(frozen=True)
@@ -68,12 +123,15 @@ class Workflows:
         )  # fmt: skip
         return result
 
-    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+    async def get(
+        self, namespace: str, name: str, *, request_timeout: float | None = None
+    ) -> dict[str, Any] | None:
         """The current object, or None when it does not exist."""
         try:
             result: dict[str, Any] = await self._call(
                 self._api.get_namespaced_custom_object,
                 WORKFLOW_GROUP, WORKFLOW_VERSION, namespace, WORKFLOW_PLURAL, name,
+                **_timeout(request_timeout),
             )  # fmt: skip
         except ApiException as exc:
             if exc.status == 404:
@@ -89,6 +147,7 @@ class Workflows:
         uid: str,
         resource_version: str | None = None,
         propagation_policy: str = "Background",
+        request_timeout: float | None = None,
     ) -> None:
         """DELETE guarded by preconditions: the API server refuses (409) unless the object
         still has this uid (and resourceVersion, when given). Raises ApiException."""
@@ -99,7 +158,12 @@ class Workflows:
         await self._call(
             self._api.delete_namespaced_custom_object,
             WORKFLOW_GROUP, WORKFLOW_VERSION, namespace, WORKFLOW_PLURAL, name, body=body,
+            **_timeout(request_timeout),
         )  # fmt: skip
+
+    def failure(self, exc: BaseException) -> ApiCallFailure | None:
+        """See `api_failure`; a method so that handlers can take this class as their port."""
+        return api_failure(exc)
 
     async def list(
         self,
@@ -134,36 +198,47 @@ class Workflows:
         label_selector: str | None = None,
         timeout_seconds: int = 300,
     ) -> AsyncIterator[WatchEvent]:
-        """Cluster-wide watch with bookmarks. A 410 Gone surfaces as ApiException(410)."""
+        """Cluster-wide watch with bookmarks. A 410 Gone surfaces as ApiException(410).
+
+        The response is read on a pool thread; leaving the iterator closes the response,
+        which ends that thread at once instead of at the next event.
+        """
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[WatchEvent | BaseException | None] = asyncio.Queue(maxsize=1000)
-        watcher = watch.Watch()
         kwargs: dict[str, Any] = {
+            "watch": True,
             "allow_watch_bookmarks": True,
             "timeout_seconds": timeout_seconds,
+            "_preload_content": False,
         }
         if resource_version:
             kwargs["resource_version"] = resource_version
         if label_selector:
             kwargs["label_selector"] = label_selector
+        responses: list[Any] = []
+        closed = threading.Event()
+
+        def put(item: WatchEvent | BaseException | None) -> None:
+            if not closed.is_set():
+                asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
 
         def pump() -> None:
             try:
-                for item in watcher.stream(
-                    self._api.list_cluster_custom_object,
-                    WORKFLOW_GROUP, WORKFLOW_VERSION, WORKFLOW_PLURAL, **kwargs,
-                ):  # fmt: skip
-                    raw = item["raw_object"]
+                response = self._api.list_cluster_custom_object(
+                    WORKFLOW_GROUP, WORKFLOW_VERSION, WORKFLOW_PLURAL, **kwargs
+                )
+                responses.append(response)
+                for line in iter_resp_lines(response):
+                    item = json.loads(line)
                     if item["type"] == "ERROR":
-                        code = int(raw.get("code", 500))
-                        raise ApiException(status=code, reason=raw.get("message", ""))
-                    asyncio.run_coroutine_threadsafe(
-                        queue.put(WatchEvent(item["type"], raw)), loop
-                    ).result()
-                asyncio.run_coroutine_threadsafe(queue.put(None), loop).result()
-            except BaseException as exc:  # handed to the consumer, re-raised there
-                with contextlib.suppress(RuntimeError):
-                    asyncio.run_coroutine_threadsafe(queue.put(exc), loop).result()
+                        status = item.get("object", {})
+                        raise ApiException(
+                            status=int(status.get("code", 500)), reason=status.get("message", "")
+                        )
+                    put(WatchEvent(item["type"], item["object"]))
+                put(None)
+            except BaseException as exc:
+                put(None if closed.is_set() else exc)
 
         future = loop.run_in_executor(self._executor, pump)
         try:
@@ -175,6 +250,105 @@ class Workflows:
                     raise item
                 yield item
         finally:
-            watcher.stop()
+            closed.set()
+            for response in responses:
+                with contextlib.suppress(Exception):
+                    response.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(future), timeout=0.1)
+                await asyncio.wait_for(asyncio.shield(future), timeout=1.0)
+
+
+def _timeout(seconds: float | None) -> dict[str, Any]:
+    """The client's per-request timeout keyword, when one is wanted."""
+    return {"_request_timeout": seconds} if seconds is not None else {}
+
+
+class KubeEvents:
+    """Writes core/v1 Events, the ones `kubectl describe` and `kubectl get events` show."""
+
+    # Named the way client-go names them, <object>.<unique>, within the 253-char limit.
+    _NAME_LIMIT = 253
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        executor: ThreadPoolExecutor,
+        *,
+        component: str = "lapse",
+        instance: str | None = None,
+    ) -> None:
+        self._api = client.CoreV1Api(api_client)
+        self._executor = executor
+        self._component = component
+        self._instance = instance or component
+
+    async def record(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        uid: str,
+        api_version: str,
+        kind: str,
+        reason: str,
+        message: str,
+        event_type: str = "Normal",
+    ) -> None:
+        now = datetime.now(UTC)
+        suffix = secrets.token_hex(8)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(
+                name=f"{name[: self._NAME_LIMIT - len(suffix) - 1]}.{suffix}", namespace=namespace
+            ),
+            involved_object=client.V1ObjectReference(
+                api_version=api_version, kind=kind, name=name, namespace=namespace, uid=uid
+            ),
+            reason=reason,
+            message=message[:1024],
+            type=event_type,
+            source=client.V1EventSource(component=self._component),
+            reporting_component=self._component,
+            reporting_instance=self._instance,
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(
+            self._executor,
+            functools.partial(self._api.create_namespaced_event, namespace, event),
+        )
+
+
+# The API server answers a list with PartialObjectMetadataList when asked in this Accept
+# header: metadata only (labels, annotations, uid), for CRs too, whatever the objects' size.
+METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+
+
+async def list_workflow_metadata(
+    api_client: client.ApiClient,
+    executor: ThreadPoolExecutor,
+    *,
+    label_selector: str | None = None,
+    limit: int = 500,
+    continue_token: str | None = None,
+) -> dict[str, Any]:
+    """One page of Workflows cluster-wide as PartialObjectMetadataList (`items[].metadata`),
+    for callers that only need to know which objects exist."""
+    query: list[tuple[str, Any]] = [("limit", limit)]
+    if label_selector:
+        query.append(("labelSelector", label_selector))
+    if continue_token:
+        query.append(("continue", continue_token))
+    call = functools.partial(
+        api_client.call_api,
+        f"/apis/{WORKFLOW_GROUP}/{WORKFLOW_VERSION}/{WORKFLOW_PLURAL}",
+        "GET",
+        query_params=query,
+        header_params={"Accept": METADATA_LIST_ACCEPT},
+        response_type="object",
+        auth_settings=["BearerToken"],
+        _return_http_data_only=True,
+    )
+    result: dict[str, Any] = await asyncio.get_running_loop().run_in_executor(executor, call)
+    return result

@@ -96,6 +96,7 @@ class EmbeddedKube:
     port: int = field(default_factory=free_port)
     admin_token: str = field(default_factory=lambda: secrets.token_hex(16))
     readonly_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    extra_args: tuple[str, ...] = ()
     etcd: subprocess.Popen[bytes] | None = None
     apiserver: subprocess.Popen[bytes] | None = None
 
@@ -173,6 +174,7 @@ class EmbeddedKube:
                 "--service-account-signing-key-file", str(key),
                 "--token-auth-file", str(tokens),
                 "--allow-privileged",
+                *self.extra_args,
             ],
             log,
         )  # fmt: skip

@@ -1,0 +1,269 @@
+"""What the row-reaper deletes: each database target's tables, in order, and the run's key.
+
+Pure data and pure functions. The database edge (`lapse.rows`) checks every name here
+against the reflected schema at start-up and turns the steps into statements; nothing here
+knows SQL. Table and column names come only from configuration or from the engines' own
+schemas (KFP, Argo); an event contributes key values, never names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Literal, Protocol
+
+from events.run import KFP_RUN_ID_LABEL, RunRef
+
+KeyKind = Literal["uid", "name", "label", "annotation", "kfp_run_id"]
+
+KFP: Final = "kfp"
+ARGO_ARCHIVE: Final = "argo_archive"
+# Argo's offloaded node status table; Argo's default name, which lapse's configuration
+# does not (yet) let anyone change.
+ARGO_OFFLOAD_TABLE: Final = "argo_workflows"
+KFP_RUN_RESOURCE_TYPE: Final = "Run"
+
+
+class MissingKey(Exception):
+    """The run carries nothing to find this target's rows by (e.g. no such label)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class KeySource:
+    """Where a target's key comes from on the run."""
+
+    kind: KeyKind
+    name: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> KeySource:
+        """`uid`, `name`, `label:<key>` or `annotation:<key>` (the configuration's syntax)."""
+        kind, sep, name = text.partition(":")
+        if not sep and kind in ("uid", "name"):
+            return cls("uid" if kind == "uid" else "name")
+        if sep and name and kind in ("label", "annotation"):
+            return cls("label" if kind == "label" else "annotation", name)
+        raise ValueError(
+            f"{text!r} is not a key source (use uid, name, label:<key> or annotation:<key>)"
+        )
+
+    def describe(self) -> str:
+        if self.kind == "kfp_run_id":
+            return f"the KFP run id (label {KFP_RUN_ID_LABEL})"
+        if self.kind in ("label", "annotation"):
+            return f"{self.kind} {self.name!r}"
+        return f"the run's {self.kind}"
+
+    def of(self, run: RunRef) -> str:
+        """The key value for `run`; `MissingKey` if the run has none (or an empty one)."""
+        value: str | None
+        if self.kind == "uid":
+            value = run.uid
+        elif self.kind == "name":
+            value = run.name
+        elif self.kind == "kfp_run_id":
+            # Adapters copy the label into kfp_run_id; a hand-made RunRef may carry only one.
+            value = run.kfp_run_id or run.labels.get(KFP_RUN_ID_LABEL)
+        elif self.kind == "label":
+            value = run.labels.get(self.name or "")
+        else:
+            value = run.annotations.get(self.name or "")
+        if value is None:
+            raise MissingKey(f"{self.describe()} is not set on {run.subject}")
+        if not value.strip():
+            raise MissingKey(f"{self.describe()} is empty on {run.subject}")
+        return value
+
+
+@dataclass(frozen=True)
+class Step:
+    """Delete (or lock) the rows of `table` whose `column` equals the run's key.
+
+    `where` adds equalities with constants (the engine's own discriminators, such as KFP's
+    `ResourceType = 'Run'` or Argo's cluster name). `table_key` / `column_key` name the
+    configuration keys the names came from, so a start-up error can point at them.
+    """
+
+    table: str
+    column: str
+    table_key: str
+    column_key: str
+    where: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """One database target: its parent table and the rows that hang off it.
+
+    Delete order: `children`, then `parent`, then `after`. When there are children the
+    parent rows are locked first (SELECT ... FOR UPDATE), the order KFP's own DeleteRun and
+    its garbage collector use, so lapse and KFP never wait on each other in opposite
+    orders. A child whose foreign key (found in the reflected schema) points at a parent
+    column other than the parent's key column is matched through the locked parent rows.
+    """
+
+    name: str
+    config_key: str
+    key: KeySource
+    parent: Step
+    children: tuple[Step, ...] = ()
+    after: tuple[Step, ...] = ()
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        return (*self.children, self.parent, *self.after)
+
+    @property
+    def locks_parent(self) -> bool:
+        return bool(self.children)
+
+
+# --- from configuration ----------------------------------------------------------------
+# Structural views of `lapse.config`'s models, so this package need not import `lapse`.
+
+
+class ChildDeclaration(Protocol):
+    @property
+    def table(self) -> str: ...
+    @property
+    def foreign_key_column(self) -> str: ...
+
+
+class TableDeclaration(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def table(self) -> str: ...
+    @property
+    def key_column(self) -> str: ...
+    @property
+    def key_from(self) -> str: ...
+    @property
+    def children(self) -> Sequence[ChildDeclaration]: ...
+
+
+class Enabled(Protocol):
+    @property
+    def enabled(self) -> bool: ...
+
+
+class ArgoArchiveDeclaration(Enabled, Protocol):
+    @property
+    def cluster_name(self) -> str: ...
+
+
+class TargetsDeclaration(Protocol):
+    @property
+    def kfp(self) -> Enabled: ...
+    @property
+    def argo_archive(self) -> ArgoArchiveDeclaration: ...
+    @property
+    def tables(self) -> Sequence[TableDeclaration]: ...
+
+
+def kfp_target(config_key: str = "database.targets.kfp") -> TargetSpec:
+    """KFP's run tables, in KFP's own delete order (storage/run_store.go DeleteRun)."""
+
+    def step(table: str, column: str, *where: tuple[str, str]) -> Step:
+        return Step(table, column, config_key, config_key, tuple(where))
+
+    return TargetSpec(
+        name=KFP,
+        config_key=config_key,
+        key=KeySource("kfp_run_id"),
+        parent=step("run_details", "UUID"),
+        children=(
+            step("run_metrics", "RunUUID"),
+            step("tasks", "RunUUID"),
+            # No foreign key to run_details, so no cascade would ever remove these.
+            step(
+                "resource_references",
+                "ResourceUUID",
+                ("ResourceType", KFP_RUN_RESOURCE_TYPE),
+            ),
+        ),
+    )
+
+
+def argo_archive_target(
+    cluster_name: str, config_key: str = "database.targets.argo_archive"
+) -> TargetSpec:
+    """Argo's workflow archive for one cluster, and the run's offloaded node status."""
+    cluster = ("clustername", cluster_name)
+
+    def step(table: str) -> Step:
+        return Step(table, "uid", config_key, config_key, (cluster,))
+
+    return TargetSpec(
+        name=ARGO_ARCHIVE,
+        config_key=config_key,
+        key=KeySource("uid"),
+        parent=step("argo_archived_workflows"),
+        # ON DELETE CASCADE would remove the labels too, but only on InnoDB/PostgreSQL and
+        # without telling us how many: deleting them first is exact everywhere.
+        children=(step("argo_archived_workflows_labels"),),
+        after=(step(ARGO_OFFLOAD_TABLE),),
+    )
+
+
+def table_target(declared: TableDeclaration, config_key: str) -> TargetSpec:
+    """A user-declared table and its children (deleted first, in the declared order)."""
+    children = tuple(
+        Step(
+            child.table,
+            child.foreign_key_column,
+            f"{config_key}.children[{i}].table",
+            f"{config_key}.children[{i}].foreign_key_column",
+        )
+        for i, child in enumerate(declared.children)
+    )
+    return TargetSpec(
+        name=declared.name,
+        config_key=config_key,
+        key=KeySource.parse(declared.key_from),
+        parent=Step(
+            declared.table, declared.key_column, f"{config_key}.table", f"{config_key}.key_column"
+        ),
+        children=children,
+    )
+
+
+def targets_for(config: TargetsDeclaration, prefix: str = "database.targets") -> list[TargetSpec]:
+    """Every enabled target, built-ins first, in configuration order."""
+    targets = []
+    if config.kfp.enabled:
+        targets.append(kfp_target(f"{prefix}.kfp"))
+    if config.argo_archive.enabled:
+        targets.append(
+            argo_archive_target(config.argo_archive.cluster_name, f"{prefix}.argo_archive")
+        )
+    targets.extend(
+        table_target(declared, f"{prefix}.tables[{i}]") for i, declared in enumerate(config.tables)
+    )
+    return targets
+
+
+# --- for one run -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """A run's key for each target that has one, and why the others were skipped."""
+
+    keys: dict[str, str]
+    skipped: dict[str, str]
+
+
+def keys_for(run: RunRef, targets: Sequence[TargetSpec]) -> RunKeys:
+    keys: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    for target in targets:
+        try:
+            keys[target.name] = target.key.of(run)
+        except MissingKey as exc:
+            skipped[target.name] = exc.reason
+    return RunKeys(keys, skipped)

@@ -1,0 +1,372 @@
+"""The workflow-reaper handler: `cleanup.due` (target kubernetes) in, at most one DELETE and
+one outcome event out.
+
+The decision is `classify` (pure, verdict.py); this shell only does the I/O around it:
+a fresh GET, the rate limiter and mass-deletion brake, the guarded DELETE, re-scheduling
+through the ScheduleStore and emitting the outcome. Every branch is safe to repeat: a
+second delivery of the same due event finds the object gone and reports `already_gone`.
+
+Outcomes (`cleanup.completed` unless noted):
+- deleted       DELETE accepted (uid + resourceVersion preconditions held).
+- already_gone  404 on GET or DELETE, or a deletion already in progress.
+- replaced      the name now belongs to an object with another uid: never touched.
+- kept          keep annotation, a TTL of never, a re-run that is not finished, or a
+                namespace outside safety.namespaces (`detail` says which).
+- rescheduled   not deleted yet, a new schedule was put: the deadline moved later, a gate
+                (Argo archiving, KFP persistence) is closed, or the brake is engaged.
+- dry_run       safety.dry_run: everything checked, nothing deleted.
+- cleanup.failed  invalid annotation or object, a gate still closed after max_wait,
+                RBAC refusal (401/403) or another permanent API error; nothing deleted.
+                When the brake trips, one cleanup.failed with stage "brake" is the alert.
+Transient API failures (no response, 408, 429, 5xx) raise `RetryLater`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Final, Literal, assert_never
+
+from cloudevents.core.base import BaseCloudEvent
+
+from events.adapters.argo import GROUP as ARGO_GROUP
+from events.adapters.argo import KIND as WORKFLOW_KIND
+from events.adapters.kube import api_group
+from events.builder import build_event, parse_payload
+from events.errors import InvalidEvent
+from events.models import CleanupCompleted, CleanupDue, CleanupFailed, OriginalEvent
+from events.original import capture_event
+from events.run import Engine, RunRef, Target
+from events.subjects import InvalidSubjectToken
+from events.types import EventType, Outcome
+from functions.policy import Policy
+from functions.ports import Emitter, RetryLater, ScheduleStore
+from functions.ratelimit import MassDeletionBrake, TokenBucket
+from functions.workflow_reaper.access import EventRecorder, WorkflowAccess
+from functions.workflow_reaper.failures import judge_failure
+from functions.workflow_reaper.gates import out_of_scope
+from functions.workflow_reaper.verdict import (
+    AlreadyGone,
+    Delete,
+    GaveUp,
+    Invalid,
+    Kept,
+    Refused,
+    Replaced,
+    Reschedule,
+    Skip,
+    Verdict,
+    Wait,
+    classify,
+)
+from lapse.config import SafetyConfig
+
+SOURCE: Final = "/lapse/workflow-reaper"
+STAGE: Final = "workflow-reaper"
+BRAKE_STAGE: Final = "brake"
+DELETED_EVENT_REASON: Final = "LapseDeleted"
+# 409 means the object changed between GET and DELETE; a few re-reads settle it, more
+# means something keeps writing it, and the event is better delivered again later.
+MAX_CONFLICTS: Final = 3
+CONFLICT_RETRY_DELAY: Final = 2.0
+_TEXT_LIMIT: Final = 4096
+
+PropagationPolicy = Literal["Background", "Foreground", "Orphan"]
+
+log = logging.getLogger(__name__)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class _Deleted:
+    """The DELETE was accepted for this verdict."""
+
+    verdict: Delete
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _TEXT_LIMIT else text[: _TEXT_LIMIT - 1] + "…"
+
+
+@dataclass(frozen=True)
+class WorkflowReaper:
+    """Constructed once per process; the rate limiter and brake live as long as it does.
+
+    `recorder`, when given (kubernetes.record_events), writes a Kubernetes Event in the
+    Workflow's namespace for each deletion. `request_timeout` bounds each API call.
+    """
+
+    workflows: WorkflowAccess
+    schedules: ScheduleStore
+    emitter: Emitter
+    policies: Sequence[Policy] = ()
+    safety: SafetyConfig = field(default_factory=SafetyConfig)
+    propagation_policy: PropagationPolicy = "Background"
+    clock: Callable[[], datetime] = field(default=_utcnow)
+    recorder: EventRecorder | None = None
+    request_timeout: float = 30.0
+    _bucket: TokenBucket = field(init=False, repr=False, compare=False)
+    _brake: MassDeletionBrake = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        now = self.clock().timestamp()
+        brake = self.safety.mass_deletion_brake
+        object.__setattr__(
+            self, "_bucket", TokenBucket(self.safety.max_deletions_per_second, now=now)
+        )
+        object.__setattr__(
+            self,
+            "_brake",
+            MassDeletionBrake(brake.max_due, brake.window.total_seconds(), enabled=brake.enabled),
+        )
+
+    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
+        """Handle one due event; returns the events it emitted. May raise `RetryLater`."""
+        try:
+            due = parse_payload(event, CleanupDue)
+        except InvalidEvent as exc:
+            return await self._emit([self._failed(None, exc.reason, capture_event(event))])
+        if due.target is not Target.KUBERNETES:
+            return []  # the database deadline belongs to the row-reaper
+        run = due.run
+        if run.engine is not Engine.ARGO or (api_group(run.api_version), run.kind) != (
+            ARGO_GROUP,
+            WORKFLOW_KIND,
+        ):
+            reason = (
+                f"workflow-reaper deletes Argo Workflows, not {run.engine} {run.kind} "
+                f"({run.api_version}): route this due event to the reaper for that kind"
+            )
+            return await self._emit([self._failed(run, reason)])
+        try:
+            produced = await self._reap(due)
+        except InvalidSubjectToken as exc:
+            produced = [self._failed(run, f"cannot reschedule: {exc}")]
+        return await self._emit(produced)
+
+    async def _reap(self, due: CleanupDue) -> list[BaseCloudEvent]:
+        admitted = False
+        for _ in range(MAX_CONFLICTS):
+            verdict = await self._judge(due)
+            if not isinstance(verdict, Delete) or verdict.dry_run:
+                return await self._conclude(due, verdict)
+            if not admitted:
+                held = await self._admit(verdict)
+                if held is not None:
+                    return held
+                admitted = True
+            deleted = await self._delete(verdict)
+            if deleted is None:
+                continue  # 409: the object changed since the GET; read and decide again
+            return await self._conclude(due, deleted)
+        raise RetryLater(
+            f"Workflow {due.run.subject} changed {MAX_CONFLICTS} times between read and "
+            "delete; trying again later",
+            CONFLICT_RETRY_DELAY,
+        )
+
+    async def _judge(self, due: CleanupDue) -> Verdict:
+        ref = due.run
+        # Checked before the GET as well: lapse does not even read outside its scope, where
+        # its RBAC may rightly be missing.
+        if (reason := out_of_scope(ref.namespace, self.safety.namespaces)) is not None:
+            return Skip(reason)
+        try:
+            fresh = await self.workflows.get(
+                ref.namespace, ref.name, request_timeout=self.request_timeout
+            )
+        except Exception as exc:
+            return self._call_failed(exc, "get", ref)
+        return classify(fresh, due, self.policies, self.safety, self.clock())
+
+    async def _delete(self, verdict: Delete) -> _Deleted | Verdict | None:
+        """The guarded DELETE; None on 409 (the object changed since the GET)."""
+        run = verdict.run
+        try:
+            await self.workflows.delete(
+                run.namespace,
+                run.name,
+                uid=run.uid,
+                resource_version=verdict.resource_version,
+                propagation_policy=self.propagation_policy,
+                request_timeout=self.request_timeout,
+            )
+        except Exception as exc:
+            failure = self.workflows.failure(exc)
+            if failure is not None and failure.status == 404:
+                return AlreadyGone(f"Workflow {run.subject} was deleted by someone else")
+            if failure is not None and failure.status == 409:
+                return None
+            return self._call_failed(exc, "delete", run)
+        return _Deleted(verdict)
+
+    def _call_failed(self, exc: Exception, verb: str, run: RunRef) -> Refused:
+        failure = self.workflows.failure(exc)
+        if failure is None:
+            raise exc  # not an API failure: a bug, let the runtime see it
+        judged = judge_failure(failure, verb, run)
+        if isinstance(judged, RetryLater):
+            raise judged from exc
+        return judged
+
+    async def _admit(self, verdict: Delete) -> list[BaseCloudEvent] | None:
+        """Brake, then rate limit. None: go ahead; otherwise the events of holding back."""
+        now = self.clock()
+        brake = self._brake.admit(now.timestamp())
+        if not brake.admitted:
+            assert brake.until is not None
+            until = datetime.fromtimestamp(brake.until, UTC)
+            produced = []
+            if brake.tripped:
+                settings = self.safety.mass_deletion_brake
+                window = int(settings.window.total_seconds())
+                produced.append(
+                    self._failed(
+                        verdict.run,
+                        f"mass-deletion brake engaged: more than {settings.max_due} deletions "
+                        f"within {window}s; deleting is paused until {until.isoformat()} "
+                        "and due objects are rescheduled (check the policies; raise "
+                        "safety.mass_deletion_brake.max_due if this volume is expected)",
+                        stage=BRAKE_STAGE,
+                    )
+                )
+            await self._put(verdict.run, verdict.deadline, verdict.policy, fire_at=until)
+            detail = f"mass-deletion brake engaged: rescheduled for {until.isoformat()}"
+            produced.append(
+                self._completed(verdict.run, Outcome.RESCHEDULED, verdict.deadline, detail)
+            )
+            return produced
+        # Delayed in arrival order, never dropped. The runtime must keep
+        # (in-flight events / rate) well below the consumer's ack wait.
+        wait = self._bucket.reserve(now.timestamp())
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return None
+
+    async def _conclude(self, due: CleanupDue, verdict: Verdict | _Deleted) -> list[BaseCloudEvent]:
+        ref = due.run
+        match verdict:
+            case _Deleted(verdict=done):
+                detail = f"deleted ({done.policy}, propagation {self.propagation_policy})"
+                completed = self._completed(done.run, Outcome.DELETED, done.deadline, detail)
+                await self._record_deletion(done, completed)
+                return [completed]
+            case Skip(reason=reason):
+                return [self._completed(ref, Outcome.KEPT, due.deadline, f"skipped: {reason}")]
+            case AlreadyGone(detail=detail):
+                return [self._completed(ref, Outcome.ALREADY_GONE, due.deadline, detail)]
+            case Replaced(current_uid=uid):
+                detail = (
+                    f"{ref.subject} is now a different Workflow (uid {uid}); "
+                    f"the run with uid {ref.uid} is gone and the new one is not touched"
+                )
+                return [self._completed(ref, Outcome.REPLACED, due.deadline, detail)]
+            case Kept(run=run, reason=reason):
+                return [self._completed(run, Outcome.KEPT, due.deadline, reason)]
+            case Reschedule(run=run, deadline=deadline, policy=policy, reason=reason):
+                await self._put(run, deadline, policy, fire_at=deadline)
+                return [self._completed(run, Outcome.RESCHEDULED, due.deadline, reason)]
+            case Wait(run=run, deadline=deadline, policy=policy, retry_at=retry_at):
+                await self._put(run, deadline, policy, fire_at=retry_at)
+                return [self._completed(run, Outcome.RESCHEDULED, deadline, verdict.reason)]
+            case (
+                GaveUp(run=run, reason=reason)
+                | Invalid(run=run, reason=reason)
+                | Refused(run=run, reason=reason)
+            ):
+                return [self._failed(run, reason)]
+            case Delete(run=run, deadline=deadline, policy=policy):
+                assert verdict.dry_run  # a real Delete is carried out by _reap
+                detail = f"dry run: would delete ({policy})"
+                return [self._completed(run, Outcome.DRY_RUN, deadline, detail, dry_run=True)]
+            case _:
+                assert_never(verdict)
+
+    async def _put(
+        self, run: RunRef, deadline: datetime, policy: str, *, fire_at: datetime
+    ) -> None:
+        """A new due event for `deadline`, delivered at `fire_at`."""
+        pending = await self.schedules.get(Target.KUBERNETES, run.uid)
+        if pending is not None and pending.deadline == fire_at:
+            return  # the planner (or an earlier delivery of this event) already did it
+        due = CleanupDue(
+            run=run,
+            target=Target.KUBERNETES,
+            deadline=deadline,
+            policy=policy,
+            scheduled_at=self.clock(),
+        )
+        event = build_event(EventType.CLEANUP_DUE, source=SOURCE, data=due)
+        await self.schedules.put(Target.KUBERNETES, run.uid, fire_at, event)
+
+    async def _record_deletion(self, done: Delete, completed: BaseCloudEvent) -> None:
+        if self.recorder is None:
+            return
+        run = done.run
+        latency = self.clock() - done.deadline
+        message = (
+            f"deleted by lapse ({done.policy}): deadline {done.deadline.isoformat()}, "
+            f"{latency / timedelta(seconds=1):.1f}s later; event {completed.get_id()}"
+        )
+        try:
+            await self.recorder.record(
+                namespace=run.namespace,
+                name=run.name,
+                uid=run.uid,
+                api_version=run.api_version,
+                kind=run.kind,
+                reason=DELETED_EVENT_REASON,
+                message=message,
+            )
+        except Exception:
+            # Best effort: the deletion happened and the outcome event is the record that
+            # matters; a missing Kubernetes Event must not turn it into a retry.
+            log.warning("could not record a Kubernetes Event for %s", run.subject, exc_info=True)
+
+    def _completed(
+        self,
+        run: RunRef,
+        outcome: Outcome,
+        deadline: datetime,
+        detail: str,
+        *,
+        dry_run: bool = False,
+    ) -> BaseCloudEvent:
+        data = CleanupCompleted.of(
+            run=run,
+            target=Target.KUBERNETES,
+            outcome=outcome,
+            completed_at=self.clock(),
+            deadline=deadline,
+            detail=_clip(detail),
+            dry_run=dry_run,
+        )
+        return build_event(EventType.CLEANUP_COMPLETED, source=SOURCE, data=data)
+
+    def _failed(
+        self,
+        run: RunRef | None,
+        reason: str,
+        original: OriginalEvent | None = None,
+        *,
+        stage: str = STAGE,
+    ) -> BaseCloudEvent:
+        data = CleanupFailed(
+            run=run,
+            target=Target.KUBERNETES if run is not None else None,
+            reason=_clip(reason),
+            stage=stage,
+            original=original,
+        )
+        return build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=data)
+
+    async def _emit(self, events: list[BaseCloudEvent]) -> list[BaseCloudEvent]:
+        for event in events:
+            await self.emitter.emit(event)
+        return events

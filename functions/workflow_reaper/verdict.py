@@ -1,0 +1,202 @@
+"""What to do when a Kubernetes deadline comes due: the pure decision, from a fresh read.
+
+`classify(fresh, due, policies, safety, now)` walks the safety sequence of DESIGN.md
+("How a deletion is made safe") on the object as the API server returned it a moment ago:
+
+1. scope        namespace outside safety.namespaces            -> Skip
+2. identity     gone / being deleted                            -> AlreadyGone
+                same name, another uid                          -> Replaced
+3. policy       keep annotation, TTL never                      -> Kept
+                not finished any more (re-run)                  -> Kept
+                malformed object or lapse.dev/* annotation      -> Invalid
+                deadline still in the future                    -> Reschedule
+4. gates        archiving Pending / KFP state not persisted     -> Wait, or GaveUp once
+                                                                   max_wait has passed
+5.              otherwise                                       -> Delete (dry_run flagged)
+
+`now` is the only clock. The rate limiter, the brake and the DELETE itself belong to the
+I/O shell (handler.py), which also produces `Refused` for failed API calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeAlias
+
+from events.adapters import Ignored, adapt_workflow
+from events.errors import InvalidEvent
+from events.models import CleanupDue, RunFinished
+from events.run import RunRef, Target
+from functions.policy import KEEP_ANNOTATION, Action, Policy, decide
+from functions.workflow_reaper.gates import Gate, closed_gate, out_of_scope
+from lapse.config import SafetyConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """Outside lapse's namespace scope: not even read."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadyGone:
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Replaced:
+    """The name belongs to a newer object now; it has its own deadline and is not touched."""
+
+    current_uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    run: RunRef
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reschedule:
+    """Not due yet: deliver again at `deadline` (the deadline the object says now)."""
+
+    run: RunRef
+    deadline: datetime
+    policy: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Due, but a gate is closed: ask again at `retry_at`; `deadline` stays the original
+    one so the wait stays bounded and lateness stays honest."""
+
+    run: RunRef
+    deadline: datetime
+    policy: str
+    gate: Gate
+    retry_at: datetime
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class GaveUp:
+    run: RunRef
+    gate: Gate
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    run: RunRef
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """An API call failed for good (RBAC, a request the server will never accept)."""
+
+    run: RunRef
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    run: RunRef
+    # The fresh read's; the DELETE precondition makes the server refuse if it changed since.
+    resource_version: str | None
+    deadline: datetime
+    policy: str
+    dry_run: bool
+
+
+Verdict: TypeAlias = (
+    Skip | AlreadyGone | Replaced | Kept | Reschedule | Wait | GaveUp | Invalid | Refused | Delete
+)
+
+
+def classify(
+    fresh: Mapping[str, Any] | None,
+    due: CleanupDue,
+    policies: Sequence[Policy],
+    safety: SafetyConfig,
+    now: datetime,
+) -> Verdict:
+    """The verdict for `due` given `fresh`, the object's current state (None: 404)."""
+    ref = due.run
+    if (reason := out_of_scope(ref.namespace, safety.namespaces)) is not None:
+        return Skip(reason)
+    if fresh is None:
+        return AlreadyGone(f"Workflow {ref.subject} no longer exists")
+    metadata = fresh.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    uid = metadata.get("uid")
+    if uid != ref.uid:
+        return Replaced(str(uid))
+    if metadata.get("deletionTimestamp"):
+        return AlreadyGone(
+            f"Workflow {ref.subject} is already being deleted "
+            f"(deletionTimestamp {metadata['deletionTimestamp']})"
+        )
+
+    annotations = metadata.get("annotations")
+    keep = isinstance(annotations, Mapping) and annotations.get(KEEP_ANNOTATION) == "true"
+    try:
+        adapted = adapt_workflow(dict(fresh))
+    except InvalidEvent as exc:
+        # keep outranks everything, even an object lapse cannot otherwise read.
+        if keep:
+            return Kept(ref, f"{KEEP_ANNOTATION} is 'true': the object is kept")
+        return Invalid(ref, f"the Workflow as it is now cannot be used: {exc.reason}")
+    if isinstance(adapted, Ignored):
+        if keep:
+            return Kept(ref, f"{KEEP_ANNOTATION} is 'true': the object is kept")
+        return Kept(
+            ref,
+            f"{adapted.reason} (re-run?): not deleted; it is planned again when it finishes",
+        )
+    assert isinstance(adapted, RunFinished)  # adapt_workflow(deleted=False) never says deleted
+    run = adapted.run
+
+    decision = decide(run, Target.KUBERNETES, policies, now)
+    if decision.action is Action.CANCEL:
+        return Kept(run, decision.reason)
+    if decision.action is Action.INVALID:
+        return Invalid(run, decision.reason)
+    deadline = decision.deadline
+    assert deadline is not None  # Decision guarantees it for SCHEDULE
+    if deadline > now:
+        # Deleting before the deadline the object states *now* is never right, whether the
+        # TTL was extended or the due event simply arrived early.
+        why = (
+            f"deadline moved from {due.deadline.isoformat()} to {deadline.isoformat()}"
+            if deadline > due.deadline
+            else f"not due until {deadline.isoformat()} (the due event arrived early)"
+        )
+        return Reschedule(run, deadline, decision.source, f"{why}: {decision.reason}")
+
+    closed = closed_gate(run.labels, safety)
+    if closed is not None:
+        waited = now - deadline
+        limit = safety.gate_retry.max_wait
+        if waited > limit:
+            return GaveUp(
+                run,
+                closed.gate,
+                f"gave up waiting for gate {closed.gate}: {closed.reason} "
+                f"{int(waited.total_seconds())}s after the deadline "
+                f"(safety.gate_retry.max_wait {int(limit.total_seconds())}s); nothing deleted",
+            )
+        retry_at = now + safety.gate_retry.backoff
+        return Wait(
+            run,
+            deadline,
+            decision.source,
+            closed.gate,
+            retry_at,
+            f"waiting for gate {closed.gate}: {closed.reason}; next check {retry_at.isoformat()}",
+        )
+    return Delete(run, run.resource_version, deadline, decision.source, safety.dry_run)

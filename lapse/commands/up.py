@@ -1,0 +1,130 @@
+"""`lapse up`: run the whole pipeline, with embedded servers for whatever is not configured."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+from kubernetes import client
+
+from lapse.clients.kubernetes import load_api_client
+from lapse.commands.common import config_from
+from lapse.config import LapseConfig
+from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
+from lapse.embedded.nats import EmbeddedNats
+from lapse.embedded.process import free_port, port_open
+from lapse.runtime import Pipeline
+
+log = logging.getLogger("lapse")
+
+DEFAULT_NATS_PORT = 4222
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "lapse"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "up",
+        help="run the whole pipeline (the main job)",
+        description=(
+            "Run the watcher, every function and the dispatcher against the configured NATS, "
+            "database and cluster. What is not configured is started locally and kept in "
+            "--state-dir: an embedded nats-server (no nats.url), a SQLite file (no "
+            "database.url), and a local kube-apiserver with the Argo Workflow CRD (no "
+            "kubeconfig found). Stop with Ctrl-C: in-flight work finishes first."
+        ),
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=default_state_dir(),
+        help="where embedded servers keep their data (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--listen",
+        default="127.0.0.1:8080",
+        metavar="HOST:PORT",
+        help="where the HTTP ingress accepts pushed CloudEvents (default: %(default)s; "
+        "'' turns it off)",
+    )
+    parser.set_defaults(run=run_up)
+
+
+def has_cluster(config: LapseConfig) -> bool:
+    k = config.kubernetes
+    if k.in_cluster or k.kubeconfig is not None:
+        return True
+    if os.environ.get("KUBECONFIG"):
+        return True
+    return (Path.home() / ".kube" / "config").exists()
+
+
+def start_embedded_nats(state_dir: Path) -> EmbeddedNats:
+    port = DEFAULT_NATS_PORT if not port_open(DEFAULT_NATS_PORT) else free_port()
+    server = EmbeddedNats(state_dir / "nats", port=port).start()
+    (state_dir / "nats.url").write_text(server.url + "\n")
+    return server
+
+
+def start_embedded_kube(state_dir: Path) -> EmbeddedKube:
+    kube = EmbeddedKube(state_dir / "kube").start()
+    api = client.ApiextensionsV1Api(load_api_client(str(kube.kubeconfig_path)))
+    crd = argo_workflow_crd()
+    try:
+        api.create_custom_resource_definition(crd)
+    except client.exceptions.ApiException as exc:
+        if exc.status != 409:  # kept from an earlier run in the same state dir
+            raise
+    return kube
+
+
+def run_up(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    state_dir: Path = args.state_dir
+    state_dir.mkdir(parents=True, exist_ok=True)
+    nats_server: EmbeddedNats | None = None
+    kube: EmbeddedKube | None = None
+    try:
+        if config.nats.url is None:
+            nats_server = start_embedded_nats(state_dir)
+            log.info("no nats.url configured: started nats-server at %s", nats_server.url)
+        if config.database.url is None:
+            url = f"sqlite:///{state_dir / 'lapse.db'}"
+            config = config.model_copy(
+                update={"database": config.database.model_copy(update={"url": url})}
+            )
+            log.info("no database.url configured: using %s", url)
+        if not has_cluster(config):
+            log.info("no cluster configured: starting a local kube-apiserver (see lapse up --help)")
+            kube = start_embedded_kube(state_dir)
+            config = config.model_copy(
+                update={
+                    "kubernetes": config.kubernetes.model_copy(
+                        update={"kubeconfig": kube.kubeconfig_path}
+                    )
+                }
+            )
+            log.info("local cluster at %s, kubeconfig %s", kube.url, kube.kubeconfig_path)
+        nats_url = nats_server.url if nats_server else config.nats.url
+        asyncio.run(_serve(Pipeline(config, nats_url=nats_url, listen=args.listen or None)))
+    finally:
+        if kube is not None:
+            kube.stop()
+        if nats_server is not None:
+            nats_server.stop()
+    return 0
+
+
+async def _serve(pipeline: Pipeline) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await pipeline.run(stop)

@@ -1,0 +1,186 @@
+"""The local stand-in for the Knative Broker: JetStream consumers feeding handlers.
+
+One durable pull consumer per route (per Trigger), explicit acks:
+- the handler returned: ack;
+- `RetryLater`, or an unexpected exception: NAK with a delay, so JetStream redelivers;
+- the last allowed try failed, or the message is not a CloudEvent: a `cleanup.failed`
+  with the reason goes to the dead letters, then the message is acked.
+Nothing is acked before the handler is done, so a crash means redelivery, not loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from cloudevents.core.v1.event import CloudEvent
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from events.builder import build_event, parse_payload
+from events.errors import InvalidEvent
+from events.models import CleanupFailed
+from events.nats_binding import from_nats
+from events.original import capture_event, capture_message
+from events.run import RunRef, Target
+from events.types import EventType
+from functions.ports import Emitter, Handler, RetryLater
+from lapse.config import NatsConfig
+from lapse.routing import Route
+
+log = logging.getLogger(__name__)
+
+SOURCE = "/lapse/dispatcher"
+# Redelivery delays for failures that did not say how long to wait.
+DEFAULT_BACKOFF = (1.0, 5.0, 15.0, 60.0, 300.0)
+
+
+@dataclass(frozen=True)
+class Subscription:
+    route: Route
+    handler: Handler
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        emitter: Emitter,
+        nats_config: NatsConfig,
+        subscriptions: list[Subscription],
+        *,
+        concurrency: int = 64,
+        batch: int = 64,
+    ) -> None:
+        self._js = js
+        self._emitter = emitter
+        self._config = nats_config
+        self._subscriptions = subscriptions
+        self._slots = asyncio.Semaphore(concurrency)
+        self._batch = batch
+        self._stopping = asyncio.Event()
+        self._inflight: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        """Consume until `stop()`; then let in-flight handlers finish."""
+        loops = [asyncio.create_task(self._consume(s)) for s in self._subscriptions]
+        try:
+            await self._stopping.wait()
+        finally:
+            for loop in loops:
+                loop.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            if self._inflight:
+                await asyncio.wait(self._inflight)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _consume(self, subscription: Subscription) -> None:
+        route = subscription.route
+        stream = route.stream(self._config.streams)
+        config = ConsumerConfig(
+            durable_name=f"lapse-{route.name}",
+            filter_subject=route.subject,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=self._config.ack_wait.total_seconds(),
+            # One more than lapse's own limit: lapse dead-letters on the last try itself,
+            # the server's limit is only a backstop.
+            max_deliver=self._config.max_deliver + 1,
+            max_ack_pending=10_000,
+        )
+        sub = await self._js.pull_subscribe(
+            route.subject, durable=config.durable_name, stream=stream, config=config
+        )
+        log.info("%s: consuming %s from %s", route.function, route.subject, stream)
+        while not self._stopping.is_set():
+            try:
+                msgs = await sub.fetch(self._batch, timeout=1.0)
+            except TimeoutError:
+                continue
+            except Exception as exc:  # NATS reconnecting: keep trying
+                log.warning("%s: fetch failed: %s", route.name, exc)
+                await asyncio.sleep(1.0)
+                continue
+            for msg in msgs:
+                await self._slots.acquire()
+                task = asyncio.create_task(self._deliver(subscription, msg))
+                self._inflight.add(task)
+                task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._inflight.discard(task)
+        self._slots.release()
+
+    async def _deliver(self, subscription: Subscription, msg: Msg) -> None:
+        route = subscription.route
+        attempt = msg.metadata.num_delivered if msg.metadata else 1
+        try:
+            event = from_nats(msg.headers, msg.data)
+        except InvalidEvent as exc:
+            await self._dead_letter(
+                CleanupFailed(
+                    reason=f"not a CloudEvent: {exc.reason}",
+                    stage=route.function,
+                    attempts=attempt,
+                    original=capture_message(msg.headers, msg.data),
+                )
+            )
+            await msg.ack()
+            return
+        if not route.matches(event.get_attributes()):
+            await msg.ack()  # same subject, other target: not this route's event
+            return
+        try:
+            await subscription.handler.handle(event)
+        except RetryLater as exc:
+            await self._retry(msg, route, attempt, exc.reason, exc.delay, event)
+            return
+        except Exception as exc:
+            log.exception("%s: handler failed on %s", route.function, event.get_id())
+            delay = DEFAULT_BACKOFF[min(attempt, len(DEFAULT_BACKOFF)) - 1]
+            await self._retry(msg, route, attempt, f"{type(exc).__name__}: {exc}", delay, event)
+            return
+        await msg.ack()
+
+    async def _retry(
+        self, msg: Msg, route: Route, attempt: int, reason: str, delay: float, event: CloudEvent
+    ) -> None:
+        if attempt >= self._config.max_deliver:
+            run, target = _run_and_target(event)
+            await self._dead_letter(
+                CleanupFailed(
+                    run=run,
+                    target=target,
+                    reason=f"gave up after {attempt} tries: {reason}",
+                    stage=route.function,
+                    attempts=attempt,
+                    original=capture_event(event),
+                )
+            )
+            await msg.ack()
+            return
+        log.info("%s: try %d failed (%s); again in %.0fs", route.function, attempt, reason, delay)
+        with contextlib.suppress(Exception):
+            await msg.nak(delay=delay)
+
+    async def _dead_letter(self, failed: CleanupFailed) -> None:
+        await self._emitter.emit(build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=failed))
+
+
+def _run_and_target(event: CloudEvent) -> tuple[RunRef | None, Target | None]:
+    """What the dead letter can say about the run, if the payload names one."""
+    try:
+        payload = parse_payload(event)
+    except InvalidEvent:
+        return None, None
+    run = getattr(payload, "run", None)
+    target = getattr(payload, "target", None)
+    return (
+        run if isinstance(run, RunRef) else None,
+        target if isinstance(target, Target) else None,
+    )

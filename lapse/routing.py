@@ -1,0 +1,58 @@
+"""Routes read from the Knative Trigger manifests in infra/knative/triggers.yaml."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import yaml
+
+import infra
+from events.subjects import DUE_PREFIX, subject_filter
+from lapse.config import Streams
+
+SERVICE_PREFIX = "lapse-"
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str  # the Trigger's name; also names the durable consumer
+    function: str  # e.g. "ttl-planner" (Knative Service "lapse-ttl-planner")
+    filters: dict[str, str]  # CloudEvent attribute -> exact value, as Knative filters
+
+    @property
+    def subject(self) -> str:
+        return subject_filter(self.filters["type"], self.filters.get("target"))
+
+    def stream(self, streams: Streams) -> str:
+        if self.subject.startswith(DUE_PREFIX):
+            return streams.schedule
+        if self.subject.startswith("lapse.audit."):
+            return streams.audit
+        return streams.events
+
+    def matches(self, attributes: Mapping[str, object]) -> bool:
+        return all(str(attributes.get(k)) == v for k, v in self.filters.items())
+
+
+def load_routes(text: str | None = None) -> list[Route]:
+    documents = yaml.safe_load_all(
+        text if text is not None else infra.read_text("knative/triggers.yaml")
+    )
+    routes = []
+    for doc in documents:
+        if not doc or doc.get("kind") != "Trigger":
+            continue
+        spec = doc["spec"]
+        service = spec["subscriber"]["ref"]["name"]
+        filters = {str(k): str(v) for k, v in spec.get("filter", {}).get("attributes", {}).items()}
+        if "type" not in filters:
+            raise ValueError(f"Trigger {doc['metadata']['name']} must filter on type")
+        routes.append(
+            Route(
+                name=doc["metadata"]["name"],
+                function=service.removeprefix(SERVICE_PREFIX),
+                filters=filters,
+            )
+        )
+    return routes

@@ -1,0 +1,209 @@
+"""`lapse up` as users run it (a subprocess) against real NATS, kube-apiserver and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lapse.clients.database import create_engine
+from lapse.embedded.nats import EmbeddedNats
+from lapse.embedded.process import free_port
+from tests.conftest import KubeStack
+from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_counts
+from tests.stack import Database, scratch_database, wait_for
+
+
+@pytest.fixture
+def own_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    # Its own server: `lapse up` creates the default streams, which other tests also use.
+    server = EmbeddedNats(tmp_path / "nats").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+async def kfp_database() -> AsyncIterator[Database]:
+    async with scratch_database("postgresql") as db:
+        engine = create_engine(db.url)
+        await create_kfp_tables(engine)
+        await engine.dispose()
+        yield db
+
+
+class LapseUp:
+    """One `lapse up` process; its log is kept for the failure message."""
+
+    def __init__(self, config: Path, state_dir: Path, log: Path) -> None:
+        self.ingress_port = free_port()
+        self.args = [sys.executable, "-m", "lapse.cli", "--config", str(config), "up",
+                     "--state-dir", str(state_dir),
+                     "--listen", f"127.0.0.1:{self.ingress_port}"]  # fmt: skip
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    async def start(self) -> None:
+        with self.log.open("ab") as out:
+            # Popen returns at once; the wait for readiness below is async.
+            self.process = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT)  # noqa: ASYNC220
+        await wait_for(self._running, timeout=60)
+
+    async def _running(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"lapse up exited:\n{self.log.read_text()[-3000:]}")
+        return "lapse is running" in self.log.read_text()
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            return self.process.wait(timeout=60)
+        return self.process.returncode
+
+
+def lapse_json(*args: str, config: Path) -> Any:
+    result = subprocess.run(
+        [sys.executable, "-m", "lapse.cli", "--config", str(config), *args, "-o", "json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def finished_workflow(name: str, **meta: Any) -> dict[str, Any]:
+    now = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {
+            "name": name,
+            "labels": {"workflows.argoproj.io/completed": "true", **meta.get("labels", {})},
+            "annotations": meta.get("annotations", {}),
+        },
+        "spec": {"entrypoint": "main"},
+        "status": {"phase": "Succeeded", "startedAt": now, "finishedAt": now},
+    }
+
+
+def write_config(path: Path, nats_url: str, kube: KubeStack, db: Database) -> Path:
+    path.write_text(
+        f"nats: {{url: '{nats_url}'}}\n"
+        f"kubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n"
+        f"database: {{url: '{db.url}', targets: {{kfp: {{enabled: true}}}}}}\n"
+        "policies:\n"
+        "  - name: kfp-runs\n"
+        "    match: {has_labels: [pipeline/runid]}\n"
+        "    kubernetes: {ttl: 3s}\n"
+        "    database: {ttl: 6s}\n"
+        "safety: {max_deletions_per_second: 200}\n"
+    )
+    return path
+
+
+async def test_up_deletes_objects_and_rows_on_their_own_clocks(
+    tmp_path: Path, own_nats: EmbeddedNats, kube: KubeStack, kfp_database: Database
+) -> None:
+    config = write_config(tmp_path / "lapse.yaml", own_nats.url, kube, kfp_database)
+    ns = kube.namespace(f"e2e-{uuid.uuid4().hex[:6]}")
+    up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
+    await up.start()
+    try:
+        run_ids = [str(uuid.uuid4()) for _ in range(2)]
+        engine = create_engine(kfp_database.url)
+        async with engine.begin() as conn:
+            await insert_kfp_runs(conn, run_ids)
+        wfs = kube.workflows
+        for i in range(3):
+            await wfs.create(
+                ns, finished_workflow(f"short-{i}", annotations={"lapse.dev/ttl": f"{2 + i}s"})
+            )
+        await wfs.create(
+            ns,
+            finished_workflow(
+                "kept", annotations={"lapse.dev/ttl": "2s", "lapse.dev/keep": "true"}
+            ),
+        )
+        for i, run_id in enumerate(run_ids):
+            labels = {"pipeline/runid": run_id, "pipeline/persistedFinalState": "true"}
+            await wfs.create(ns, finished_workflow(f"kfp-{i}", labels=labels))
+
+        async def objects_gone() -> bool:
+            names = {w["metadata"]["name"] for w in (await wfs.list(ns))["items"]}
+            return names == {"kept"}
+
+        async def rows_gone() -> bool:
+            async with engine.connect() as conn:
+                counts = [await kfp_counts(conn, r) for r in run_ids]
+            return all(sum(c.values()) == 0 for c in counts)
+
+        await wait_for(objects_gone, timeout=60, interval=0.5)
+        await wait_for(rows_gone, timeout=60, interval=0.5)
+        await engine.dispose()
+
+        history = lapse_json("history", "-n", ns, config=config)
+        outcomes = Counter((row["target"], row["outcome"]) for row in history)
+        assert outcomes[("kubernetes", "deleted")] == 5
+        assert outcomes[("database", "deleted")] == 2
+        assert all(row["latencySeconds"] >= 0 for row in history if row["outcome"] == "deleted")
+        # The database clock (6s) is its own: rows went after, not with, their objects.
+        deleted_at = {
+            (row["name"], row["target"]): row["deadline"]
+            for row in history
+            if row["outcome"] == "deleted"
+        }
+        assert deleted_at[("kfp-0", "database")] > deleted_at[("kfp-0", "kubernetes")]
+        status = lapse_json("status", config=config)
+        assert status["pending"]["kubernetes"]["count"] == 0
+        assert status["deadLetters"] == 0
+    finally:
+        assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
+
+
+async def test_sigkill_mid_work_loses_nothing_and_deletes_nothing_twice(
+    tmp_path: Path, own_nats: EmbeddedNats, kube: KubeStack, kfp_database: Database
+) -> None:
+    config = write_config(tmp_path / "lapse.yaml", own_nats.url, kube, kfp_database)
+    ns = kube.namespace(f"kill-{uuid.uuid4().hex[:6]}")
+    up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
+    await up.start()
+    wfs = kube.workflows
+    count = 40
+    for i in range(count):
+        ttl = 2 + (i % 8)  # deadlines spread over 2..9 s, so the kill lands mid-work
+        await wfs.create(ns, finished_workflow(f"wf-{i}", annotations={"lapse.dev/ttl": f"{ttl}s"}))
+    await asyncio.sleep(4)
+    up.kill()
+    survivors_at_kill = len((await wfs.list(ns))["items"])
+    await asyncio.sleep(2)  # deadlines pass while lapse is down
+    await up.start()
+    try:
+
+        async def all_gone() -> bool:
+            return not (await wfs.list(ns))["items"]
+
+        await wait_for(all_gone, timeout=90, interval=0.5)
+        history = lapse_json("history", "-n", ns, "--target", "kubernetes", config=config)
+        deleted = Counter(row["name"] for row in history if row["outcome"] == "deleted")
+        assert 0 < survivors_at_kill < count, "the kill must land in the middle of the work"
+        assert set(deleted) == {f"wf-{i}" for i in range(count)}
+        assert set(deleted.values()) == {1}, "no object is deleted twice"
+        assert all(row["latencySeconds"] >= 0 for row in history if row["outcome"] == "deleted")
+        assert {row["outcome"] for row in history} <= {"deleted", "already_gone"}
+    finally:
+        assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]

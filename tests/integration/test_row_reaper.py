@@ -1,0 +1,806 @@
+"""row-reaper against real PostgreSQL and MariaDB: KFP, Argo archive and declared tables.
+
+Connection trouble is provoked for real: the engine talks to the database through a TCP
+proxy on loopback that the test closes (refusing new connections, cutting open ones) and
+opens again; the shared database servers are never stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from cloudevents.core.base import BaseCloudEvent
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    event,
+    func,
+    insert,
+    select,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from events.builder import build_event, parse_payload
+from events.models import CleanupCompleted, CleanupDue, CleanupFailed
+from events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
+from events.types import EventType, Outcome
+from functions.ports import RetryLater
+from functions.row_reaper import BatchRetryLater, RowReaper, TargetSpec, targets_for
+from functions.row_reaper.targets import argo_archive_target, kfp_target
+from lapse.clients.database import create_engine
+from lapse.config import DatabaseTargets
+from lapse.rows import DatabaseUnavailable, SchemaMismatch, SqlRowStore, open_row_store
+from tests import argo_archive_schema as argo
+from tests import kfp_schema as kfp
+from tests.stack import Database
+
+pytestmark = pytest.mark.db
+
+DEADLINE = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class ListEmitter:
+    def __init__(self) -> None:
+        self.events: list[BaseCloudEvent] = []
+
+    async def emit(self, event: BaseCloudEvent) -> None:
+        self.events.append(event)
+
+
+def due(
+    *,
+    kfp_run_id: str | None = None,
+    uid: str | None = None,
+    name: str = "wf",
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> BaseCloudEvent:
+    labels = dict(labels or {})
+    if kfp_run_id is not None:
+        labels[KFP_RUN_ID_LABEL] = kfp_run_id
+    run = RunRef(
+        engine=Engine.ARGO,
+        api_version="argoproj.io/v1alpha1",
+        kind="Workflow",
+        namespace="team-a",
+        name=name,
+        uid=uid or str(uuid.uuid4()),
+        phase="Succeeded",
+        labels=labels,
+        annotations=annotations or {},
+        kfp_run_id=kfp_run_id,
+    )
+    payload = CleanupDue(
+        run=run, target=Target.DATABASE, deadline=DEADLINE, policy="test", scheduled_at=DEADLINE
+    )
+    return build_event(EventType.CLEANUP_DUE, source="/lapse/test", data=payload)
+
+
+def completed(event: BaseCloudEvent) -> CleanupCompleted:
+    assert event.get_type() == EventType.CLEANUP_COMPLETED
+    assert event.get_source() == "/lapse/row-reaper"
+    return parse_payload(event, CleanupCompleted)
+
+
+@pytest.fixture
+async def engine(database: Database) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(database.url)
+    yield engine
+    async with engine.begin() as conn:
+        await conn.run_sync(USER_TABLES.drop_all)
+    await kfp.drop_kfp_tables(engine)
+    await argo.drop_argo_tables(engine)
+    await engine.dispose()
+
+
+async def reaper(
+    engine: AsyncEngine, targets: list[TargetSpec], *, dry_run: bool = False, batch_size: int = 500
+) -> tuple[RowReaper, ListEmitter]:
+    emitter = ListEmitter()
+    store = await open_row_store(engine, targets)
+    return RowReaper(rows=store, emitter=emitter, dry_run=dry_run, batch_size=batch_size), emitter
+
+
+# --- KFP ---------------------------------------------------------------------------------
+
+
+async def test_kfp_rows_of_the_due_run_are_deleted_and_only_those(engine: AsyncEngine) -> None:
+    await kfp.create_kfp_tables(engine)
+    gone, kept = str(uuid.uuid4()), str(uuid.uuid4())
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, [gone, kept], metrics=3, tasks=2)
+        # Same UUID, other resource type: KFP's delete leaves it, so must lapse.
+        await conn.execute(
+            insert(kfp.resource_references),
+            {
+                "ResourceUUID": gone,
+                "ResourceType": "Job",
+                "ReferenceUUID": "x",
+                "ReferenceName": "x",
+                "ReferenceType": "Experiment",
+                "Relationship": "Owner",
+                "Payload": "{}",
+            },
+        )
+    handler, emitter = await reaper(engine, [kfp_target()])
+
+    emitted = await handler.handle(due(kfp_run_id=gone))
+
+    assert emitted == emitter.events and len(emitted) == 1
+    result = completed(emitted[0])
+    assert result.outcome is Outcome.DELETED
+    assert result.detail == "kfp: run_metrics=3, tasks=2, resource_references=2, run_details=1"
+    assert result.latency_seconds is not None and result.latency_seconds > 0
+    async with engine.connect() as conn:
+        assert await kfp.kfp_counts(conn, gone) == dict.fromkeys(kfp.KFP_TABLES, 0)
+        assert await kfp.kfp_counts(conn, kept) == {
+            "run_details": 1,
+            "run_metrics": 3,
+            "tasks": 2,
+            "resource_references": 2,
+        }
+        other_type = await conn.execute(
+            select(func.count())
+            .select_from(kfp.resource_references)
+            .where(kfp.resource_references.c.ResourceUUID == gone)
+        )
+        assert other_type.scalar_one() == 1
+
+
+async def test_second_delivery_is_already_gone_and_deletes_nothing(engine: AsyncEngine) -> None:
+    await kfp.create_kfp_tables(engine)
+    run_id, other = str(uuid.uuid4()), str(uuid.uuid4())
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, [run_id, other])
+    handler, _ = await reaper(engine, [kfp_target()])
+    event = due(kfp_run_id=run_id)
+
+    first = completed((await handler.handle(event))[0])
+    async with engine.connect() as conn:
+        before = await kfp.kfp_total(conn)
+    second = completed((await handler.handle(event))[0])
+
+    assert first.outcome is Outcome.DELETED
+    assert second.outcome is Outcome.ALREADY_GONE
+    assert second.detail == "kfp: run_metrics=0, tasks=0, resource_references=0, run_details=0"
+    async with engine.connect() as conn:
+        assert (
+            await kfp.kfp_total(conn)
+            == before
+            == {
+                "run_details": 1,
+                "run_metrics": 2,
+                "tasks": 2,
+                "resource_references": 2,
+            }
+        )
+
+
+async def test_run_without_kfp_run_id_is_already_gone_without_touching_rows(
+    engine: AsyncEngine,
+) -> None:
+    await kfp.create_kfp_tables(engine)
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, [str(uuid.uuid4())])
+    handler, _ = await reaper(engine, [kfp_target()])
+
+    result = completed((await handler.handle(due()))[0])
+
+    assert result.outcome is Outcome.ALREADY_GONE
+    assert result.detail is not None and "skipped" in result.detail
+    assert KFP_RUN_ID_LABEL in result.detail
+    async with engine.connect() as conn:
+        assert (await kfp.kfp_total(conn))["run_details"] == 1
+
+
+async def test_dry_run_counts_and_deletes_nothing(engine: AsyncEngine) -> None:
+    await kfp.create_kfp_tables(engine)
+    await argo.create_argo_tables(engine)
+    run_id, uid = str(uuid.uuid4()), str(uuid.uuid4())
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, [run_id], metrics=4)
+        await argo.insert_archived(conn, uid, label_count=3)
+    handler, _ = await reaper(engine, [kfp_target(), argo_archive_target("default")], dry_run=True)
+
+    result = completed((await handler.handle(due(kfp_run_id=run_id, uid=uid)))[0])
+
+    assert result.outcome is Outcome.DRY_RUN and result.dry_run
+    assert result.detail == (
+        "would delete kfp: run_metrics=4, tasks=2, resource_references=2, run_details=1; "
+        "argo_archive: argo_archived_workflows_labels=3, argo_archived_workflows=1, "
+        "argo_workflows=1"
+    )
+    async with engine.connect() as conn:
+        assert await kfp.kfp_counts(conn, run_id) == {
+            "run_details": 1,
+            "run_metrics": 4,
+            "tasks": 2,
+            "resource_references": 2,
+        }
+        assert await argo.argo_counts(conn, uid) == {
+            "argo_archived_workflows": 1,
+            "argo_archived_workflows_labels": 3,
+            "argo_workflows": 1,
+        }
+
+
+async def test_batch_deletes_many_runs_across_transactions(engine: AsyncEngine) -> None:
+    await kfp.create_kfp_tables(engine)
+    run_ids = [str(uuid.uuid4()) for _ in range(1200)]
+    survivor = str(uuid.uuid4())
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, [*run_ids, survivor])
+    handler, emitter = await reaper(engine, [kfp_target()], batch_size=500)
+    events = [due(kfp_run_id=run_id) for run_id in run_ids]
+    events.append(events[0])  # a duplicate delivery inside the same batch
+
+    emitted = await handler.handle_batch(events)
+
+    outcomes = [completed(e).outcome for e in emitted]
+    assert outcomes.count(Outcome.DELETED) == 1200
+    assert outcomes.count(Outcome.ALREADY_GONE) == 1
+    assert all(
+        completed(e).detail == "kfp: run_metrics=2, tasks=2, resource_references=2, run_details=1"
+        for e in emitted[:1200]
+    )
+    assert emitter.events == emitted
+    async with engine.connect() as conn:
+        assert await kfp.kfp_total(conn) == {
+            "run_details": 1,
+            "run_metrics": 2,
+            "tasks": 2,
+            "resource_references": 2,
+        }
+        assert (await kfp.kfp_counts(conn, survivor))["run_details"] == 1
+
+
+async def test_concurrent_duplicate_deliveries_delete_each_run_once(engine: AsyncEngine) -> None:
+    await kfp.create_kfp_tables(engine)
+    run_ids = [str(uuid.uuid4()) for _ in range(300)]
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, run_ids)
+    handler, _ = await reaper(engine, [kfp_target()], batch_size=50)
+    events = {run_id: due(kfp_run_id=run_id) for run_id in run_ids}
+
+    # The same runs, delivered to two consumers at once, in opposite orders.
+    forward, backward = await asyncio.gather(
+        handler.handle_batch(list(events.values())),
+        handler.handle_batch(list(reversed(events.values()))),
+    )
+
+    deleted: dict[str, int] = {}
+    for emitted in (forward, backward):
+        for result in map(completed, emitted):
+            assert result.run.kfp_run_id is not None
+            if result.outcome is Outcome.DELETED:
+                deleted[result.run.kfp_run_id] = deleted.get(result.run.kfp_run_id, 0) + 1
+            else:
+                assert result.outcome is Outcome.ALREADY_GONE
+    assert len(forward) == len(backward) == 300
+    assert deleted == dict.fromkeys(run_ids, 1)
+    async with engine.connect() as conn:
+        assert await kfp.kfp_total(conn) == dict.fromkeys(kfp.KFP_TABLES, 0)
+
+
+# --- Argo archive ------------------------------------------------------------------------
+
+
+async def test_argo_archive_rows_of_the_cluster_are_deleted(engine: AsyncEngine) -> None:
+    await argo.create_argo_tables(engine)
+    uid, other_uid = str(uuid.uuid4()), str(uuid.uuid4())
+    async with engine.begin() as conn:
+        await argo.insert_archived(conn, uid, label_count=3, node_versions=2)
+        await argo.insert_archived(conn, uid, cluster="other")  # same uid, other cluster
+        await argo.insert_archived(conn, other_uid)
+    handler, _ = await reaper(engine, [argo_archive_target("default")])
+
+    result = completed((await handler.handle(due(uid=uid)))[0])
+    again = completed((await handler.handle(due(uid=uid)))[0])
+
+    assert result.outcome is Outcome.DELETED
+    assert result.detail == (
+        "argo_archive: argo_archived_workflows_labels=3, argo_archived_workflows=1, "
+        "argo_workflows=2"
+    )
+    assert again.outcome is Outcome.ALREADY_GONE
+    async with engine.connect() as conn:
+        assert await argo.argo_counts(conn, uid) == dict.fromkeys(argo.ARGO_TABLES, 0)
+        intact = {
+            "argo_archived_workflows": 1,
+            "argo_archived_workflows_labels": 2,
+            "argo_workflows": 1,
+        }
+        assert await argo.argo_counts(conn, uid, cluster="other") == intact
+        assert await argo.argo_counts(conn, other_uid) == intact
+
+
+# --- user-declared tables ----------------------------------------------------------------
+
+USER_TABLES = MetaData()
+artifacts = Table(
+    "ml_run_artifacts",
+    USER_TABLES,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(64), nullable=False, index=True),
+    Column("path", String(200), nullable=False),
+)
+# Keyed by the run directly (no foreign key).
+artifact_files = Table(
+    "ml_artifact_files",
+    USER_TABLES,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(64), nullable=False, index=True),
+)
+# Keyed through the parent's surrogate id: a real foreign key, no cascade.
+artifact_tags = Table(
+    "ml_artifact_tags",
+    USER_TABLES,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("artifact_id", Integer, ForeignKey("ml_run_artifacts.id"), nullable=False),
+    Column("tag", String(40), nullable=False),
+)
+# Not declared to lapse: a row here makes deleting its artifact fail for good.
+artifact_holds = Table(
+    "ml_artifact_holds",
+    USER_TABLES,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("artifact_id", Integer, ForeignKey("ml_run_artifacts.id"), nullable=False),
+)
+job_stats = Table(
+    "ml_job_stats",
+    USER_TABLES,
+    Column("job_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("value", Integer, nullable=False),
+)
+
+RUN_LABEL = "example.com/run"
+USER_CONFIG: dict[str, Any] = {
+    "tables": [
+        {
+            "name": "artifacts",
+            "table": "ml_run_artifacts",
+            "key_column": "run_id",
+            "key_from": f"label:{RUN_LABEL}",
+            "children": [
+                {"table": "ml_artifact_files", "foreign_key_column": "run_id"},
+                {"table": "ml_artifact_tags", "foreign_key_column": "artifact_id"},
+            ],
+        },
+        {
+            "name": "job-stats",
+            "table": "ml_job_stats",
+            "key_column": "job_id",
+            "key_from": "annotation:example.com/job-id",
+        },
+    ]
+}
+
+
+async def seed_artifacts(engine: AsyncEngine, run_key: str, artifacts_per_run: int = 2) -> None:
+    async with engine.begin() as conn:
+        for i in range(artifacts_per_run):
+            result = await conn.execute(
+                insert(artifacts).values(run_id=run_key, path=f"s3://b/{run_key}/{i}")
+            )
+            assert result.inserted_primary_key is not None
+            artifact_id = result.inserted_primary_key[0]
+            await conn.execute(
+                insert(artifact_tags),
+                [{"artifact_id": artifact_id, "tag": t} for t in ("a", "b", "c")],
+            )
+        await conn.execute(insert(artifact_files), [{"run_id": run_key}] * 4)
+
+
+async def artifact_counts(engine: AsyncEngine, run_key: str) -> tuple[int, int, int]:
+    async with engine.connect() as conn:
+        parents = (
+            await conn.execute(
+                select(func.count()).select_from(artifacts).where(artifacts.c.run_id == run_key)
+            )
+        ).scalar_one()
+        files = (
+            await conn.execute(
+                select(func.count())
+                .select_from(artifact_files)
+                .where(artifact_files.c.run_id == run_key)
+            )
+        ).scalar_one()
+        tags = (
+            await conn.execute(
+                select(func.count())
+                .select_from(artifact_tags.join(artifacts))
+                .where(artifacts.c.run_id == run_key)
+            )
+        ).scalar_one()
+    return parents, files, tags
+
+
+async def test_declared_tables_children_first_only_that_run(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        await conn.run_sync(USER_TABLES.create_all)
+        await conn.execute(
+            insert(job_stats), [{"job_id": 41, "value": 1}, {"job_id": 42, "value": 2}]
+        )
+    await seed_artifacts(engine, "run-a")
+    await seed_artifacts(engine, "run-b")
+    targets = targets_for(DatabaseTargets.model_validate(USER_CONFIG))
+    handler, _ = await reaper(engine, targets)
+    event = due(labels={RUN_LABEL: "run-a"}, annotations={"example.com/job-id": "42"})
+
+    result = completed((await handler.handle(event))[0])
+    again = completed((await handler.handle(event))[0])
+
+    assert result.outcome is Outcome.DELETED
+    assert result.detail == (
+        "artifacts: ml_artifact_files=4, ml_artifact_tags=6, ml_run_artifacts=2; "
+        "job-stats: ml_job_stats=1"
+    )
+    assert again.outcome is Outcome.ALREADY_GONE
+    assert await artifact_counts(engine, "run-a") == (0, 0, 0)
+    assert await artifact_counts(engine, "run-b") == (2, 4, 6)
+    async with engine.connect() as conn:
+        left = (await conn.execute(select(job_stats.c.job_id))).scalars().all()
+    assert left == [41]
+
+
+async def test_refused_run_fails_alone_and_the_batch_goes_on(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        await conn.run_sync(USER_TABLES.create_all)
+    for key in ("ok-1", "held", "ok-2"):
+        await seed_artifacts(engine, key, artifacts_per_run=1)
+    async with engine.begin() as conn:
+        held_id = (
+            await conn.execute(select(artifacts.c.id).where(artifacts.c.run_id == "held"))
+        ).scalar_one()
+        await conn.execute(insert(artifact_holds).values(artifact_id=held_id))
+    targets = targets_for(DatabaseTargets.model_validate(USER_CONFIG))
+    handler, _ = await reaper(engine, targets)
+    events = [due(labels={RUN_LABEL: key}) for key in ("ok-1", "held", "ok-2")]
+    # Not a whole number for the BIGINT key column: refused before any SQL runs.
+    events.append(due(labels={RUN_LABEL: "ok-1"}, annotations={"example.com/job-id": "x1"}))
+
+    emitted = await handler.handle_batch(events)
+
+    by_type = [e.get_type() for e in emitted]
+    assert by_type.count(EventType.CLEANUP_COMPLETED) == 2
+    assert by_type.count(EventType.CLEANUP_FAILED) == 2
+    failures = [
+        parse_payload(e, CleanupFailed) for e in emitted if e.get_type().endswith("failed.v1")
+    ]
+    assert {f.run.labels[RUN_LABEL] for f in failures if f.run} == {"held", "ok-1"}
+    assert all(f.stage == "row-reaper" and f.target is Target.DATABASE for f in failures)
+    held = next(f for f in failures if f.run and f.run.labels[RUN_LABEL] == "held")
+    assert "refused" in held.reason
+    bad_key = next(f for f in failures if f.run and f.run.labels[RUN_LABEL] == "ok-1")
+    assert "x1" in bad_key.reason and "ml_job_stats" in bad_key.reason
+    assert await artifact_counts(engine, "ok-1") == (0, 0, 0)
+    assert await artifact_counts(engine, "ok-2") == (0, 0, 0)
+    # All or nothing per run: the held run's children were not deleted either.
+    assert await artifact_counts(engine, "held") == (1, 4, 3)
+
+
+# --- start-up checks ---------------------------------------------------------------------
+
+
+async def test_missing_tables_and_columns_fail_at_start_naming_the_key(
+    engine: AsyncEngine,
+) -> None:
+    async with engine.begin() as conn:
+        await conn.run_sync(USER_TABLES.create_all)
+    config = DatabaseTargets.model_validate(
+        {
+            "kfp": {"enabled": True},
+            "tables": [
+                {"name": "gone", "table": "no_such_table", "key_column": "run_id"},
+                {
+                    "name": "typo",
+                    "table": "ml_run_artifacts",
+                    "key_column": "runid",
+                    "children": [{"table": "ml_artifact_files", "foreign_key_column": "run"}],
+                },
+            ],
+        }
+    )
+
+    with pytest.raises(SchemaMismatch) as caught:
+        await open_row_store(engine, targets_for(config))
+
+    problems = caught.value.problems
+    assert any(
+        p.startswith("database.targets.kfp: table 'run_details' does not exist") for p in problems
+    )
+    assert any(
+        p.startswith("database.targets.tables[0].table: table 'no_such_table' does not exist")
+        for p in problems
+    )
+    assert any(
+        p.startswith("database.targets.tables[1].key_column:") and "'runid'" in p for p in problems
+    )
+    assert any(
+        p.startswith("database.targets.tables[1].children[0].foreign_key_column:") and "'run'" in p
+        for p in problems
+    )
+    assert str(caught.value).startswith("database.targets.")
+
+
+async def test_no_target_enabled_fails_at_start(engine: AsyncEngine) -> None:
+    with pytest.raises(SchemaMismatch, match=r"^database\.targets: nothing to delete"):
+        await open_row_store(engine, targets_for(DatabaseTargets()))
+
+
+# --- unreachable database ----------------------------------------------------------------
+
+
+class TcpProxy:
+    """A loopback TCP relay to the database that a test can close and open again."""
+
+    def __init__(self, port: int, upstream: tuple[str, int]) -> None:
+        self.port = port
+        self.upstream = upstream
+        self.server: asyncio.Server | None = None
+        self.links: set[asyncio.StreamWriter] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        # Accept connections but relay nothing: a database that hangs instead of refusing.
+        self.stall = False
+
+    async def open(self) -> TcpProxy:
+        self.server = await asyncio.start_server(
+            self._accept, "127.0.0.1", self.port, reuse_address=True
+        )
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    def cut(self) -> None:
+        """Refuse new connections and drop the open ones, like a dead server."""
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        for writer in self.links:
+            writer.transport.abort()
+        self.links.clear()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.stall:
+            self.links.add(writer)
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            writer.transport.abort()
+            return
+        self.links |= {writer, up_writer}
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pump(source, sink))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.CancelledError):
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+        sink.transport.abort()
+
+
+@pytest.fixture
+async def proxied(
+    database: Database, engine: AsyncEngine
+) -> AsyncIterator[tuple[TcpProxy, AsyncEngine]]:
+    url = make_url(database.url)
+    proxy = await TcpProxy(0, (url.host or "127.0.0.1", url.port or 0)).open()
+    through = create_engine(url.set(port=proxy.port))
+    yield proxy, through
+    proxy.cut()
+    await through.dispose()
+
+
+async def test_unreachable_database_retries_then_deletes_everything(
+    engine: AsyncEngine, proxied: tuple[TcpProxy, AsyncEngine]
+) -> None:
+    proxy, through = proxied
+    await kfp.create_kfp_tables(engine)
+    run_ids = [str(uuid.uuid4()) for _ in range(3)]
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, run_ids)
+    handler, emitter = await reaper(through, [kfp_target()])
+    events = [due(kfp_run_id=run_id) for run_id in run_ids]
+
+    proxy.cut()
+    with pytest.raises(RetryLater) as single:
+        await handler.handle(events[0])
+    with pytest.raises(BatchRetryLater) as batch:
+        await handler.handle_batch(events)
+
+    assert single.value.delay > 0 and "unreachable" in single.value.reason
+    assert [r.event for r in batch.value.retries] == events
+    assert emitter.events == [] and batch.value.emitted == ()
+    async with engine.connect() as conn:
+        assert (await kfp.kfp_total(conn))["run_details"] == 3
+
+    await proxy.open()
+    emitted = await handler.handle_batch(events)
+
+    assert [completed(e).outcome for e in emitted] == [Outcome.DELETED] * 3
+    async with engine.connect() as conn:
+        assert await kfp.kfp_total(conn) == dict.fromkeys(kfp.KFP_TABLES, 0)
+
+
+async def test_started_while_unreachable_checks_schema_once_reachable(
+    engine: AsyncEngine, proxied: tuple[TcpProxy, AsyncEngine]
+) -> None:
+    proxy, through = proxied
+    await kfp.create_kfp_tables(engine)
+    run_id = str(uuid.uuid4())
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, [run_id])
+    proxy.cut()
+
+    with pytest.raises(DatabaseUnavailable):
+        await open_row_store(through, [kfp_target()])
+    emitter = ListEmitter()
+    handler = RowReaper(rows=SqlRowStore(through, [kfp_target()]), emitter=emitter)
+    with pytest.raises(RetryLater):
+        await handler.handle(due(kfp_run_id=run_id))
+    assert emitter.events == []
+
+    await proxy.open()
+    result = completed((await handler.handle(due(kfp_run_id=run_id)))[0])
+
+    assert result.outcome is Outcome.DELETED
+    async with engine.connect() as conn:
+        assert await kfp.kfp_counts(conn, run_id) == dict.fromkeys(kfp.KFP_TABLES, 0)
+
+
+async def test_hanging_database_times_out_into_retry_later(
+    engine: AsyncEngine, proxied: tuple[TcpProxy, AsyncEngine]
+) -> None:
+    proxy, through = proxied
+    await kfp.create_kfp_tables(engine)
+    run_id = str(uuid.uuid4())
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, [run_id])
+    emitter = ListEmitter()
+    store = await open_row_store(through, [kfp_target()], timeout=1.0)
+    handler = RowReaper(rows=store, emitter=emitter)
+    proxy.cut()
+    proxy.stall = True
+    await proxy.open()
+
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(RetryLater) as caught:
+        await handler.handle(due(kfp_run_id=run_id))
+
+    assert asyncio.get_running_loop().time() - started < 5
+    assert "did not answer in time" in caught.value.reason
+    assert emitter.events == []
+    proxy.cut()
+    proxy.stall = False
+    await proxy.open()
+    result = completed((await handler.handle(due(kfp_run_id=run_id)))[0])
+    assert result.outcome is Outcome.DELETED
+
+
+async def test_mysql_without_returning_counts_with_a_locking_select(mysql: Database) -> None:
+    # MariaDB has DELETE ... RETURNING, MySQL has not: take MySQL's path on the same server.
+    engine = create_engine(mysql.url)
+    try:
+        async with engine.connect():
+            pass  # the dialect learns the server version on first connect
+        engine.sync_engine.dialect.delete_returning = False
+        await kfp.create_kfp_tables(engine)
+        await argo.create_argo_tables(engine)
+        run_ids = [str(uuid.uuid4()) for _ in range(3)]
+        async with engine.begin() as conn:
+            await kfp.insert_kfp_runs(conn, run_ids, metrics=3)
+            await argo.insert_archived(conn, run_ids[0], label_count=2)
+        handler, _ = await reaper(engine, [kfp_target(), argo_archive_target("default")])
+        events = [due(kfp_run_id=r, uid=r) for r in run_ids[:2]]
+        statements: list[str] = []
+        event.listen(
+            engine.sync_engine,
+            "before_cursor_execute",
+            lambda conn, cursor, statement, *args: statements.append(statement),
+        )
+
+        results = [completed(e) for e in await handler.handle_batch(events)]
+
+        assert not any("RETURNING" in s for s in statements)
+        assert sum("GROUP BY" in s and "FOR UPDATE" in s for s in statements) == 7
+
+        assert [r.detail for r in results] == [
+            "kfp: run_metrics=3, tasks=2, resource_references=2, run_details=1; "
+            "argo_archive: argo_archived_workflows_labels=2, argo_archived_workflows=1, "
+            "argo_workflows=1",
+            "kfp: run_metrics=3, tasks=2, resource_references=2, run_details=1; "
+            "argo_archive: argo_archived_workflows_labels=0, argo_archived_workflows=0, "
+            "argo_workflows=0",
+        ]
+        async with engine.connect() as conn:
+            assert await kfp.kfp_total(conn) == {
+                "run_details": 1,
+                "run_metrics": 3,
+                "tasks": 2,
+                "resource_references": 2,
+            }
+    finally:
+        await kfp.drop_kfp_tables(engine)
+        await argo.drop_argo_tables(engine)
+        await engine.dispose()
+
+
+def cut_before(proxy: TcpProxy, engine: AsyncEngine, needle: str) -> Callable[[], None]:
+    """Drop the connection just before the first statement containing `needle` is sent."""
+
+    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if needle in statement:
+            proxy.cut()
+
+    event.listen(engine.sync_engine, "before_cursor_execute", before)
+    return lambda: event.remove(engine.sync_engine, "before_cursor_execute", before)
+
+
+async def test_connection_lost_mid_transaction_commits_nothing(
+    engine: AsyncEngine, proxied: tuple[TcpProxy, AsyncEngine]
+) -> None:
+    proxy, through = proxied
+    await kfp.create_kfp_tables(engine)
+    run_id = str(uuid.uuid4())
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, [run_id], metrics=3)
+    handler, emitter = await reaper(through, [kfp_target()])
+    stop = cut_before(proxy, through, "DELETE FROM run_details")
+    try:
+        with pytest.raises(RetryLater) as caught:
+            await handler.handle(due(kfp_run_id=run_id))
+    finally:
+        stop()
+    assert "connection lost" in caught.value.reason
+
+    assert emitter.events == []
+    async with engine.connect() as conn:
+        # run_metrics, tasks and resource_references were deleted in the lost transaction.
+        assert await kfp.kfp_counts(conn, run_id) == {
+            "run_details": 1,
+            "run_metrics": 3,
+            "tasks": 2,
+            "resource_references": 2,
+        }
+
+    await proxy.open()
+    result = completed((await handler.handle(due(kfp_run_id=run_id)))[0])
+
+    assert result.outcome is Outcome.DELETED
+    assert result.detail == "kfp: run_metrics=3, tasks=2, resource_references=2, run_details=1"
+    async with engine.connect() as conn:
+        assert await kfp.kfp_counts(conn, run_id) == dict.fromkeys(kfp.KFP_TABLES, 0)
+
+
+async def test_not_yet_due_event_is_retried_at_its_deadline(engine: AsyncEngine) -> None:
+    await kfp.create_kfp_tables(engine)
+    run_id = str(uuid.uuid4())
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, [run_id])
+    emitter = ListEmitter()
+    store = await open_row_store(engine, [kfp_target()])
+    early = DEADLINE - timedelta(minutes=10)
+    handler = RowReaper(rows=store, emitter=emitter, clock=lambda: early)
+
+    with pytest.raises(RetryLater) as caught:
+        await handler.handle(due(kfp_run_id=run_id))
+
+    assert caught.value.delay == pytest.approx(600)
+    assert emitter.events == []
+    async with engine.connect() as conn:
+        assert (await kfp.kfp_counts(conn, run_id))["run_details"] == 1

@@ -1,0 +1,660 @@
+"""workflow-reaper against a real kube-apiserver (Argo's Workflow CRD) and a real NATS server.
+
+Workflows are written the way Argo writes them (status with the object, the controller's
+labels); the due event is the one the planner would have scheduled. Two pass-through
+wrappers around the real `Workflows` appear below: one counts API requests, one writes to
+the object between the reaper's GET and DELETE (a real 409 from the real server). The only
+fake is a single synthetic 503, which a healthy test server cannot be made to return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from cloudevents.core.base import BaseCloudEvent
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from events.adapters import adapt_workflow
+from events.builder import build_event, parse_payload
+from events.models import CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
+from events.nats_binding import from_nats
+from events.run import Target
+from events.schemas import load_schema
+from events.subjects import due_subject, schedule_subject
+from events.types import EventType, Outcome
+from functions.ports import RetryLater
+from functions.workflow_reaper import SOURCE, WorkflowAccess, WorkflowReaper
+from lapse.bus import NatsEmitter, NatsScheduleStore
+from lapse.clients.kubernetes import ApiCallFailure, KubeEvents, Workflows, load_api_client
+from lapse.clients.nats import connect, ensure_streams, stream_configs
+from lapse.config import SafetyConfig, Streams
+from lapse.embedded.kube import READONLY_USER
+from lapse.embedded.nats import EmbeddedNats
+from lapse.embedded.process import free_port
+from tests.conftest import KubeStack
+from tests.stack import wait_for
+from tests.unit.test_workflow_reaper_verdict import ARCHIVING, argo_workflow
+
+STREAMS = Streams()
+TTL = "10m"
+
+
+# --- fixtures and helpers ---------------------------------------------------------------
+
+
+@dataclass
+class Bus:
+    nc: NATS
+    js: JetStreamContext
+
+    @property
+    def schedules(self) -> NatsScheduleStore:
+        return NatsScheduleStore(self.js, STREAMS)
+
+    async def due_reader(self, uid: str) -> Any:
+        return await self.js.pull_subscribe(
+            due_subject(Target.KUBERNETES, uid),
+            durable=f"due-{uuid.uuid4().hex[:8]}",
+            stream=STREAMS.schedule,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+        )
+
+    async def next_due(self, sub: Any, timeout: float = 15) -> BaseCloudEvent:
+        """The next due event the NATS scheduler fires, as a CloudEvent."""
+        msgs = await sub.fetch(1, timeout=timeout)
+        await msgs[0].ack()
+        return from_nats(msgs[0].headers, msgs[0].data)
+
+    async def stored(self, stream: str, subject: str) -> list[BaseCloudEvent]:
+        sub = await self.js.pull_subscribe(
+            subject, durable=f"read-{uuid.uuid4().hex[:8]}", stream=stream
+        )
+        try:
+            msgs = await sub.fetch(100, timeout=2)
+        except TimeoutError:
+            return []
+        return [from_nats(m.headers, m.data) for m in msgs]
+
+
+@pytest.fixture
+async def bus(nats_server: EmbeddedNats) -> AsyncIterator[Bus]:
+    nc = await connect(nats_server.url)
+    js = nc.jetstream()
+    await ensure_streams(js, stream_configs(STREAMS))
+    yield Bus(nc, js)
+    # Other modules in the session create the same (fixed-subject) streams: leave none.
+    for name in (STREAMS.schedule, STREAMS.events, STREAMS.audit, STREAMS.dlq):
+        await js.delete_stream(name)
+    await nc.close()
+
+
+NAMESPACE_PREFIX = "reaper-"
+
+
+@pytest.fixture(autouse=True)
+def leave_no_workflows(kube: KubeStack) -> Iterator[None]:
+    """The apiserver is shared by the session (a watcher test lists every Workflow): remove
+    what these tests leave behind. Namespaces stay; nothing here can finish deleting them."""
+    yield
+    custom = client.CustomObjectsApi(kube.api_client)
+    core = client.CoreV1Api(kube.api_client)
+    for namespace in core.list_namespace().items:
+        name = namespace.metadata.name
+        if name.startswith(NAMESPACE_PREFIX):
+            custom.delete_collection_namespaced_custom_object(
+                "argoproj.io", "v1alpha1", name, "workflows"
+            )
+            core.delete_collection_namespaced_event(name)
+
+
+@dataclass
+class Calls:
+    """Pass-through to the real API server that counts requests (no behaviour changed)."""
+
+    inner: Workflows
+    gets: int = 0
+    deletes: int = 0
+
+    async def get(
+        self, namespace: str, name: str, *, request_timeout: float | None = None
+    ) -> dict[str, Any] | None:
+        self.gets += 1
+        return await self.inner.get(namespace, name, request_timeout=request_timeout)
+
+    async def delete(self, namespace: str, name: str, **kwargs: Any) -> None:
+        self.deletes += 1
+        await self.inner.delete(namespace, name, **kwargs)
+
+    def failure(self, exc: BaseException) -> ApiCallFailure | None:
+        return self.inner.failure(exc)
+
+
+@dataclass
+class Meddling(Calls):
+    """After the reaper's first GET, someone else writes the object (through the real API)."""
+
+    meddle: Callable[[dict[str, Any]], None] = lambda obj: None
+    done: bool = False
+
+    async def get(
+        self, namespace: str, name: str, *, request_timeout: float | None = None
+    ) -> dict[str, Any] | None:
+        obj = await super().get(namespace, name, request_timeout=request_timeout)
+        if obj is not None and not self.done:
+            self.done = True
+            changed = await self.inner.get(namespace, name)
+            assert changed is not None
+            self.meddle(changed)
+            await self.inner.replace(namespace, name, changed)
+        return obj
+
+
+@dataclass
+class FlakyDelete(Calls):
+    """FAKE, on purpose: the first DELETE answers 503 without reaching the server, because
+    a healthy kube-apiserver cannot be made to return a 5xx on demand."""
+
+    failed: bool = False
+
+    async def delete(self, namespace: str, name: str, **kwargs: Any) -> None:
+        if not self.failed:
+            self.failed = True
+            raise ApiException(status=503, reason="Service Unavailable")
+        await super().delete(namespace, name, **kwargs)
+
+
+def reaper(
+    kube: KubeStack,
+    bus: Bus,
+    *,
+    workflows: WorkflowAccess | None = None,
+    recorder: KubeEvents | None = None,
+    **safety: Any,
+) -> WorkflowReaper:
+    return WorkflowReaper(
+        workflows=workflows if workflows is not None else Calls(kube.workflows),
+        schedules=bus.schedules,
+        emitter=NatsEmitter(bus.js, STREAMS),
+        safety=SafetyConfig.model_validate(safety),
+        propagation_policy="Background",
+        recorder=recorder,
+        request_timeout=10,
+    )
+
+
+async def finished_workflow(
+    kube: KubeStack,
+    namespace: str,
+    name: str,
+    *,
+    finished_ago: timedelta = timedelta(minutes=20),
+    annotations: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Create a Workflow the controller has already finished (TTL 10m unless told)."""
+    body = argo_workflow(
+        name,
+        namespace=namespace,
+        finished_at=datetime.now(UTC) - finished_ago,
+        annotations={"lapse.dev/ttl": TTL, **(annotations or {})},
+        **kwargs,
+    )
+    return await kube.workflows.create(namespace, body)
+
+
+def due_event(obj: dict[str, Any]) -> BaseCloudEvent:
+    """The due event the planner scheduled for `obj` (deadline = finishedAt + 10m)."""
+    finished = adapt_workflow(obj)
+    assert isinstance(finished, RunFinished) and finished.run.finished_at is not None
+    deadline = finished.run.finished_at + timedelta(minutes=10)
+    due = CleanupDue(
+        run=finished.run,
+        target=Target.KUBERNETES,
+        deadline=deadline,
+        policy="annotation:lapse.dev/ttl",
+        scheduled_at=finished.run.finished_at,
+    )
+    return build_event(EventType.CLEANUP_DUE, source="/lapse/ttl-planner", data=due)
+
+
+def only(events: list[BaseCloudEvent]) -> CleanupCompleted | CleanupFailed:
+    """The single outcome event, checked against the published JSON Schema."""
+    assert len(events) == 1, [e.get_type() for e in events]
+    event = events[0]
+    assert event.get_source() == SOURCE
+    jsonschema.validate(event.get_data(), load_schema(event.get_type()))
+    payload = parse_payload(event)
+    assert isinstance(payload, CleanupCompleted | CleanupFailed)
+    return payload
+
+
+def completed(events: list[BaseCloudEvent], outcome: Outcome) -> CleanupCompleted:
+    payload = only(events)
+    assert isinstance(payload, CleanupCompleted), payload
+    assert payload.outcome is outcome, payload.detail
+    return payload
+
+
+def failed(events: list[BaseCloudEvent]) -> CleanupFailed:
+    payload = only(events)
+    assert isinstance(payload, CleanupFailed), payload
+    return payload
+
+
+async def edit(
+    kube: KubeStack, obj: dict[str, Any], change: Callable[[dict[str, Any]], None]
+) -> None:
+    fresh = await kube.workflows.get(obj["metadata"]["namespace"], obj["metadata"]["name"])
+    assert fresh is not None
+    change(fresh)
+    await kube.workflows.replace(fresh["metadata"]["namespace"], fresh["metadata"]["name"], fresh)
+
+
+async def exists(kube: KubeStack, obj: dict[str, Any]) -> bool:
+    current = await kube.workflows.get(obj["metadata"]["namespace"], obj["metadata"]["name"])
+    return current is not None and current["metadata"]["uid"] == obj["metadata"]["uid"]
+
+
+# --- the deletion and its idempotency ---------------------------------------------------
+
+
+async def test_expired_workflow_is_deleted_with_two_requests_and_an_event(
+    kube: KubeStack, bus: Bus
+) -> None:
+    ns = kube.namespace("reaper-delete")
+    wf = await finished_workflow(kube, ns, "expired")
+    calls = Calls(kube.workflows)
+    recorder = KubeEvents(kube.api_client, kube.executor, component="lapse-workflow-reaper")
+    start = datetime.now(UTC)
+    done = completed(
+        await reaper(kube, bus, workflows=calls, recorder=recorder).handle(due_event(wf)),
+        Outcome.DELETED,
+    )
+    assert not await exists(kube, wf)
+    assert (calls.gets, calls.deletes) == (1, 1)  # the DESIGN budget: GET + DELETE
+    assert done.run.uid == wf["metadata"]["uid"]
+    assert done.completed_at >= start
+    assert done.latency_seconds is not None and done.latency_seconds > 9 * 60
+    audit = await bus.stored(STREAMS.audit, "lapse.audit.>")
+    assert len(audit) == 1
+    assert parse_payload(audit[0], CleanupCompleted).outcome is Outcome.DELETED
+
+    core = client.CoreV1Api(kube.api_client)
+    events = core.list_namespaced_event(ns).items
+    mine = [e for e in events if e.involved_object.uid == wf["metadata"]["uid"]]
+    assert [e.reason for e in mine] == ["LapseDeleted"]
+    assert "annotation:lapse.dev/ttl" in mine[0].message
+
+
+async def test_same_due_event_twice_deletes_once(kube: KubeStack, bus: Bus) -> None:
+    ns = kube.namespace("reaper-twice")
+    wf = await finished_workflow(kube, ns, "twice")
+    calls = Calls(kube.workflows)
+    reap = reaper(kube, bus, workflows=calls)
+    event = due_event(wf)
+    completed(await reap.handle(event), Outcome.DELETED)
+    completed(await reap.handle(event), Outcome.ALREADY_GONE)
+    assert calls.deletes == 1
+
+
+# --- step 2: identity and keep ----------------------------------------------------------
+
+
+async def test_recreated_workflow_with_the_same_name_survives_the_old_deadline(
+    kube: KubeStack, bus: Bus
+) -> None:
+    ns = kube.namespace("reaper-replaced")
+    old = await finished_workflow(kube, ns, "nightly")
+    stale = due_event(old)
+    await kube.workflows.delete(ns, "nightly", uid=old["metadata"]["uid"])
+    # A new run reuses the name; it is even expired itself, yet the old event must not touch it.
+    new = await finished_workflow(kube, ns, "nightly")
+    assert new["metadata"]["uid"] != old["metadata"]["uid"]
+
+    outcome = completed(await reaper(kube, bus).handle(stale), Outcome.REPLACED)
+    assert outcome.run.uid == old["metadata"]["uid"]
+    assert new["metadata"]["uid"] in (outcome.detail or "")
+    assert await exists(kube, new)
+
+
+async def test_keep_added_after_scheduling_keeps_the_workflow(kube: KubeStack, bus: Bus) -> None:
+    ns = kube.namespace("reaper-keep")
+    wf = await finished_workflow(kube, ns, "precious")
+    event = due_event(wf)
+    await edit(kube, wf, lambda o: o["metadata"]["annotations"].update({"lapse.dev/keep": "true"}))
+    outcome = completed(await reaper(kube, bus).handle(event), Outcome.KEPT)
+    assert "lapse.dev/keep" in (outcome.detail or "")
+    assert await exists(kube, wf)
+
+
+async def test_rerun_workflow_is_not_deleted(kube: KubeStack, bus: Bus) -> None:
+    ns = kube.namespace("reaper-rerun")
+    wf = await finished_workflow(kube, ns, "retried")
+    event = due_event(wf)
+
+    def rerun(o: dict[str, Any]) -> None:  # what `argo retry` leaves behind
+        o["status"] = {"phase": "Running", "startedAt": o["status"]["startedAt"]}
+        o["metadata"]["labels"].update(
+            {"workflows.argoproj.io/completed": "false", "workflows.argoproj.io/phase": "Running"}
+        )
+
+    await edit(kube, wf, rerun)
+    outcome = completed(await reaper(kube, bus).handle(event), Outcome.KEPT)
+    assert "Running" in (outcome.detail or "")
+    assert await exists(kube, wf)
+
+
+# --- step 3: the policy from the fresh object -------------------------------------------
+
+
+async def test_extended_ttl_reschedules_at_the_later_deadline(kube: KubeStack, bus: Bus) -> None:
+    ns = kube.namespace("reaper-extended")
+    wf = await finished_workflow(kube, ns, "extended")
+    event = due_event(wf)
+    await edit(kube, wf, lambda o: o["metadata"]["annotations"].update({"lapse.dev/ttl": "3h"}))
+
+    outcome = completed(await reaper(kube, bus).handle(event), Outcome.RESCHEDULED)
+    assert await exists(kube, wf)
+    uid = wf["metadata"]["uid"]
+    finished_at = datetime.fromisoformat(wf["status"]["finishedAt"])
+    pending = await bus.schedules.get(Target.KUBERNETES, uid)
+    assert pending is not None and pending.deadline == finished_at + timedelta(hours=3)
+    assert "moved" in (outcome.detail or "")
+
+    # The schedule carries a due event for the new deadline, built by the reaper.
+    msg = await bus.js.get_last_msg(STREAMS.schedule, schedule_subject(Target.KUBERNETES, uid))
+    new_due = parse_payload(from_nats(msg.headers, msg.data or b""), CleanupDue)
+    assert new_due.deadline == finished_at + timedelta(hours=3)
+    assert new_due.run.annotations["lapse.dev/ttl"] == "3h"
+
+
+async def test_invalid_annotation_fails_and_deletes_nothing(kube: KubeStack, bus: Bus) -> None:
+    ns = kube.namespace("reaper-invalid")
+    wf = await finished_workflow(kube, ns, "typo")
+    event = due_event(wf)
+    await edit(kube, wf, lambda o: o["metadata"]["annotations"].update({"lapse.dev/ttl": "3x"}))
+    outcome = failed(await reaper(kube, bus).handle(event))
+    assert "lapse.dev/ttl" in outcome.reason
+    assert await exists(kube, wf)
+    dead = await bus.stored(STREAMS.dlq, "lapse.dlq.>")
+    assert [parse_payload(e, CleanupFailed).reason for e in dead] == [outcome.reason]
+
+
+# --- step 4: gates ----------------------------------------------------------------------
+
+
+async def test_archiving_pending_waits_until_archived(kube: KubeStack, bus: Bus) -> None:
+    ns = kube.namespace("reaper-archiving")
+    wf = await finished_workflow(kube, ns, "archived", archiving="Pending")
+    uid = wf["metadata"]["uid"]
+    reap = reaper(kube, bus, gate_retry={"backoff": "1s", "max_wait": "1h"})
+    due = await bus.due_reader(uid)
+
+    outcome = completed(await reap.handle(due_event(wf)), Outcome.RESCHEDULED)
+    assert "argo-archiving" in (outcome.detail or "")
+    assert await exists(kube, wf)
+    # The wait is a durable schedule in NATS, not a held message: it fires by itself.
+    again = await bus.next_due(due)
+    assert (
+        parse_payload(again, CleanupDue).deadline
+        == parse_payload(due_event(wf), CleanupDue).deadline
+    )  # still the original deadline: the wait stays bounded
+    completed(await reap.handle(again), Outcome.RESCHEDULED)
+    assert await exists(kube, wf)
+
+    await edit(kube, wf, lambda o: o["metadata"]["labels"].update({ARCHIVING: "Archived"}))
+    completed(await reap.handle(await bus.next_due(due)), Outcome.DELETED)
+    assert not await exists(kube, wf)
+
+
+async def test_kfp_run_waits_for_persisted_final_state(kube: KubeStack, bus: Bus) -> None:
+    ns = kube.namespace("reaper-kfp")
+    run_id = str(uuid.uuid4())
+    wf = await finished_workflow(kube, ns, "kfp-run", kfp_run_id=run_id)
+    reap = reaper(kube, bus, gate_retry={"backoff": "1s", "max_wait": "1h"})
+    due = await bus.due_reader(wf["metadata"]["uid"])
+
+    outcome = completed(await reap.handle(due_event(wf)), Outcome.RESCHEDULED)
+    assert "pipeline/persistedFinalState" in (outcome.detail or "")
+    assert await exists(kube, wf)
+    completed(await reap.handle(await bus.next_due(due)), Outcome.RESCHEDULED)
+    assert await exists(kube, wf)
+
+    await edit(
+        kube, wf, lambda o: o["metadata"]["labels"].update({"pipeline/persistedFinalState": "true"})
+    )
+    completed(await reap.handle(await bus.next_due(due)), Outcome.DELETED)
+    assert not await exists(kube, wf)
+
+
+async def test_gate_that_never_opens_is_reported_not_waited_on_forever(
+    kube: KubeStack, bus: Bus
+) -> None:
+    ns = kube.namespace("reaper-stuck")
+    wf = await finished_workflow(
+        kube, ns, "stuck", archiving="Pending", finished_ago=timedelta(hours=2)
+    )
+    reap = reaper(kube, bus, gate_retry={"backoff": "10s", "max_wait": "30m"})
+    outcome = failed(await reap.handle(due_event(wf)))
+    assert "argo-archiving" in outcome.reason and "max_wait" in outcome.reason
+    assert await exists(kube, wf)
+    assert await bus.schedules.get(Target.KUBERNETES, wf["metadata"]["uid"]) is None
+
+
+async def test_namespace_outside_the_scope_is_not_even_read(kube: KubeStack, bus: Bus) -> None:
+    ns = kube.namespace("reaper-excluded")
+    wf = await finished_workflow(kube, ns, "out-of-scope")
+    calls = Calls(kube.workflows)
+    scoped = reaper(kube, bus, workflows=calls, namespaces={"exclude": ["reaper-excl*"]})
+    outcome = completed(await scoped.handle(due_event(wf)), Outcome.KEPT)
+    assert "skipped" in (outcome.detail or "") and "reaper-excl*" in (outcome.detail or "")
+    assert (calls.gets, calls.deletes) == (0, 0)
+    assert await exists(kube, wf)
+
+
+async def test_dry_run_deletes_nothing(kube: KubeStack, bus: Bus) -> None:
+    ns = kube.namespace("reaper-dry-run")
+    wf = await finished_workflow(kube, ns, "rehearsal")
+    calls = Calls(kube.workflows)
+    reap = reaper(kube, bus, workflows=calls, dry_run=True)
+    outcome = completed(await reap.handle(due_event(wf)), Outcome.DRY_RUN)
+    assert outcome.dry_run is True
+    assert calls.deletes == 0
+    assert await exists(kube, wf)
+    completed(await reap.handle(due_event(wf)), Outcome.DRY_RUN)  # and again: same answer
+
+
+# --- step 5: rate limit and brake -------------------------------------------------------
+
+
+async def test_deletions_are_paced_not_dropped(kube: KubeStack, bus: Bus) -> None:
+    ns = kube.namespace("reaper-paced")
+    wfs = [await finished_workflow(kube, ns, f"paced-{i}") for i in range(4)]
+    reap = reaper(kube, bus, max_deletions_per_second=2)
+    start = time.monotonic()
+    results = await asyncio.gather(*(reap.handle(due_event(wf)) for wf in wfs))
+    elapsed = time.monotonic() - start
+    for events in results:
+        completed(events, Outcome.DELETED)
+    # Two at once (the burst), then one every 0.5 s.
+    assert elapsed >= 0.95
+    assert not any([await exists(kube, wf) for wf in wfs])
+
+
+async def test_mass_deletion_brake_pauses_and_alerts_once(kube: KubeStack, bus: Bus) -> None:
+    ns = kube.namespace("reaper-brake")
+    wfs = [await finished_workflow(kube, ns, f"mass-{i}") for i in range(4)]
+    reap = reaper(kube, bus, mass_deletion_brake={"max_due": 2, "window": "1m"})
+    completed(await reap.handle(due_event(wfs[0])), Outcome.DELETED)
+    completed(await reap.handle(due_event(wfs[1])), Outcome.DELETED)
+
+    tripped = await reap.handle(due_event(wfs[2]))
+    alert, held = (parse_payload(e) for e in tripped)
+    assert isinstance(alert, CleanupFailed) and alert.stage == "brake"
+    assert "mass-deletion brake" in alert.reason
+    assert isinstance(held, CleanupCompleted) and held.outcome is Outcome.RESCHEDULED
+    # While paused: no second alert, the object is held back by a durable schedule.
+    completed(await reap.handle(due_event(wfs[3])), Outcome.RESCHEDULED)
+    for wf in wfs[2:]:
+        assert await exists(kube, wf)
+        pending = await bus.schedules.get(Target.KUBERNETES, wf["metadata"]["uid"])
+        assert pending is not None
+        assert timedelta(seconds=50) < pending.deadline - datetime.now(UTC) <= timedelta(minutes=1)
+    assert len(await bus.stored(STREAMS.dlq, "lapse.dlq.>")) == 1
+
+
+# --- step 6: what the DELETE can answer -------------------------------------------------
+
+
+async def test_change_between_get_and_delete_is_read_again(kube: KubeStack, bus: Bus) -> None:
+    ns = kube.namespace("reaper-conflict")
+    wf = await finished_workflow(kube, ns, "busy")
+    label = {"example.com/touched": "yes"}
+    meddling = Meddling(kube.workflows, meddle=lambda o: o["metadata"]["labels"].update(label))
+    completed(await reaper(kube, bus, workflows=meddling).handle(due_event(wf)), Outcome.DELETED)
+    # The first DELETE carried the stale resourceVersion and got a 409.
+    assert (meddling.gets, meddling.deletes) == (2, 2)
+    assert not await exists(kube, wf)
+
+
+async def test_keep_added_between_get_and_delete_wins(kube: KubeStack, bus: Bus) -> None:
+    ns = kube.namespace("reaper-conflict-keep")
+    wf = await finished_workflow(kube, ns, "rescued")
+    meddling = Meddling(
+        kube.workflows,
+        meddle=lambda o: o["metadata"]["annotations"].update({"lapse.dev/keep": "true"}),
+    )
+    completed(await reaper(kube, bus, workflows=meddling).handle(due_event(wf)), Outcome.KEPT)
+    assert meddling.deletes == 1  # refused by the precondition
+    assert await exists(kube, wf)
+
+
+async def test_server_error_retries_later(kube: KubeStack, bus: Bus) -> None:
+    ns = kube.namespace("reaper-503")
+    wf = await finished_workflow(kube, ns, "unlucky")
+    flaky = FlakyDelete(kube.workflows)
+    reap = reaper(kube, bus, workflows=flaky)
+    with pytest.raises(RetryLater) as retry:
+        await reap.handle(due_event(wf))
+    assert "HTTP 503" in retry.value.reason and retry.value.delay > 0
+    assert await exists(kube, wf)
+    completed(await reap.handle(due_event(wf)), Outcome.DELETED)  # the redelivery
+
+
+async def test_unreachable_api_server_retries_later(kube: KubeStack, bus: Bus) -> None:
+    ns = kube.namespace("reaper-unreachable")
+    wf = await finished_workflow(kube, ns, "islanded")
+    configuration = client.Configuration()
+    configuration.host = f"https://127.0.0.1:{free_port()}"  # nothing listens there
+    configuration.verify_ssl = False
+    configuration.retries = 0
+    nowhere = client.ApiClient(configuration)
+    try:
+        reap = reaper(kube, bus, workflows=Workflows(nowhere, kube.executor))
+        with pytest.raises(RetryLater) as retry:
+            await reap.handle(due_event(wf))
+    finally:
+        nowhere.close()
+    assert "no response" in retry.value.reason
+    assert await exists(kube, wf)
+
+
+@pytest.fixture
+def readonly_workflows(kube: KubeStack, tmp_path: Path) -> Iterator[Workflows]:
+    """Workflows as `lapse-readonly`, bound to get/list/watch on workflows and nothing else."""
+    rbac = client.RbacAuthorizationV1Api(kube.api_client)
+    name = f"lapse-reaper-test-readonly-{uuid.uuid4().hex[:6]}"
+    rbac.create_cluster_role(
+        client.V1ClusterRole(
+            metadata=client.V1ObjectMeta(name=name),
+            rules=[
+                client.V1PolicyRule(
+                    api_groups=["argoproj.io"],
+                    resources=["workflows"],
+                    verbs=["get", "list", "watch"],
+                )
+            ],
+        )
+    )
+    rbac.create_cluster_role_binding(
+        client.V1ClusterRoleBinding(
+            metadata=client.V1ObjectMeta(name=name),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=name
+            ),
+            subjects=[
+                client.RbacV1Subject(
+                    kind="User", name=READONLY_USER, api_group="rbac.authorization.k8s.io"
+                )
+            ],
+        )
+    )
+    path = tmp_path / "readonly.kubeconfig"
+    path.write_text(
+        yaml.safe_dump(kube.server.kubeconfig(kube.server.readonly_token, user=READONLY_USER))
+    )
+    api_client = load_api_client(str(path))
+    yield Workflows(api_client, kube.executor)
+    api_client.close()
+    # The readonly user is shared by the session: take the rights away again.
+    rbac.delete_cluster_role_binding(name)
+    rbac.delete_cluster_role(name)
+
+
+async def test_missing_delete_permission_fails_loudly(
+    kube: KubeStack, bus: Bus, readonly_workflows: Workflows
+) -> None:
+    ns = kube.namespace("reaper-rbac")
+    wf = await finished_workflow(kube, ns, "guarded")
+
+    async def can_read() -> bool:
+        try:
+            return await readonly_workflows.get(ns, "guarded") is not None
+        except ApiException as exc:
+            if exc.status == 403:  # the RBAC authorizer's cache has not seen the binding yet
+                return False
+            raise
+
+    await wait_for(can_read, timeout=30, interval=0.2)
+    outcome = failed(await reaper(kube, bus, workflows=readonly_workflows).handle(due_event(wf)))
+    assert outcome.reason.startswith("forbidden: ")
+    assert f'User "{READONLY_USER}" cannot delete resource "workflows"' in outcome.reason
+    assert "'delete' verb on workflows.argoproj.io in namespace 'reaper-rbac'" in outcome.reason
+    assert outcome.run is not None and outcome.run.uid == wf["metadata"]["uid"]
+    assert await exists(kube, wf)
+    dead = await bus.stored(STREAMS.dlq, "lapse.dlq.>")
+    assert [parse_payload(e, CleanupFailed).reason for e in dead] == [outcome.reason]
+
+
+# --- input the reaper does not own --------------------------------------------------------
+
+
+async def test_database_deadline_is_ignored_and_garbage_dead_lettered(
+    kube: KubeStack, bus: Bus
+) -> None:
+    ns = kube.namespace("reaper-input")
+    wf = await finished_workflow(kube, ns, "rows-only")
+    reap = reaper(kube, bus)
+    due = parse_payload(due_event(wf), CleanupDue)
+    database = due.model_copy(update={"target": Target.DATABASE})
+    assert await reap.handle(build_event(EventType.CLEANUP_DUE, source="/t", data=database)) == []
+    assert await exists(kube, wf)
+
+    finished = build_event(EventType.RUN_FINISHED, source="/t", data=RunFinished(run=due.run))
+    outcome = failed(await reap.handle(finished))
+    assert "CleanupDue" in outcome.reason and outcome.original is not None
+    assert await exists(kube, wf)
