@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install databases kube stack test test-unit lint format run clean
+.PHONY: help install databases kube stack test test-unit lint format run functions clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ format: install ## Apply ruff's formatting and safe fixes
 
 run: install ## Run lapse (for now: its --help; lapse up arrives with the runtime)
 	$(BIN)/lapse --help
+
+functions: install ## Prepare functions/*/ for `func build` (vendors lapse, writes pyproject.toml)
+	$(BIN)/python scripts/package-functions.py
 
 clean: ## Remove the virtualenv and caches kept inside the repository
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -15,8 +15,11 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from nats.js import JetStreamContext
 
+from lapse.clients import nats
 from lapse.clients.kubernetes import Workflows, load_api_client
+from lapse.config import Streams
 from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
 from lapse.embedded.nats import EmbeddedNats
 from tests.stack import Database, scratch_database
@@ -93,3 +96,19 @@ def database(request: pytest.FixtureRequest) -> Database:
     fixture = "postgres" if request.param == "postgresql" else "mysql"
     db: Database = request.getfixturevalue(fixture)
     return db
+
+
+@pytest.fixture
+async def lapse_streams(nats_server: EmbeddedNats) -> AsyncIterator[JetStreamContext]:
+    """lapse's streams (default names) on the session's NATS server, for one test.
+
+    They are deleted afterwards: their subjects are fixed, so two tests cannot hold them
+    at once.
+    """
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await nats.ensure_streams(js, nats.stream_configs(Streams()))
+    yield js
+    for name in Streams().model_dump().values():
+        await js.delete_stream(name)
+    await nc.close()

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
-import pytest
 from cloudevents.core.bindings.http import to_binary_event
 from func_python.cloudevent import ASGIApplication
+from nats.js import JetStreamContext
 
 from events.builder import build_event
 from events.models import RunFinished
@@ -17,23 +21,15 @@ from events.run import Engine, RunRef, Target
 from events.types import EventType
 from functions.ttl_planner.function import new
 from lapse.bus import NatsScheduleStore
-from lapse.clients.nats import connect, ensure_streams, stream_configs
+from lapse.clients.nats import connect
 from lapse.config import Streams
 from lapse.embedded.nats import EmbeddedNats
-
-
-@pytest.fixture
-async def streams(nats_server: EmbeddedNats) -> AsyncIterator[None]:
-    nc = await connect(nats_server.url)
-    await ensure_streams(nc.jetstream(), stream_configs())
-    yield
-    for name in Streams().model_dump().values():
-        await nc.jetstream().delete_stream(name)
-    await nc.close()
+from lapse.embedded.process import free_port
+from tests.stack import wait_for
 
 
 async def test_planner_function_schedules_from_an_http_cloudevent(
-    nats_server: EmbeddedNats, streams: None
+    nats_server: EmbeddedNats, lapse_streams: JetStreamContext
 ) -> None:
     function = new()
     function.start({"LAPSE_NATS__URL": nats_server.url})
@@ -79,3 +75,46 @@ async def test_function_with_bad_config_is_not_ready() -> None:
         transport=httpx.ASGITransport(app=app), base_url="http://f"
     ) as http:
         assert (await http.get("/health/readiness")).status_code == 500
+
+
+async def test_lapse_serve_runs_a_function_over_http(
+    nats_server: EmbeddedNats, lapse_streams: JetStreamContext, tmp_path: Path
+) -> None:
+    port = free_port()
+    env = {**os.environ, "LAPSE_NATS__URL": nats_server.url}
+    with (tmp_path / "serve.log").open("wb") as log:
+        # Popen returns at once; the waits below are bounded polls.
+        server = subprocess.Popen(  # noqa: ASYNC220
+            [sys.executable, "-m", "lapse.cli", "serve", "ttl-planner",
+             "--listen", f"127.0.0.1:{port}"],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+
+            async def ready() -> bool:
+                try:
+                    return (await http.get("/health/readiness")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            await wait_for(ready, timeout=30, interval=0.2)
+            uid = str(uuid.uuid4())
+            run = RunRef(
+                engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+                namespace="ns", name="served", uid=uid, phase="Failed",
+                finished_at=datetime(2026, 11, 21, 12, 0, tzinfo=UTC),
+                annotations={"lapse.dev/ttl": "1h"},
+            )  # fmt: skip
+            message = to_binary_event(
+                build_event(EventType.RUN_FINISHED, source="/test", data=RunFinished(run=run))
+            )
+            response = await http.post("/", headers=message.headers, content=message.body)
+            assert response.status_code == 202, response.text
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    nc = await connect(nats_server.url)
+    pending = await NatsScheduleStore(nc.jetstream(), Streams()).get(Target.KUBERNETES, uid)
+    await nc.close()
+    assert pending is not None and pending.deadline == datetime(2026, 11, 21, 13, 0, tzinfo=UTC)

@@ -3,32 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import pytest
 from nats.js import JetStreamContext
 
 from events.nats_binding import from_nats
 from lapse.bus import NatsPublisher
-from lapse.clients.nats import connect, ensure_streams, stream_configs
 from lapse.config import Streams
-from lapse.embedded.nats import EmbeddedNats
 from lapse.ingress import Ingress
 
 STREAMS = Streams()
-
-
-@pytest.fixture
-async def js(nats_server: EmbeddedNats) -> AsyncIterator[JetStreamContext]:
-    nc = await connect(nats_server.url)
-    js = nc.jetstream()
-    await ensure_streams(js, stream_configs(STREAMS))
-    yield js
-    for name in STREAMS.model_dump().values():
-        await js.delete_stream(name)
-    await nc.close()
 
 
 def apiserver_update(workflow: dict[str, Any]) -> dict[str, str]:
@@ -59,7 +44,10 @@ WORKFLOW = {
 }
 
 
-async def test_pushed_events_are_stored_or_refused_with_a_reason(js: JetStreamContext) -> None:
+async def test_pushed_events_are_stored_or_refused_with_a_reason(
+    lapse_streams: JetStreamContext,
+) -> None:
+    js = lapse_streams
     app = Ingress(NatsPublisher(js, STREAMS).publish)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://ingress"

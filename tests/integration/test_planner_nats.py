@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -23,16 +21,13 @@ from events.types import EventType
 from functions.policy import Policy
 from functions.ttl_planner import Planner
 from lapse.bus import NatsEmitter, NatsScheduleStore
-from lapse.clients.nats import connect, ensure_streams, stream_configs
 from lapse.config import Streams
-from lapse.embedded.nats import EmbeddedNats
 
 STREAMS = Streams()
 
 
 @dataclass
 class Bus:
-    nc: NATS
     js: JetStreamContext
 
     def planner(self, policies: list[dict[str, Any]] | None = None) -> Planner:
@@ -67,14 +62,8 @@ class Bus:
 
 
 @pytest.fixture
-async def bus(nats_server: EmbeddedNats) -> AsyncIterator[Bus]:
-    nc = await connect(nats_server.url)
-    js = nc.jetstream()
-    await ensure_streams(js, stream_configs(STREAMS))
-    yield Bus(nc, js)
-    for name in (STREAMS.schedule, STREAMS.events, STREAMS.audit, STREAMS.dlq):
-        await js.delete_stream(name)
-    await nc.close()
+async def bus(lapse_streams: JetStreamContext) -> Bus:
+    return Bus(lapse_streams)
 
 
 def run(

@@ -1,0 +1,7 @@
+"""Knative entry point for workflow-reaper (func-python): `new()` returns the function."""
+
+from lapse.knative import FunctionShell
+
+
+def new() -> FunctionShell:
+    return FunctionShell("workflow-reaper")
