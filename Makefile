@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install databases kube stack test test-unit lint format run functions clean
+.PHONY: help install databases kube stack test test-unit lint format run functions bench clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -41,8 +41,11 @@ format: install ## Apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-run: install ## Run lapse (for now: its --help; lapse up arrives with the runtime)
-	$(BIN)/lapse --help
+run: install ## Run lapse (lapse up) on embedded defaults where nothing is configured
+	$(BIN)/lapse up
+
+bench: install databases ## Benchmarks (printed figures; see bench/)
+	$(BIN)/python bench/bench_row_reaper.py
 
 functions: install ## Prepare functions/*/ for `func build` (vendors lapse, writes pyproject.toml)
 	$(BIN)/python scripts/package-functions.py
