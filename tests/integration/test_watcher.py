@@ -83,9 +83,10 @@ async def test_finish_and_delete_become_events(kube: KubeStack) -> None:
     await asyncio.wait_for(task, 10)
     assert "goes-on" not in recorder.names(EventType.RUN_FINISHED, ns)
     finished = next(
-        parse_payload(e, RunFinished)
+        payload
         for e in recorder.events
         if e.get_type() == EventType.RUN_FINISHED
+        and (payload := parse_payload(e, RunFinished)).run.namespace == ns
     )
     assert finished.run.uid == done["metadata"]["uid"]
     assert running["metadata"]["uid"] not in {
