@@ -45,6 +45,7 @@ run: install ## Run lapse (lapse up) on embedded defaults where nothing is confi
 	$(BIN)/lapse up
 
 bench: install databases ## Benchmarks (printed figures; see bench/)
+	$(BIN)/python bench/bench_planner.py
 	$(BIN)/python bench/bench_row_reaper.py
 
 functions: install ## Prepare functions/*/ for `func build` (vendors lapse, writes pyproject.toml)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 from typing import Any
 
@@ -40,6 +41,7 @@ def due_message_ttl() -> float:
     return _seconds(_definitions()["schedule"].get("due_message_ttl", "7d"))
 
 
+@functools.cache
 def _definitions() -> dict[str, dict[str, Any]]:
     streams: dict[str, dict[str, Any]] = yaml.safe_load(infra.read_text("nats/streams.yaml"))[
         "streams"
