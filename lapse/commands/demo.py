@@ -1,0 +1,415 @@
+"""`lapse demo`: a self-contained tour of lapse on embedded servers.
+
+It starts a nats-server, a local kube-apiserver with the Argo Workflow CRD and a SQLite
+file with KFP's run tables, all in a temporary directory; runs the whole pipeline in this
+process; creates finished sample workflows (and KFP rows) with short, varied TTLs; shows
+them being deleted as their deadlines come; and checks the end state against the API
+server and the database. Exit code 0 when everything expected happened, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from rich.console import Console
+from rich.live import Live
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from events.errors import InvalidEvent
+from events.nats_binding import from_nats
+from events.subjects import AUDIT_PREFIX
+from lapse.clients.kubernetes import WORKFLOW_GROUP, WORKFLOW_PLURAL, WORKFLOW_VERSION, Workflows
+from lapse.commands.up import start_embedded_kube
+from lapse.config import LapseConfig, load_config
+from lapse.demo import kfp
+from lapse.demo.progress import Leftovers, Summary, Timing, Tracker, summarize
+from lapse.demo.scenario import MAX_TTL, NAMESPACE, Sample, make_samples, workflow, write_config
+from lapse.demo.view import change_line, live_table, print_summary
+from lapse.embedded.nats import EmbeddedNats
+from lapse.resources import Resources
+from lapse.runtime import Pipeline
+
+log = logging.getLogger(__name__)
+
+DEFAULT_COUNT: Final = 30
+# Beyond this, creating the runs takes longer than the shortest TTLs.
+MAX_COUNT: Final = 200
+# Past the last deadline, how long the tour waits for stragglers before it judges.
+GRACE_SECONDS: Final = 30.0
+REFRESH_SECONDS: Final = 0.25
+LIST_EVERY_SECONDS: Final = 1.0
+SETUP_TIMEOUT: Final = 60.0
+# Stopping drains NATS, whose client gives up after 30 s.
+STOP_TIMEOUT: Final = 90.0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="a self-contained tour: watch lapse delete sample runs on time",
+        description=(
+            "Start an embedded nats-server, a local kube-apiserver with the Argo Workflow CRD "
+            "and a SQLite file with KFP's run tables (in a temporary directory), run the whole "
+            "pipeline, create finished sample workflows with short and varied TTLs "
+            "(lapse.dev/ttl, Argo ttlStrategy on Succeeded and Failed runs, lapse.dev/keep, "
+            "KFP runs whose rows live on a separate, longer clock), and show them being "
+            "deleted. Ends with a summary; exits 1, naming what went wrong, if anything "
+            "expected did not happen. Ignores --config: the tour writes its own."
+        ),
+    )
+    parser.add_argument(
+        "--count",
+        type=_count,
+        default=DEFAULT_COUNT,
+        help=f"sample workflows to create (default: %(default)s, at most {MAX_COUNT})",
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temporary directory (lapse.yaml, kfp.db, server logs) and print it",
+    )
+    parser.add_argument(
+        "--no-live",
+        action="store_true",
+        help="print one line per step instead of a live table (automatic without a terminal)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "json"),
+        default="table",
+        help="summary format; with json, progress goes to stderr (default: table)",
+    )
+    parser.set_defaults(run=run_demo)
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_COUNT}")
+    return value
+
+
+# --- the command ---------------------------------------------------------------------------
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    quiet_logs(bool(getattr(args, "debug", False)))
+    out = make_output(args)
+    begun = time.monotonic()
+    state_dir = Path(tempfile.mkdtemp(prefix="lapse-demo-"))
+    verdict: list[Summary] = []
+
+    def report(summary: Summary) -> None:
+        verdict.append(summary)
+        print_report(summary, args.output, out.console)
+        out.note("stopping the pipeline and the servers ...")
+
+    try:
+        out.note(f"starting nats-server, kube-apiserver and SQLite in {state_dir} ...")
+        with embedded_stack(state_dir) as (nats, config_path):
+            config = load_config(config_path, env={})  # the tour's own, whatever the shell says
+            samples = make_samples(args.count)
+            asyncio.run(tour(config, nats.url, samples, out, begun, report))
+    finally:
+        if args.keep:
+            out.note(f"kept {state_dir} (lapse.yaml, kfp.db, server logs)")
+        else:
+            shutil.rmtree(state_dir, ignore_errors=True)
+    return 0 if verdict and verdict[0].ok else 1
+
+
+def quiet_logs(debug: bool) -> None:
+    # The pipeline logs its routine steps at INFO; in the tour the table tells that story.
+    if not debug:
+        logging.getLogger().setLevel(logging.WARNING)
+
+
+def print_report(summary: Summary, output: str, console: Console) -> None:
+    if output == "table":
+        print_summary(console, summary)
+        return
+    json.dump(summary.as_json(), sys.stdout, indent=2)
+    print(flush=True)
+    for problem in summary.problems:
+        # Named on stderr too, for scripts that show only stderr when a step fails.
+        print(f"lapse demo: {problem}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def embedded_stack(state_dir: Path) -> Iterator[tuple[EmbeddedNats, Path]]:
+    """The servers the tour needs and lapse's config for them; the servers are stopped on
+    the way out whatever happens."""
+    with contextlib.ExitStack() as servers:
+        # Always a free port: a `lapse up` on the default port must not be disturbed.
+        nats = EmbeddedNats(state_dir / "nats").start()
+        servers.callback(nats.stop)
+        kube = start_embedded_kube(state_dir)
+        servers.callback(kube.stop)
+        config_path = write_config(
+            state_dir / "lapse.yaml",
+            nats_url=nats.url,
+            kubeconfig=kube.kubeconfig_path,
+            database_url=f"sqlite:///{state_dir / 'kfp.db'}",
+        )
+        yield nats, config_path
+
+
+# --- output --------------------------------------------------------------------------------
+
+
+@dataclass
+class Output:
+    """Where progress goes: a live table, or plain lines (on stderr when stdout is JSON)."""
+
+    console: Console
+    live: bool
+    started: float = 0.0  # monotonic time the first workflow was created
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started if self.started else 0.0
+
+    def note(self, text: str) -> None:
+        if self.live:
+            self.console.print(f"[dim]{text}[/dim]", highlight=False)
+        else:
+            self.console.print(text, markup=False, highlight=False)
+
+
+def make_output(args: argparse.Namespace) -> Output:
+    as_json = args.output == "json"
+    console = Console(stderr=as_json, highlight=False)
+    if not console.is_terminal:
+        # Logs and CI captures: keep each progress line whole.
+        console = Console(stderr=as_json, highlight=False, width=160, soft_wrap=True)
+    live = not (args.no_live or as_json) and console.is_terminal
+    return Output(console, live)
+
+
+# --- setting up ----------------------------------------------------------------------------
+
+
+async def tour(
+    config: LapseConfig,
+    nats_url: str,
+    samples: list[Sample],
+    out: Output,
+    begun: float,
+    report: Callable[[Summary], None],
+) -> None:
+    """Set up, run the tour, and `report` the verdict as soon as it is known: stopping the
+    pipeline and the servers afterwards can take a while."""
+    async with Resources(config) as resources:
+        workflows = resources.workflows()
+        engine = resources.database()
+        await prepare_cluster(resources.kube_client(), workflows, samples[0])
+        await kfp.create_tables(engine)
+        kfp_runs = [(s.kfp_run_id, s.name) for s in samples if s.kfp_run_id is not None]
+        await kfp.insert_runs(engine, kfp_runs, NAMESPACE)
+        async with running_pipeline(config, nats_url) as pipeline:
+            js = await resources.jetstream()
+            out.note(
+                f"ready after {time.monotonic() - begun:.1f}s; creating {len(samples)} finished "
+                f"workflows in namespace {NAMESPACE} ({len(kfp_runs)} with KFP rows)"
+            )
+            pool = resources.kube_client().configuration.connection_pool_maxsize
+            tracker = Tracker(samples, datetime.now(UTC))
+            async with following_audit(js, config.nats.streams.audit, tracker, out):
+                out.started = time.monotonic()
+                await create_all(workflows, samples, tracker.finished_at, at_once=pool)
+                await follow(tracker, workflows, out, pipeline)
+            tour_seconds = time.monotonic() - out.started
+            leftovers = await inspect_leftovers(workflows, engine, samples)
+            timing = Timing(out.started - begun, tour_seconds)
+            report(summarize(tracker, leftovers, timing, kfp.ROWS_PER_RUN))
+
+
+@contextlib.asynccontextmanager
+async def running_pipeline(config: LapseConfig, nats_url: str) -> AsyncIterator[asyncio.Task[None]]:
+    """The whole pipeline as an asyncio task, ready when the body runs, stopped after it."""
+    pipeline = Pipeline(config, nats_url=nats_url)
+    stop = asyncio.Event()
+    task = asyncio.create_task(pipeline.run(stop), name="pipeline")
+    ready = asyncio.create_task(pipeline.ready.wait())
+    await asyncio.wait([task, ready], timeout=SETUP_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
+    if not ready.done():
+        ready.cancel()
+        stop.set()
+        if task.done():
+            task.result()  # raises what stopped it
+        raise RuntimeError(f"the pipeline was not ready after {SETUP_TIMEOUT:.0f}s")
+    try:
+        yield task
+    finally:
+        stop.set()
+        done, _ = await asyncio.wait([task], timeout=STOP_TIMEOUT)
+        if not done:
+            log.warning("the pipeline did not stop within %.0fs; leaving it", STOP_TIMEOUT)
+            task.cancel()
+
+
+async def prepare_cluster(
+    api_client: client.ApiClient, workflows: Workflows, sample: Sample
+) -> None:
+    """The demo namespace, the Workflow resource served, and its validation warmed up."""
+    core = client.CoreV1Api(api_client)
+    namespace = client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE))
+    try:
+        await asyncio.to_thread(core.create_namespace, namespace)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    await poll(lambda: _served(workflows), what="the Workflow CRD to be served")
+    # The API server compiles the CRD's schema on the first create (about 2 s); a dry run
+    # pays for that now instead of out of the first sample's few seconds of TTL.
+    custom = client.CustomObjectsApi(api_client)
+    await asyncio.to_thread(
+        custom.create_namespaced_custom_object,
+        WORKFLOW_GROUP, WORKFLOW_VERSION, NAMESPACE, WORKFLOW_PLURAL,
+        workflow(sample, datetime.now(UTC)), dry_run="All",
+    )  # fmt: skip
+
+
+async def _served(workflows: Workflows) -> bool:
+    try:
+        await workflows.list(NAMESPACE, limit=1)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+async def poll(check: Callable[[], Awaitable[bool]], *, what: str) -> None:
+    deadline = time.monotonic() + SETUP_TIMEOUT
+    while not await check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"gave up waiting for {what} after {SETUP_TIMEOUT:.0f}s")
+        await asyncio.sleep(0.1)
+
+
+# --- the tour itself -----------------------------------------------------------------------
+
+
+async def create_all(
+    workflows: Workflows, samples: list[Sample], finished_at: datetime, *, at_once: int
+) -> None:
+    # No more at once than the client's connection pool holds, or urllib3 warns and
+    # throws connections away.
+    slots = asyncio.Semaphore(max(1, at_once))
+
+    async def create(sample: Sample) -> None:
+        async with slots:
+            await workflows.create(NAMESPACE, workflow(sample, finished_at))
+
+    await asyncio.gather(*(create(sample) for sample in samples))
+
+
+async def follow(
+    tracker: Tracker, workflows: Workflows, out: Output, pipeline: asyncio.Task[None]
+) -> None:
+    """Until every run settled (or the last deadline is well past): refresh the view and
+    look at the API server, where a kept run proves itself by still being there."""
+    give_up = out.started + MAX_TTL + GRACE_SECONDS
+    with contextlib.ExitStack() as stack:
+        live = None
+        if out.live:
+            live = stack.enter_context(Live(console=out.console, auto_refresh=False))
+        last_list = 0.0
+        while True:
+            if pipeline.done():
+                pipeline.result()  # raises what stopped it
+                raise RuntimeError("the pipeline stopped in the middle of the tour")
+            now = time.monotonic()
+            if now - last_list >= LIST_EVERY_SECONDS:
+                last_list = now
+                for change in tracker.observe(await object_names(workflows), datetime.now(UTC)):
+                    if not out.live:
+                        out.note(change_line(change, out.elapsed()))
+            if live is not None:
+                live.update(live_table(tracker, datetime.now(UTC), out.elapsed()), refresh=True)
+            if tracker.settled or now > give_up:
+                return
+            await asyncio.sleep(REFRESH_SECONDS)
+
+
+@contextlib.asynccontextmanager
+async def following_audit(
+    js: JetStreamContext, stream: str, tracker: Tracker, out: Output
+) -> AsyncIterator[None]:
+    """Feed every audit event into the tracker while the body runs."""
+    subject = f"{AUDIT_PREFIX}.>"
+    sub = await js.pull_subscribe(
+        subject,
+        stream=stream,
+        config=ConsumerConfig(
+            filter_subject=subject,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=30.0,
+        ),
+    )
+
+    async def pump() -> None:
+        while True:
+            try:
+                msgs = await sub.fetch(100, timeout=0.5)
+            except TimeoutError:
+                continue
+            for msg in msgs:
+                try:
+                    change = tracker.apply(from_nats(dict(msg.headers or {}), msg.data))
+                except InvalidEvent:
+                    continue  # not lapse's: nothing to show
+                if change is not None and not out.live:
+                    out.note(change_line(change, out.elapsed()))
+
+    task = asyncio.create_task(pump(), name="audit")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        # A pull subscription left open holds up the connection's drain at close.
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+async def object_names(workflows: Workflows) -> set[str]:
+    names: set[str] = set()
+    token: str | None = None
+    while True:
+        page = await workflows.list(NAMESPACE, limit=500, continue_token=token)
+        names.update(item["metadata"]["name"] for item in page.get("items", []))
+        token = page.get("metadata", {}).get("continue")
+        if not token:
+            return names
+
+
+async def inspect_leftovers(
+    workflows: Workflows, engine: AsyncEngine, samples: list[Sample]
+) -> Leftovers:
+    run_ids = [s.kfp_run_id for s in samples if s.kfp_run_id is not None]
+    objects = await object_names(workflows)
+    return Leftovers(frozenset(objects), await kfp.rows_left(engine, run_ids))

@@ -1,0 +1,310 @@
+"""What happened to each sample run, read from lapse's audit events, and the final verdict.
+
+The audit stream says what lapse decided and did; the API server and the database say what
+is really there. The tour shows the first as it happens and judges by both at the end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from cloudevents.core.base import BaseCloudEvent
+
+from events.builder import parse_payload
+from events.errors import InvalidEvent
+from events.models import CleanupCancelled, CleanupCompleted, CleanupFailed, CleanupScheduled
+from events.run import Target
+from events.types import Outcome
+from lapse.demo.scenario import Sample
+
+
+class State(StrEnum):
+    PENDING = "pending"
+    DELETED = "deleted"
+    KEPT = "kept"
+    FAILED = "failed"
+    GONE = "already gone"
+    REPLACED = "replaced"
+    DRY_RUN = "dry run"
+    NONE = "-"  # nothing to clean up for this target (a run without database rows)
+
+
+_OUTCOME_STATES = {
+    Outcome.DELETED: State.DELETED,
+    Outcome.ALREADY_GONE: State.GONE,
+    Outcome.KEPT: State.KEPT,
+    Outcome.REPLACED: State.REPLACED,
+    Outcome.DRY_RUN: State.DRY_RUN,
+    Outcome.RESCHEDULED: State.PENDING,
+}
+
+
+@dataclass
+class TargetProgress:
+    state: State
+    policy: str | None = None  # what set the deadline, as lapse reports it
+    deadline: datetime | None = None
+    lateness: float | None = None  # seconds after the deadline it was done
+    detail: str | None = None
+
+
+@dataclass
+class RunProgress:
+    sample: Sample
+    finished_at: datetime
+    kubernetes: TargetProgress = field(default_factory=lambda: TargetProgress(State.PENDING))
+    database: TargetProgress = field(default_factory=lambda: TargetProgress(State.NONE))
+
+    def target(self, target: Target) -> TargetProgress:
+        return self.kubernetes if target is Target.KUBERNETES else self.database
+
+    @property
+    def object_due(self) -> datetime:
+        """When the object's TTL runs out (for a kept run: the TTL keep overrides)."""
+        return self.finished_at + timedelta(seconds=self.sample.object_ttl)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One step worth telling: a schedule, an outcome, a failure, a kept run confirmed."""
+
+    run: RunProgress
+    target: Target
+    what: str
+
+
+class Tracker:
+    def __init__(self, samples: Sequence[Sample], finished_at: datetime) -> None:
+        # Kubernetes timestamps have whole seconds: deadlines count from the truncated time.
+        self.finished_at = finished_at.replace(microsecond=0)
+        self.runs = {s.name: RunProgress(s, self.finished_at) for s in samples}
+        for run in self.runs.values():
+            if run.sample.rows_ttl is not None:
+                run.database.state = State.PENDING
+        self.failures: list[str] = []
+
+    def apply(self, event: BaseCloudEvent) -> Change | None:
+        try:
+            payload = parse_payload(event)
+        except InvalidEvent:
+            return None
+        if isinstance(payload, CleanupFailed):
+            return self._failed(payload)
+        if not isinstance(payload, CleanupScheduled | CleanupCompleted | CleanupCancelled):
+            return None
+        run = self.runs.get(payload.run.name)
+        if run is None:
+            return None
+        progress = run.target(payload.target)
+        if isinstance(payload, CleanupScheduled):
+            progress.policy, progress.deadline = payload.policy, payload.deadline
+            return Change(run, payload.target, "scheduled")
+        if isinstance(payload, CleanupCancelled):
+            progress.detail = payload.reason
+            return Change(run, payload.target, "cancelled")
+        return self._completed(run, payload)
+
+    def _completed(self, run: RunProgress, payload: CleanupCompleted) -> Change | None:
+        progress = run.target(payload.target)
+        # Delivery is at-least-once: a repeat reports already_gone for what is deleted.
+        if progress.state is State.DELETED:
+            return None
+        progress.state = _OUTCOME_STATES[payload.outcome]
+        progress.detail = payload.detail
+        if payload.deadline is not None:
+            progress.deadline = payload.deadline
+        if payload.outcome is Outcome.DELETED:
+            progress.lateness = payload.latency_seconds
+        return Change(run, payload.target, progress.state.value)
+
+    def _failed(self, payload: CleanupFailed) -> Change | None:
+        run = self.runs.get(payload.run.name) if payload.run else None
+        who = f"{payload.target or 'cleanup'} of {payload.run.name}" if payload.run else "input"
+        self.failures.append(f"{who} failed ({payload.stage}): {payload.reason}")
+        if run is None or payload.target is None:
+            return None
+        progress = run.target(payload.target)
+        progress.state, progress.detail = State.FAILED, payload.reason
+        return Change(run, payload.target, "failed")
+
+    def observe(self, present: set[str], now: datetime) -> list[Change]:
+        """What the API server shows: a kept run counts as kept once the TTL its keep
+        annotation overrides has run out and the object is still there."""
+        changes = []
+        for run in self.runs.values():
+            if not run.sample.kept or run.kubernetes.state is not State.PENDING:
+                continue
+            if run.sample.name in present and now >= run.object_due:
+                run.kubernetes.state = State.KEPT
+                changes.append(Change(run, Target.KUBERNETES, "kept"))
+        return changes
+
+    @property
+    def settled(self) -> bool:
+        return all(
+            run.kubernetes.state is not State.PENDING and run.database.state is not State.PENDING
+            for run in self.runs.values()
+        )
+
+
+# --- the verdict ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Leftovers:
+    """What the API server and the database hold at the end."""
+
+    objects: frozenset[str]  # workflow names still present
+    rows: Mapping[str, int]  # KFP run id -> rows still present
+
+
+@dataclass(frozen=True)
+class Timing:
+    startup: float  # servers, tables and the pipeline, until the first workflow
+    tour: float  # first workflow created until everything settled (or the wait ran out)
+
+    @property
+    def total(self) -> float:
+        return self.startup + self.tour
+
+
+def percentile(values: Sequence[float], fraction: float) -> float | None:
+    """Nearest-rank percentile: always one of the observed values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def _lateness(values: Sequence[float]) -> dict[str, Any]:
+    return {
+        "count": len(values),
+        "p50": percentile(values, 0.50),
+        "p99": percentile(values, 0.99),
+        "max": max(values) if values else None,
+    }
+
+
+@dataclass(frozen=True)
+class Summary:
+    runs: int
+    objects_expected: int
+    objects_deleted: int
+    row_sets_expected: int
+    row_sets_deleted: int
+    rows_deleted: int
+    kept_expected: int
+    kept_present: int
+    failed: int
+    lateness: dict[str, list[float]]  # per target, seconds, deleted outcomes only
+    timing: Timing
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def all_lateness(self) -> list[float]:
+        return [value for values in self.lateness.values() for value in values]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "workflows": self.runs,
+            "objects": {"expected": self.objects_expected, "deleted": self.objects_deleted},
+            "rowSets": {
+                "expected": self.row_sets_expected,
+                "deleted": self.row_sets_deleted,
+                "rows": self.rows_deleted,
+            },
+            "kept": {"expected": self.kept_expected, "present": self.kept_present},
+            "failed": self.failed,
+            "latenessSeconds": {
+                **_lateness(self.all_lateness),
+                "byTarget": {target: _lateness(v) for target, v in self.lateness.items()},
+            },
+            "seconds": {
+                "startup": round(self.timing.startup, 2),
+                "tour": round(self.timing.tour, 2),
+                "total": round(self.timing.total, 2),
+            },
+            "problems": list(self.problems),
+        }
+
+
+def summarize(tracker: Tracker, leftovers: Leftovers, timing: Timing, rows_per_run: int) -> Summary:
+    runs = list(tracker.runs.values())
+    deletable = [r for r in runs if not r.sample.kept]
+    with_rows = [r for r in runs if r.sample.kfp_run_id is not None]
+    kept = [r for r in runs if r.sample.kept]
+    objects_deleted = [
+        r for r in deletable
+        if r.kubernetes.state is State.DELETED and r.sample.name not in leftovers.objects
+    ]  # fmt: skip
+    rows_deleted = [
+        r for r in with_rows
+        if r.database.state is State.DELETED and not leftovers.rows.get(_run_id(r), 0)
+    ]  # fmt: skip
+    lateness = {
+        target.value: [
+            p.lateness
+            for r in runs
+            if (p := r.target(target)).state is State.DELETED and p.lateness is not None
+        ]
+        for target in Target
+    }
+    return Summary(
+        runs=len(runs),
+        objects_expected=len(deletable),
+        objects_deleted=len(objects_deleted),
+        row_sets_expected=len(with_rows),
+        row_sets_deleted=len(rows_deleted),
+        rows_deleted=len(rows_deleted) * rows_per_run,
+        kept_expected=len(kept),
+        kept_present=sum(r.sample.name in leftovers.objects for r in kept),
+        failed=len(tracker.failures),
+        lateness=lateness,
+        timing=timing,
+        problems=tuple(problems(runs, leftovers, tracker.failures)),
+    )
+
+
+def _run_id(run: RunProgress) -> str:
+    return run.sample.kfp_run_id or ""
+
+
+def problems(
+    runs: Iterable[RunProgress], leftovers: Leftovers, failures: Sequence[str]
+) -> list[str]:
+    """Everything that did not go as the tour expects, one sentence each."""
+    found = list(failures)
+    for run in runs:
+        name, k8s, db = run.sample.name, run.kubernetes, run.database
+        if run.sample.kept and name not in leftovers.objects:
+            found.append(f"workflow {name} carries lapse.dev/keep but was deleted")
+        elif not run.sample.kept and name in leftovers.objects:
+            found.append(f"workflow {name} was not deleted ({_state(k8s)})")
+        elif not run.sample.kept and k8s.state is not State.DELETED:
+            found.append(f"workflow {name} is gone but lapse reported {_state(k8s)}")
+        left = leftovers.rows.get(_run_id(run), 0)
+        if left:
+            found.append(f"{left} KFP row(s) of {name} are still in the database ({_state(db)})")
+        for target, progress in ((Target.KUBERNETES, k8s), (Target.DATABASE, db)):
+            if progress.lateness is not None and progress.lateness < 0:
+                found.append(
+                    f"{target} cleanup of {name} ran {-progress.lateness:.2f}s before its deadline"
+                )
+    return found
+
+
+def _state(progress: TargetProgress) -> str:
+    detail, state = progress.detail, progress.state.value
+    if not detail or progress.state is State.DELETED:
+        return state
+    return detail if detail.startswith(state) else f"{state}: {detail}"

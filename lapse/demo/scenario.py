@@ -1,0 +1,165 @@
+"""The tour's script: which sample runs exist, how each one expires, and lapse's config.
+
+Every way a run can get its Kubernetes deadline appears in each run of eight samples:
+a `lapse.dev/ttl` annotation, Argo's `spec.ttlStrategy` on a Succeeded and on a Failed
+run, `lapse.dev/keep`, and KFP runs whose object and rows follow the admin's policy on two
+separate clocks. TTLs stay short (at most `MAX_TTL` seconds): the tour takes about 20 s.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from events.run import KFP_RUN_ID_LABEL
+from events.timeutil import format_rfc3339
+from functions.policy import KEEP_ANNOTATION, TTL_ANNOTATION
+
+NAMESPACE: Final = "lapse-demo"
+POLICY_NAME: Final = "kfp-runs"
+# The admin's two clocks for KFP runs: the object goes soon, its rows live longer.
+KFP_OBJECT_TTL: Final = 6
+KFP_ROWS_TTL: Final = 15
+# What the KFP SDK's `ttl_seconds_after_finished` compiles into (Argo's ttlStrategy).
+KFP_SDK_TTL: Final = 9
+KEPT_TTL: Final = 4  # the annotation `keep` overrides; shown to prove it is ignored
+MAX_TTL: Final = 20
+PERSISTED_LABEL: Final = "pipeline/persistedFinalState"
+COMPLETED_LABEL: Final = "workflows.argoproj.io/completed"
+
+
+class Kind(StrEnum):
+    TTL = "ttl"
+    ARGO_SUCCEEDED = "argo-ok"
+    ARGO_FAILED = "argo-failed"
+    KEEP = "keep"
+    KFP = "kfp"
+
+
+# One of each way to expire per eight runs; annotations are the most common in practice.
+CYCLE: Final = (
+    Kind.TTL,
+    Kind.KFP,
+    Kind.ARGO_SUCCEEDED,
+    Kind.TTL,
+    Kind.ARGO_FAILED,
+    Kind.KFP,
+    Kind.KEEP,
+    Kind.TTL,
+)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One workflow the tour creates, and what lapse is expected to do with it."""
+
+    name: str
+    kind: Kind
+    phase: str
+    object_ttl: int  # seconds after finishing; for a kept run, the TTL keep overrides
+    hint: str  # how the run asks to expire, in the words of its own fields
+    rows_ttl: int | None = None  # None: the run has no database rows
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    ttl_strategy: Mapping[str, int] | None = None
+
+    @property
+    def kept(self) -> bool:
+        return self.kind is Kind.KEEP
+
+    @property
+    def kfp_run_id(self) -> str | None:
+        return self.labels.get(KFP_RUN_ID_LABEL)
+
+
+def make_samples(count: int) -> list[Sample]:
+    seen: dict[Kind, int] = {}
+    samples = []
+    for index in range(count):
+        kind = CYCLE[index % len(CYCLE)]
+        nth = seen[kind] = seen.get(kind, -1) + 1
+        samples.append(_sample(f"{kind.value}-{index:02d}", kind, nth))
+    return samples
+
+
+def _sample(name: str, kind: Kind, nth: int) -> Sample:
+    if kind is Kind.TTL:
+        ttl = 3 + (nth * 5) % (MAX_TTL - 2)  # 3, 8, 13, 18, 5, ...: deadlines spread out
+        annotations = {TTL_ANNOTATION: f"{ttl}s"}
+        return Sample(name, kind, "Succeeded", ttl, f"ttl {ttl}s", annotations=annotations)
+    if kind in (Kind.ARGO_SUCCEEDED, Kind.ARGO_FAILED):
+        success = 4 + (nth * 3) % 9
+        # Both clocks set, so the Failed runs show Argo's rule picking the failure one.
+        strategy = {"secondsAfterSuccess": success, "secondsAfterFailure": success + 6}
+        if kind is Kind.ARGO_FAILED:
+            ttl, hint = success + 6, f"ttlStrategy {success + 6}s after failure"
+            return Sample(name, kind, "Failed", ttl, hint, ttl_strategy=strategy)
+        hint = f"ttlStrategy {success}s after success"
+        return Sample(name, kind, "Succeeded", success, hint, ttl_strategy=strategy)
+    if kind is Kind.KEEP:
+        annotations = {KEEP_ANNOTATION: "true", TTL_ANNOTATION: f"{KEPT_TTL}s"}
+        hint = f"keep (overrides ttl {KEPT_TTL}s)"
+        return Sample(name, kind, "Succeeded", KEPT_TTL, hint, annotations=annotations)
+    labels = {KFP_RUN_ID_LABEL: str(uuid.uuid4()), PERSISTED_LABEL: "true"}
+    # Half the KFP runs were compiled with a TTL (object only), half rely on the policy.
+    if nth % 2:
+        strategy = {"secondsAfterCompletion": KFP_SDK_TTL}
+        hint = f"KFP: ttlStrategy {KFP_SDK_TTL}s, rows by policy"
+        return Sample(
+            name, kind, "Succeeded", KFP_SDK_TTL, hint, KFP_ROWS_TTL, labels=labels,
+            ttl_strategy=strategy,
+        )  # fmt: skip
+    hint = f"KFP: policy {POLICY_NAME}"
+    return Sample(name, kind, "Succeeded", KFP_OBJECT_TTL, hint, KFP_ROWS_TTL, labels=labels)
+
+
+def workflow(sample: Sample, finished_at: datetime) -> dict[str, Any]:
+    """The Workflow as Argo leaves it when the run ends; no controller runs in the demo, and
+    these are exactly the fields lapse reads."""
+    stamp = format_rfc3339(finished_at.replace(microsecond=0))
+    spec: dict[str, Any] = {"entrypoint": "main", "templates": [{"name": "main"}]}
+    if sample.ttl_strategy is not None:
+        spec["ttlStrategy"] = dict(sample.ttl_strategy)
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {
+            "name": sample.name,
+            "labels": {
+                COMPLETED_LABEL: "true",
+                "workflows.argoproj.io/phase": sample.phase,
+                **sample.labels,
+            },
+            "annotations": dict(sample.annotations),
+        },
+        "spec": spec,
+        "status": {"phase": sample.phase, "startedAt": stamp, "finishedAt": stamp},
+    }
+
+
+def write_config(path: Path, *, nats_url: str, kubeconfig: Path, database_url: str) -> Path:
+    """lapse's configuration for the tour: what an admin of a KFP installation would write."""
+    config = {
+        "nats": {"url": nats_url},
+        "kubernetes": {"kubeconfig": str(kubeconfig)},
+        "database": {"url": database_url, "targets": {"kfp": {"enabled": True}}},
+        "policies": [
+            {
+                "name": POLICY_NAME,
+                "match": {"has_labels": [KFP_RUN_ID_LABEL]},
+                "kubernetes": {"ttl": f"{KFP_OBJECT_TTL}s"},
+                "database": {"ttl": f"{KFP_ROWS_TTL}s"},
+            }
+        ],
+        # Every KFP run comes due in the same second: let them all through at once.
+        "safety": {"max_deletions_per_second": 200},
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
