@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 class ServerStartError(RuntimeError):
@@ -24,8 +30,22 @@ def free_port() -> int:
 def spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     log = log_path.open("ab")
     # A new session keeps Ctrl-C in a terminal from reaching the server before lapse has
-    # drained its work; lapse stops the servers itself, in order.
-    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # drained its work; lapse stops the servers itself, in order. If lapse itself dies
+    # (kill -9), the kernel stops the server too, so none is left holding its data dir.
+    return subprocess.Popen(
+        args,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
+
+
+def _die_with_parent() -> None:
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def wait_until(
