@@ -4,6 +4,11 @@ Schedules are JetStream message schedules: the due event is stored, in binary Cl
 mode, on `lapse.sched.<target>.<uid>` with `Nats-Schedule: @at <deadline>` and fired by the
 server onto `lapse.due.<target>.<uid>`. The server rolls schedules up per subject, so
 putting again replaces; purging the subject cancels.
+
+Every publish is a PRODUCER span whose context goes in the message's `traceparent` header
+(the hop); the event's own `traceparent` extension, set where it was created, travels
+untouched. The server copies a schedule's headers onto the due message, so the reaper
+sees both.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from cloudevents.core.base import BaseCloudEvent
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from events.nats_binding import to_nats
+from events.nats_binding import NatsMessage, to_nats
 from events.run import Target
 from events.subjects import (
     audit_subject,
@@ -28,6 +33,7 @@ from events.types import EventType
 from functions.ports import PendingSchedule
 from lapse.clients.nats import due_message_ttl
 from lapse.config import Streams
+from lapse.telemetry import HopContext, send_span
 
 SCHEDULE_HEADER = "Nats-Schedule"
 SCHEDULE_TARGET_HEADER = "Nats-Schedule-Target"
@@ -61,14 +67,14 @@ class NatsScheduleStore:
     async def put(
         self, target: Target, uid: str, deadline: datetime, due_event: BaseCloudEvent
     ) -> None:
-        message = to_nats(due_event)
-        headers = {**message.headers, **schedule_headers(deadline, due_subject(target, uid))}
-        # Nats-Msg-Id would make a later re-schedule with the same event id a duplicate;
-        # replacement is what the subject roll-up is for, so the id is not sent here.
-        headers.pop("Nats-Msg-Id", None)
-        await self._js.publish(
-            schedule_subject(target, uid), message.body, stream=self._stream, headers=headers
-        )
+        subject = schedule_subject(target, uid)
+        with send_span(subject, due_event) as hop:
+            message = _encode(due_event, hop)
+            headers = {**message.headers, **schedule_headers(deadline, due_subject(target, uid))}
+            # Nats-Msg-Id would make a later re-schedule with the same event id a duplicate;
+            # replacement is what the subject roll-up is for, so the id is not sent here.
+            headers.pop("Nats-Msg-Id", None)
+            await self._js.publish(subject, message.body, stream=self._stream, headers=headers)
 
     async def cancel(self, target: Target, uid: str) -> bool:
         if await self.get(target, uid) is None:
@@ -85,21 +91,10 @@ class NatsEmitter:
         self._streams = streams
 
     async def emit(self, event: BaseCloudEvent) -> None:
-        message = to_nats(event)
         event_type = event.get_type()
-        await self._js.publish(
-            audit_subject(event_type),
-            message.body,
-            stream=self._streams.audit,
-            headers=message.headers,
-        )
+        await _publish(self._js, audit_subject(event_type), self._streams.audit, event)
         if event_type == EventType.CLEANUP_FAILED:
-            await self._js.publish(
-                dlq_subject(event_type),
-                message.body,
-                stream=self._streams.dlq,
-                headers=message.headers,
-            )
+            await _publish(self._js, dlq_subject(event_type), self._streams.dlq, event)
 
 
 class NatsPublisher:
@@ -111,10 +106,14 @@ class NatsPublisher:
         self._stream = streams.events
 
     async def publish(self, event: BaseCloudEvent) -> None:
-        message = to_nats(event)
-        await self._js.publish(
-            event_subject(event.get_type()),
-            message.body,
-            stream=self._stream,
-            headers=message.headers,
-        )
+        await _publish(self._js, event_subject(event.get_type()), self._stream, event)
+
+
+async def _publish(js: JetStreamContext, subject: str, stream: str, event: BaseCloudEvent) -> None:
+    with send_span(subject, event) as hop:
+        message = _encode(event, hop)
+        await js.publish(subject, message.body, stream=stream, headers=message.headers)
+
+
+def _encode(event: BaseCloudEvent, hop: HopContext) -> NatsMessage:
+    return to_nats(event, hop_traceparent=hop.traceparent, hop_tracestate=hop.tracestate)

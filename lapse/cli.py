@@ -16,6 +16,7 @@ from importlib.metadata import version
 from lapse.commands import demo, history, infra, plan, serve, up
 from lapse.commands.common import UsageError
 from lapse.resources import MissingSetting
+from lapse.telemetry import TelemetryError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE if args.command is None and argv else EXIT_OK
     try:
         return run(args)
-    except (UsageError, MissingSetting) as exc:
+    except (UsageError, MissingSetting, TelemetryError) as exc:
         print(f"lapse: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -6,6 +6,10 @@ One durable pull consumer per route (per Trigger), explicit acks:
 - the last allowed try failed, or the message is not a CloudEvent: a `cleanup.failed`
   with the reason goes to the dead letters, then the message is acked.
 Nothing is acked before the handler is done, so a crash means redelivery, not loss.
+
+Each delivery is a CONSUMER span (`process <subject>`) from the hop context in the
+message's `traceparent` header; a due event, delivered hours or days after it was
+scheduled, starts a new trace that links back instead (see `lapse.telemetry.spans`).
 """
 
 from __future__ import annotations
@@ -19,17 +23,21 @@ from cloudevents.core.v1.event import CloudEvent
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
 
 from events.builder import build_event, parse_payload
 from events.errors import InvalidEvent
 from events.models import CleanupFailed
-from events.nats_binding import from_nats
+from events.nats_binding import from_nats, hop_trace_context
 from events.original import capture_event, capture_message
 from events.run import RunRef, Target
 from events.types import EventType
 from functions.ports import Emitter, Handler, RetryLater
 from lapse.config import NatsConfig
 from lapse.routing import Route
+from lapse.telemetry import creation_context, process_span, record_dead_letter, record_retry
+from lapse.telemetry.names import RETRY_REASON
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +91,7 @@ class Dispatcher:
         route = subscription.route
         stream = route.stream(self._config.streams)
         config = ConsumerConfig(
-            durable_name=f"lapse-{route.name}",
+            durable_name=_durable(route),
             filter_subject=route.subject,
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
@@ -97,20 +105,26 @@ class Dispatcher:
             route.subject, durable=config.durable_name, stream=stream, config=config
         )
         log.info("%s: consuming %s from %s", route.function, route.subject, stream)
-        while not self._stopping.is_set():
-            try:
-                msgs = await sub.fetch(self._batch, timeout=1.0)
-            except TimeoutError:
-                continue
-            except Exception as exc:  # NATS reconnecting: keep trying
-                log.warning("%s: fetch failed: %s", route.name, exc)
-                await asyncio.sleep(1.0)
-                continue
-            for msg in msgs:
-                await self._slots.acquire()
-                task = asyncio.create_task(self._deliver(subscription, msg))
-                self._inflight.add(task)
-                task.add_done_callback(self._finished)
+        try:
+            while not self._stopping.is_set():
+                try:
+                    msgs = await sub.fetch(self._batch, timeout=1.0)
+                except TimeoutError:
+                    continue
+                except Exception as exc:  # NATS reconnecting: keep trying
+                    log.warning("%s: fetch failed: %s", route.name, exc)
+                    await asyncio.sleep(1.0)
+                    continue
+                for msg in msgs:
+                    await self._slots.acquire()
+                    task = asyncio.create_task(self._deliver(subscription, msg))
+                    self._inflight.add(task)
+                    task.add_done_callback(self._finished)
+        finally:
+            # The pull subscription holds the connection open: without this, draining it
+            # at shutdown waits out the drain timeout.
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
@@ -120,37 +134,59 @@ class Dispatcher:
         route = subscription.route
         attempt = msg.metadata.num_delivered if msg.metadata else 1
         try:
-            event = from_nats(msg.headers, msg.data)
+            event: CloudEvent | None = from_nats(msg.headers, msg.data)
+            problem = None
         except InvalidEvent as exc:
-            await self._dead_letter(
-                CleanupFailed(
-                    reason=f"not a CloudEvent: {exc.reason}",
-                    stage=route.function,
-                    attempts=attempt,
-                    original=capture_message(msg.headers, msg.data),
+            event, problem = None, exc.reason
+        with process_span(
+            msg.subject,
+            event,
+            hop_trace_context(msg.headers),
+            subscription=_durable(route),
+            attempt=attempt,
+        ) as span:
+            if event is None:
+                await self._dead_letter(
+                    CleanupFailed(
+                        reason=f"not a CloudEvent: {problem}",
+                        stage=route.function,
+                        attempts=attempt,
+                        original=capture_message(msg.headers, msg.data),
+                    )
                 )
-            )
+                await msg.ack()
+                return
+            if not route.matches(event.get_attributes()):
+                await msg.ack()  # same subject, other target: not this route's event
+                return
+            try:
+                await subscription.handler.handle(event)
+            except RetryLater as exc:
+                await self._retry(msg, route, attempt, exc.reason, exc.delay, event, "RetryLater")
+                return
+            except Exception as exc:
+                log.exception("%s: handler failed on %s", route.function, event.get_id())
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                delay = DEFAULT_BACKOFF[min(attempt, len(DEFAULT_BACKOFF)) - 1]
+                reason = f"{type(exc).__name__}: {exc}"
+                await self._retry(msg, route, attempt, reason, delay, event, type(exc).__name__)
+                return
             await msg.ack()
-            return
-        if not route.matches(event.get_attributes()):
-            await msg.ack()  # same subject, other target: not this route's event
-            return
-        try:
-            await subscription.handler.handle(event)
-        except RetryLater as exc:
-            await self._retry(msg, route, attempt, exc.reason, exc.delay, event)
-            return
-        except Exception as exc:
-            log.exception("%s: handler failed on %s", route.function, event.get_id())
-            delay = DEFAULT_BACKOFF[min(attempt, len(DEFAULT_BACKOFF)) - 1]
-            await self._retry(msg, route, attempt, f"{type(exc).__name__}: {exc}", delay, event)
-            return
-        await msg.ack()
 
     async def _retry(
-        self, msg: Msg, route: Route, attempt: int, reason: str, delay: float, event: CloudEvent
+        self,
+        msg: Msg,
+        route: Route,
+        attempt: int,
+        reason: str,
+        delay: float,
+        event: CloudEvent,
+        error_type: str,
     ) -> None:
+        span = trace.get_current_span()
         if attempt >= self._config.max_deliver:
+            span.add_event("dead-lettered", {RETRY_REASON: reason[:256]})
+            record_dead_letter(event)
             run, target = _run_and_target(event)
             await self._dead_letter(
                 CleanupFailed(
@@ -165,11 +201,19 @@ class Dispatcher:
             await msg.ack()
             return
         log.info("%s: try %d failed (%s); again in %.0fs", route.function, attempt, reason, delay)
+        span.add_event("nak", {RETRY_REASON: reason[:256], "lapse.retry.delay_seconds": delay})
+        record_retry(route.function, error_type)
         with contextlib.suppress(Exception):
             await msg.nak(delay=delay)
 
     async def _dead_letter(self, failed: CleanupFailed) -> None:
-        await self._emitter.emit(build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=failed))
+        await self._emitter.emit(
+            build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=failed, **creation_context())
+        )
+
+
+def _durable(route: Route) -> str:
+    return f"lapse-{route.name}"
 
 
 def _run_and_target(event: CloudEvent) -> tuple[RunRef | None, Target | None]:

@@ -7,6 +7,10 @@ configuration.
 
 Replies: the handlers publish what they produce to NATS themselves, so a handled event is
 answered 202 with no body; a transient failure is 503 (Broker retries); a bug is 500.
+
+Telemetry is configured from the OTEL_* environment in `start` and flushed in `stop`, so
+a function scaled to zero loses no spans; each request is a SERVER span from the
+request's `traceparent` (the Broker's hop context).
 """
 
 from __future__ import annotations
@@ -16,9 +20,13 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from opentelemetry.trace import Status, StatusCode
+
 from functions.ports import Handler, RetryLater
 from lapse.config import ConfigError, load_config
 from lapse.resources import Resources
+from lapse.telemetry import Telemetry, TelemetryError, configure, record_retry, server_span
+from lapse.telemetry.names import HTTP_STATUS
 from lapse.wiring import build_handler
 
 log = logging.getLogger(__name__)
@@ -34,8 +42,16 @@ class FunctionShell:
         self._resources: Resources | None = None
         self._problem = "starting"
         self._setup: asyncio.Task[None] | None = None
+        self._telemetry = Telemetry()
 
     def start(self, cfg: Mapping[str, str]) -> None:
+        try:
+            self._telemetry = configure(f"lapse-{self.name}")
+        except TelemetryError as exc:
+            # func-python swallows exceptions from start(): ready() must say it instead.
+            self._problem = f"telemetry: {exc}"
+            log.error("%s not ready: %s", self.name, self._problem)
+            return
         self._setup = asyncio.get_event_loop().create_task(self._open(dict(cfg)))
 
     async def _open(self, env: dict[str, str]) -> None:
@@ -60,6 +76,8 @@ class FunctionShell:
     def stop(self) -> None:
         if self._resources is not None:
             asyncio.get_event_loop().create_task(self._resources.close())
+        # Synchronous on purpose: the process may be gone right after func-python's stop.
+        self._telemetry.shutdown()
 
     def alive(self) -> bool:
         return True
@@ -72,12 +90,25 @@ class FunctionShell:
             await _respond(send, 503, f"{self.name} not ready: {self._problem}")
             return
         event = scope["event"]
-        try:
-            await self._handler.handle(event)
-        except RetryLater as exc:
-            await _respond(send, 503, exc.reason, retry_after=exc.delay)
-            return
-        await _respond(send, 202, "")
+        method, path = str(scope.get("method", "POST")), str(scope.get("path", "/"))
+        with server_span(event, scope.get("headers", []), method=method, path=path) as span:
+            try:
+                await self._handler.handle(event)
+            except RetryLater as exc:
+                record_retry(self.name, "RetryLater")
+                span.set_attribute(HTTP_STATUS, 503)
+                span.set_status(Status(StatusCode.ERROR, exc.reason))
+                await _respond(send, 503, exc.reason, retry_after=exc.delay)
+                return
+            except Exception as exc:
+                # func-python answers 500 and the Broker delivers again: a retry, and a bug.
+                record_retry(self.name, type(exc).__name__)
+                span.set_attribute(HTTP_STATUS, 500)
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                raise
+            span.set_attribute(HTTP_STATUS, 202)
+            await _respond(send, 202, "")
 
 
 async def _respond(send: Send, status: int, text: str, retry_after: float | None = None) -> None:

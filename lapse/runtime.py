@@ -1,6 +1,11 @@
 """The whole pipeline in one process: watcher, dispatcher and every routed function.
 
 `lapse up` runs this; so do the end-to-end tests and `lapse demo`.
+
+Telemetry is configured from the OTEL_* environment when the pipeline starts (unless the
+process already set it up, as tests and the demo do) and flushed when it ends. While
+metrics go somewhere, the stream-backed gauges (pending schedules per target, dead-letter
+depth) are refreshed every `backlog_interval` seconds.
 """
 
 from __future__ import annotations
@@ -11,11 +16,16 @@ from typing import Any
 
 import hypercorn.asyncio
 import hypercorn.config
+from nats.js import JetStreamContext
 
+from events.run import Target
+from events.subjects import SCHEDULE_PREFIX
 from functions.ports import Handler
+from lapse import telemetry
+from lapse.audit import count_messages
 from lapse.bus import NatsPublisher
 from lapse.clients.nats import ensure_streams, stream_configs
-from lapse.config import LapseConfig
+from lapse.config import LapseConfig, Streams
 from lapse.dispatcher import Dispatcher, Subscription
 from lapse.ingress import Ingress
 from lapse.resources import Resources
@@ -35,15 +45,24 @@ class Pipeline:
         watch: bool = True,
         routes: list[Route] | None = None,
         listen: str | None = None,
+        backlog_interval: float = 15.0,
     ) -> None:
         self.config = config
         self._nats_url = nats_url
         self._watch = watch
         self._routes = routes if routes is not None else load_routes()
         self._listen = listen
+        self._backlog_interval = backlog_interval
         self.ready = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
+        exporting = telemetry.configure()
+        try:
+            await self._run(stop)
+        finally:
+            exporting.shutdown()
+
+    async def _run(self, stop: asyncio.Event) -> None:
         async with Resources(self.config, nats_url=self._nats_url) as resources:
             js = await resources.jetstream()
             nats = self.config.nats
@@ -77,6 +96,12 @@ class Pipeline:
                 publisher = NatsPublisher(js, nats.streams)
                 watcher = WorkflowWatcher(resources.workflows(), publisher.publish, emitter.emit)
                 tasks.append(asyncio.create_task(watcher.run(stop), name="watcher"))
+            if telemetry.metrics_enabled():
+                tasks.append(
+                    asyncio.create_task(
+                        _poll_backlog(js, nats.streams, self._backlog_interval), name="backlog"
+                    )
+                )
             running = sorted(name for name, handler in handlers.items() if handler is not None)
             if self._listen:
                 tasks.append(
@@ -93,7 +118,7 @@ class Pipeline:
             # Stop taking new work, let in-flight handlers finish, then close connections.
             dispatcher.stop()
             for task in tasks:
-                if task.get_name() == "watcher":
+                if task.get_name() in ("watcher", "backlog"):
                     task.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
             stopped.cancel()
@@ -101,6 +126,23 @@ class Pipeline:
             if crashed and isinstance(crashed[0], BaseException):
                 raise crashed[0]
             log.info("lapse stopped")
+
+
+async def _poll_backlog(js: JetStreamContext, streams: Streams, interval: float) -> None:
+    """Feed the stream-backed gauges; counted by the server, no message is read."""
+    while True:
+        try:
+            pending = {
+                target.value: await count_messages(
+                    js, streams.schedule, f"{SCHEDULE_PREFIX}.{target.value}.>"
+                )
+                for target in Target
+            }
+            dlq = (await js.stream_info(streams.dlq)).state.messages
+            telemetry.observe_backlog(pending, dlq)
+        except Exception as exc:  # NATS reconnecting: the gauges keep their last values
+            log.debug("backlog poll failed: %s", exc)
+        await asyncio.sleep(interval)
 
 
 async def _serve_ingress(publisher: NatsPublisher, listen: str, stop: asyncio.Event) -> None:

@@ -59,11 +59,14 @@ class WorkflowWatcher:
         # A quiet cluster sends nothing for minutes: stopping must not wait for an event.
         loop = asyncio.create_task(self._loop(stop, resume_from))
         stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait([loop, stopped], return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
-        loop.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await loop
+        try:
+            await asyncio.wait([loop, stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Also when this task itself is cancelled: the inner loop owns a watch thread.
+            stopped.cancel()
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
 
     async def _loop(self, stop: asyncio.Event, resume_from: str | None) -> None:
         resource_version = resume_from or await self._relist()

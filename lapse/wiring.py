@@ -2,7 +2,8 @@
 
 The single registry both runtimes use: `lapse serve NAME` / a Knative function folder, and
 the local dispatcher of `lapse up`. A factory returns None when the configuration gives
-the function nothing to do (no database target enabled for the row-reaper).
+the function nothing to do (no database target enabled for the row-reaper). Whatever it
+returns runs inside its function span, with its metrics (`InstrumentedHandler`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from functions.workflow_reaper import WorkflowReaper
 from lapse.clients.kubernetes import KubeEvents
 from lapse.resources import Resources
 from lapse.rows import open_row_store
+from lapse.telemetry import InstrumentedHandler
 
 Factory = Callable[[Resources], Awaitable[Handler | None]]
 
@@ -69,4 +71,5 @@ async def build_handler(name: str, resources: Resources) -> Handler | None:
     except KeyError:
         known = ", ".join(sorted(FUNCTIONS))
         raise ValueError(f"unknown function {name!r} (known: {known})") from None
-    return await factory(resources)
+    handler = await factory(resources)
+    return InstrumentedHandler(name, handler) if handler is not None else None

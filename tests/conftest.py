@@ -6,6 +6,7 @@ unit tests ask for none of them and start nothing.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -64,18 +65,27 @@ def install_crd(api_client: client.ApiClient, crd: dict[str, object]) -> None:
     raise RuntimeError(f"CRD {name} never became Established")
 
 
-@pytest.fixture(scope="session")
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeStack]:
-    server = EmbeddedKube(tmp_path_factory.mktemp("kube")).start()
+@contextlib.contextmanager
+def kube_stack(work_dir: Path, extra_args: tuple[str, ...] = ()) -> Iterator[KubeStack]:
+    """etcd + kube-apiserver with the Argo CRD installed, stopped on exit."""
+    server = EmbeddedKube(work_dir, extra_args=extra_args).start()
     api_client = load_api_client(str(server.kubeconfig_path))
     install_crd(api_client, argo_workflow_crd())
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kube-test")
-    yield KubeStack(
-        server, api_client, server.kubeconfig_path, Workflows(api_client, executor), executor
-    )
-    executor.shutdown(wait=False, cancel_futures=True)
-    api_client.close()
-    server.stop()
+    try:
+        yield KubeStack(
+            server, api_client, server.kubeconfig_path, Workflows(api_client, executor), executor
+        )
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
+        api_client.close()
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeStack]:
+    with kube_stack(tmp_path_factory.mktemp("kube")) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@
   was committed, the runtime delivers the event again.
 - Input that cannot be used, or a run the database refuses for good, becomes
   `cleanup.failed` with the reason.
+- Every outcome carries the trace context it was made in (`creation_context`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from events.types import EventType, Outcome
 from functions.ports import Emitter, RetryLater
 from functions.row_reaper.ports import Counted, Rejected, RowStore, RunResult, Unavailable
 from functions.row_reaper.targets import RunKeys, keys_for
+from lapse.telemetry import creation_context
 
 SOURCE: Final = "/lapse/row-reaper"
 STAGE: Final = "row-reaper"
@@ -107,7 +109,11 @@ class RowReaper:
                 failed = CleanupFailed(
                     reason=exc.reason, stage=STAGE, original=capture_event(event)
                 )
-                ready.append(build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=failed))
+                ready.append(
+                    build_event(
+                        EventType.CLEANUP_FAILED, source=SOURCE, data=failed, **creation_context()
+                    )
+                )
                 continue
             if due.target is not Target.DATABASE:
                 continue  # the workflow-reaper's; a subscription without a target filter
@@ -153,7 +159,9 @@ class RowReaper:
                 stage=STAGE,
                 original=capture_event(item.event),
             )
-            return build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=failed)
+            return build_event(
+                EventType.CLEANUP_FAILED, source=SOURCE, data=failed, **creation_context()
+            )
         assert isinstance(result, Counted)
         return self._completed(item.due, result, item.keys.skipped)
 
@@ -175,7 +183,9 @@ class RowReaper:
             detail=describe(counted, skipped, dry_run=self.dry_run),
             dry_run=self.dry_run,
         )
-        return build_event(EventType.CLEANUP_COMPLETED, source=SOURCE, data=completed)
+        return build_event(
+            EventType.CLEANUP_COMPLETED, source=SOURCE, data=completed, **creation_context()
+        )
 
     async def _emit(self, events: list[BaseCloudEvent]) -> list[BaseCloudEvent]:
         for event in events:

@@ -6,6 +6,10 @@
 - `run.deleted`: the Kubernetes schedule is withdrawn (nothing is left to delete there);
   the database deadline stands, because rows outlive objects by design.
 - Input that cannot be used becomes a `cleanup.failed` event with the reason.
+
+Each decision is a span (`schedule <target>`, `cancel <target>`); the due event is created
+inside it, so its own `traceparent` names the span that scheduled it, and the reaper's
+trace, days later, links back to it.
 """
 
 from __future__ import annotations
@@ -28,11 +32,22 @@ from events.models import (
     RunFinished,
 )
 from events.original import capture_event
-from events.run import RunRef, Target
+from events.run import ContractModel, RunRef, Target
 from events.subjects import InvalidSubjectToken
+from events.timeutil import format_rfc3339
 from events.types import EventType
 from functions.policy import Action, Decision, Policy, plan
 from functions.ports import Emitter, ObjectFetcher, ScheduleStore
+from lapse.telemetry import creation_context, step_span
+from lapse.telemetry.names import (
+    DEADLINE,
+    POLICY,
+    RUN_NAME,
+    RUN_NAMESPACE,
+    RUN_UID,
+    SCHEDULE_ACTION,
+    TARGET,
+)
 
 SOURCE = "/lapse/ttl-planner"
 STAGE = "planner"
@@ -67,9 +82,7 @@ class Planner:
         except (InvalidEvent, InvalidSubjectToken) as exc:
             reason = exc.reason if isinstance(exc, InvalidEvent) else str(exc)
             failed = CleanupFailed(reason=reason, stage=STAGE, original=capture_event(event))
-            return await self._emit(
-                [build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=failed)]
-            )
+            return await self._emit([_event(EventType.CLEANUP_FAILED, failed)])
 
     async def _run_change(self, event: BaseCloudEvent) -> RunFinished | RunDeleted | None:
         if event.get_type() in (EventType.RUN_FINISHED, EventType.RUN_DELETED):
@@ -106,32 +119,41 @@ class Planner:
             failed = CleanupFailed(
                 run=run, target=decision.target, reason=decision.reason, stage=STAGE
             )
-            return build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=failed)
+            return _event(EventType.CLEANUP_FAILED, failed)
         assert decision.deadline is not None
         return await self._schedule(run, decision.target, decision.deadline, decision.source)
 
     async def _schedule(
         self, run: RunRef, target: Target, deadline: datetime, policy: str
     ) -> BaseCloudEvent | None:
-        pending = await self.schedules.get(target, run.uid)
-        if pending is not None and pending.deadline == deadline:
-            return None
-        due = CleanupDue(
-            run=run, target=target, deadline=deadline, policy=policy, scheduled_at=self.clock()
-        )
-        await self.schedules.put(
-            target, run.uid, deadline, build_event(EventType.CLEANUP_DUE, source=SOURCE, data=due)
-        )
-        scheduled = CleanupScheduled(
-            run=run, target=target, deadline=deadline, policy=policy, replaced=pending is not None
-        )
-        return build_event(EventType.CLEANUP_SCHEDULED, source=SOURCE, data=scheduled)
+        attributes = {**_run_attributes(run, target), DEADLINE: format_rfc3339(deadline)}
+        with step_span(f"schedule {target.value}", {**attributes, POLICY: policy}) as span:
+            pending = await self.schedules.get(target, run.uid)
+            if pending is not None and pending.deadline == deadline:
+                span.set_attribute(SCHEDULE_ACTION, "unchanged")
+                return None
+            due = CleanupDue(
+                run=run, target=target, deadline=deadline, policy=policy, scheduled_at=self.clock()
+            )
+            await self.schedules.put(target, run.uid, deadline, _event(EventType.CLEANUP_DUE, due))
+            span.set_attribute(SCHEDULE_ACTION, "replaced" if pending is not None else "created")
+            scheduled = CleanupScheduled(
+                run=run,
+                target=target,
+                deadline=deadline,
+                policy=policy,
+                replaced=pending is not None,
+            )
+            return _event(EventType.CLEANUP_SCHEDULED, scheduled)
 
     async def _cancel(self, run: RunRef, target: Target, reason: str) -> BaseCloudEvent | None:
-        if not await self.schedules.cancel(target, run.uid):
-            return None
-        cancelled = CleanupCancelled(run=run, target=target, reason=reason)
-        return build_event(EventType.CLEANUP_CANCELLED, source=SOURCE, data=cancelled)
+        with step_span(f"cancel {target.value}", _run_attributes(run, target)) as span:
+            if not await self.schedules.cancel(target, run.uid):
+                span.set_attribute(SCHEDULE_ACTION, "none")
+                return None
+            span.set_attribute(SCHEDULE_ACTION, "cancelled")
+            cancelled = CleanupCancelled(run=run, target=target, reason=reason)
+            return _event(EventType.CLEANUP_CANCELLED, cancelled)
 
     async def _emit(self, events: list[BaseCloudEvent]) -> list[BaseCloudEvent]:
         for event in events:
@@ -146,5 +168,19 @@ class Planner:
             produced = await self._apply(run, decision)
         except InvalidSubjectToken as exc:
             failed = CleanupFailed(run=run, target=decision.target, reason=str(exc), stage=STAGE)
-            produced = build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=failed)
+            produced = _event(EventType.CLEANUP_FAILED, failed)
         return await self._emit([produced] if produced is not None else [])
+
+
+def _event(event_type: EventType, data: ContractModel) -> BaseCloudEvent:
+    """An event of this planner, carrying the trace context it is created in."""
+    return build_event(event_type, source=SOURCE, data=data, **creation_context())
+
+
+def _run_attributes(run: RunRef, target: Target) -> dict[str, str]:
+    return {
+        RUN_NAMESPACE: run.namespace,
+        RUN_NAME: run.name,
+        RUN_UID: run.uid,
+        TARGET: target.value,
+    }

@@ -19,6 +19,9 @@ Outcomes (`cleanup.completed` unless noted):
                 RBAC refusal (401/403) or another permanent API error; nothing deleted.
                 When the brake trips, one cleanup.failed with stage "brake" is the alert.
 Transient API failures (no response, 408, 429, 5xx) raise `RetryLater`.
+
+Every event it makes carries the trace context it was made in (`creation_context`): an
+outcome points at the reaper's span, a re-scheduled due event at the span that moved it.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from functions.workflow_reaper.verdict import (
     classify,
 )
 from lapse.config import SafetyConfig
+from lapse.telemetry import creation_context
 
 SOURCE: Final = "/lapse/workflow-reaper"
 STAGE: Final = "workflow-reaper"
@@ -302,7 +306,7 @@ class WorkflowReaper:
             policy=policy,
             scheduled_at=self.clock(),
         )
-        event = build_event(EventType.CLEANUP_DUE, source=SOURCE, data=due)
+        event = build_event(EventType.CLEANUP_DUE, source=SOURCE, data=due, **creation_context())
         await self.schedules.put(Target.KUBERNETES, run.uid, fire_at, event)
 
     async def _record_deletion(self, done: Delete, completed: BaseCloudEvent) -> None:
@@ -347,7 +351,9 @@ class WorkflowReaper:
             detail=_clip(detail),
             dry_run=dry_run,
         )
-        return build_event(EventType.CLEANUP_COMPLETED, source=SOURCE, data=data)
+        return build_event(
+            EventType.CLEANUP_COMPLETED, source=SOURCE, data=data, **creation_context()
+        )
 
     def _failed(
         self,
@@ -364,7 +370,7 @@ class WorkflowReaper:
             stage=stage,
             original=original,
         )
-        return build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=data)
+        return build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=data, **creation_context())
 
     async def _emit(self, events: list[BaseCloudEvent]) -> list[BaseCloudEvent]:
         for event in events:

@@ -3,6 +3,9 @@
 The official client is synchronous, so every call goes through a bounded thread pool and
 never blocks the event loop. Handlers never see the client's exceptions: `api_failure`
 turns them into a status and a one-line message (`ApiCallFailure`).
+
+Every request is counted (`lapse.kubernetes.requests`, and per deletion), and inside a
+trace it is a CLIENT span named after its URL template, a child of the reaper's span.
 """
 
 from __future__ import annotations
@@ -17,18 +20,25 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
+from urllib.parse import urlsplit
 
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
+from opentelemetry.util.types import AttributeValue
+
+from lapse.telemetry import client_span, count_kubernetes_request, end_client_span
+from lapse.telemetry.names import HTTP_METHOD, SERVER_ADDRESS, SERVER_PORT, URL_TEMPLATE
 
 WORKFLOW_GROUP = "argoproj.io"
 WORKFLOW_VERSION = "v1alpha1"
 WORKFLOW_PLURAL = "workflows"
-
-T = TypeVar("T")
+_WORKFLOWS = f"/apis/{WORKFLOW_GROUP}/{WORKFLOW_VERSION}"
+_NAMESPACED = _WORKFLOWS + "/namespaces/{namespace}/" + WORKFLOW_PLURAL
+_ONE = _NAMESPACED + "/{name}"
+K8S_NAMESPACE = "k8s.namespace.name"
 
 
 def load_api_client(
@@ -92,6 +102,44 @@ def _retry_after(headers: Any) -> float | None:
         return None  # an HTTP date: rare from the API server, and the default delay is fine
 
 
+def _server(api_client: client.ApiClient) -> dict[str, AttributeValue]:
+    url = urlsplit(str(api_client.configuration.host))
+    attributes: dict[str, AttributeValue] = {SERVER_ADDRESS: url.hostname or ""}
+    if url.port or url.scheme:
+        attributes[SERVER_PORT] = url.port or (443 if url.scheme == "https" else 80)
+    return attributes
+
+
+async def _request(
+    executor: ThreadPoolExecutor,
+    server: dict[str, AttributeValue],
+    method: str,
+    template: str,
+    namespace: str | None,
+    call: Callable[[], tuple[Any, int, Any]],
+) -> Any:
+    """Run one `*_with_http_info` call on the pool: counted, and a CLIENT span in a trace."""
+    attributes: dict[str, AttributeValue] = {HTTP_METHOD: method, URL_TEMPLATE: template, **server}
+    if namespace is not None:
+        attributes[K8S_NAMESPACE] = namespace
+    span = client_span(f"{method} {template}", attributes)
+    status: int | None = None
+    error: str | None = None
+    try:
+        data, status, _ = await asyncio.get_running_loop().run_in_executor(executor, call)
+        return data
+    except ApiException as exc:
+        status = exc.status or None
+        error = str(status) if status else type(exc).__name__
+        raise
+    except BaseException as exc:
+        error = type(exc).__name__
+        raise
+    finally:
+        count_kubernetes_request(method, status)
+        end_client_span(span, status=status, error=error)
+
+
 @dataclass(frozen=True)
 class WatchEvent:
     type: str  # ADDED, MODIFIED, DELETED, BOOKMARK
@@ -104,21 +152,32 @@ class Workflows:
     def __init__(self, api_client: client.ApiClient, executor: ThreadPoolExecutor) -> None:
         self._api = client.CustomObjectsApi(api_client)
         self._executor = executor
+        self._server = _server(api_client)
 
-    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+    async def _call(
+        self,
+        method: str,
+        template: str,
+        namespace: str | None,
+        fn: Callable[..., tuple[Any, int, Any]],
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        call = functools.partial(fn, *args, **kwargs)
+        return await _request(self._executor, self._server, method, template, namespace, call)
 
     async def create(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = await self._call(
-            self._api.create_namespaced_custom_object,
+            "POST", _NAMESPACED, namespace,
+            self._api.create_namespaced_custom_object_with_http_info,
             WORKFLOW_GROUP, WORKFLOW_VERSION, namespace, WORKFLOW_PLURAL, body,
         )  # fmt: skip
         return result
 
     async def replace(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = await self._call(
-            self._api.replace_namespaced_custom_object,
+            "PUT", _ONE, namespace,
+            self._api.replace_namespaced_custom_object_with_http_info,
             WORKFLOW_GROUP, WORKFLOW_VERSION, namespace, WORKFLOW_PLURAL, name, body,
         )  # fmt: skip
         return result
@@ -129,7 +188,8 @@ class Workflows:
         """The current object, or None when it does not exist."""
         try:
             result: dict[str, Any] = await self._call(
-                self._api.get_namespaced_custom_object,
+                "GET", _ONE, namespace,
+                self._api.get_namespaced_custom_object_with_http_info,
                 WORKFLOW_GROUP, WORKFLOW_VERSION, namespace, WORKFLOW_PLURAL, name,
                 **_timeout(request_timeout),
             )  # fmt: skip
@@ -156,7 +216,8 @@ class Workflows:
             preconditions=preconditions, propagation_policy=propagation_policy
         )
         await self._call(
-            self._api.delete_namespaced_custom_object,
+            "DELETE", _ONE, namespace,
+            self._api.delete_namespaced_custom_object_with_http_info,
             WORKFLOW_GROUP, WORKFLOW_VERSION, namespace, WORKFLOW_PLURAL, name, body=body,
             **_timeout(request_timeout),
         )  # fmt: skip
@@ -181,12 +242,14 @@ class Workflows:
         result: dict[str, Any]
         if namespace is None:
             result = await self._call(
-                self._api.list_cluster_custom_object,
+                "GET", f"{_WORKFLOWS}/{WORKFLOW_PLURAL}", None,
+                self._api.list_cluster_custom_object_with_http_info,
                 WORKFLOW_GROUP, WORKFLOW_VERSION, WORKFLOW_PLURAL, **kwargs,
             )  # fmt: skip
         else:
             result = await self._call(
-                self._api.list_namespaced_custom_object,
+                "GET", _NAMESPACED, namespace,
+                self._api.list_namespaced_custom_object_with_http_info,
                 WORKFLOW_GROUP, WORKFLOW_VERSION, namespace, WORKFLOW_PLURAL, **kwargs,
             )  # fmt: skip
         return result
@@ -222,6 +285,9 @@ class Workflows:
             if not closed.is_set():
                 asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
 
+        # A watch is one long request: counted, but a span lasting minutes would say nothing.
+        count_kubernetes_request("GET", None)
+
         def pump() -> None:
             try:
                 response = self._api.list_cluster_custom_object(
@@ -253,6 +319,9 @@ class Workflows:
             closed.set()
             for response in responses:
                 with contextlib.suppress(Exception):
+                    # Unblocks the pool thread reading it first: close() alone waits for
+                    # the reader's buffer lock, i.e. for the next event or bookmark.
+                    response.shutdown()
                     response.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(future), timeout=1.0)
@@ -279,6 +348,7 @@ class KubeEvents:
     ) -> None:
         self._api = client.CoreV1Api(api_client)
         self._executor = executor
+        self._server = _server(api_client)
         self._component = component
         self._instance = instance or component
 
@@ -313,10 +383,13 @@ class KubeEvents:
             last_timestamp=now,
             count=1,
         )
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(
+        await _request(
             self._executor,
-            functools.partial(self._api.create_namespaced_event, namespace, event),
+            self._server,
+            "POST",
+            "/api/v1/namespaces/{namespace}/events",
+            namespace,
+            functools.partial(self._api.create_namespaced_event_with_http_info, namespace, event),
         )
 
 
@@ -340,15 +413,16 @@ async def list_workflow_metadata(
         query.append(("labelSelector", label_selector))
     if continue_token:
         query.append(("continue", continue_token))
+    path = f"{_WORKFLOWS}/{WORKFLOW_PLURAL}"
     call = functools.partial(
         api_client.call_api,
-        f"/apis/{WORKFLOW_GROUP}/{WORKFLOW_VERSION}/{WORKFLOW_PLURAL}",
+        path,
         "GET",
         query_params=query,
         header_params={"Accept": METADATA_LIST_ACCEPT},
         response_type="object",
         auth_settings=["BearerToken"],
-        _return_http_data_only=True,
+        _return_http_data_only=False,
     )
-    result: dict[str, Any] = await asyncio.get_running_loop().run_in_executor(executor, call)
+    result: dict[str, Any] = await _request(executor, _server(api_client), "GET", path, None, call)
     return result

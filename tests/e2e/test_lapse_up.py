@@ -19,7 +19,7 @@ import pytest
 from lapse.clients.database import create_engine
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
-from tests.conftest import KubeStack
+from tests.conftest import KubeStack, kube_stack
 from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_counts
 from tests.stack import Database, scratch_database, wait_for
 
@@ -30,6 +30,14 @@ def own_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
     server = EmbeddedNats(tmp_path / "nats").start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeStack]:
+    # Its own API server: `lapse up` watches every namespace, and `lapse status` counts
+    # every pending schedule, so other tests' workflows must not be in view.
+    with kube_stack(tmp_path_factory.mktemp("kube-e2e")) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import json
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,8 @@ from cloudevents.core.base import BaseCloudEvent
 from events.builder import parse_payload
 from events.models import RunDeleted, RunFinished
 from events.types import EventType
-from lapse.clients.kubernetes import Workflows, load_api_client
-from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
 from lapse.watcher import WorkflowWatcher
-from tests.conftest import KubeStack, install_crd
+from tests.conftest import KubeStack, kube_stack
 from tests.stack import wait_for
 
 
@@ -101,19 +98,13 @@ async def _async(value: bool) -> bool:
 
 
 @pytest.fixture
-def uncached_kube(tmp_path: Path) -> Iterator[tuple[EmbeddedKube, Workflows]]:
+def uncached_kube(tmp_path: Path) -> Iterator[KubeStack]:
     # Without a watch cache for Workflows, watches are served by etcd, so compacting etcd
     # makes an old resourceVersion answer 410 Gone, as it does in production after a
     # long disconnect.
-    server = EmbeddedKube(
-        tmp_path / "kube", extra_args=("--watch-cache-sizes=workflows.argoproj.io#0",)
-    ).start()
-    api = load_api_client(str(server.kubeconfig_path))
-    install_crd(api, argo_workflow_crd())
-    executor = ThreadPoolExecutor(4)
-    yield server, Workflows(api, executor)
-    executor.shutdown(wait=False, cancel_futures=True)
-    server.stop()
+    no_cache = ("--watch-cache-sizes=workflows.argoproj.io#0",)
+    with kube_stack(tmp_path / "kube", extra_args=no_cache) as stack:
+        yield stack
 
 
 def compact_etcd(etcd_url: str) -> None:
@@ -130,14 +121,10 @@ def compact_etcd(etcd_url: str) -> None:
 
 
 async def test_410_gone_relists_and_misses_no_finish(
-    uncached_kube: tuple[EmbeddedKube, Workflows],
+    uncached_kube: KubeStack,
 ) -> None:
-    server, workflows = uncached_kube
-    from kubernetes import client
-
-    client.CoreV1Api(workflows._api.api_client).create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name="gone"))
-    )
+    server, workflows = uncached_kube.server, uncached_kube.workflows
+    uncached_kube.namespace("gone")
     resume_from = (await workflows.list())["metadata"]["resourceVersion"]
     # While lapse is away: runs finish, and etcd compacts the history it would resume from.
     for i in range(3):

@@ -1,0 +1,87 @@
+"""OpenTelemetry for lapse: traces across the delay, metrics, and their set-up.
+
+- `names`: every span attribute and metric name (the one place they are documented);
+- `providers`: which tracer and meter lapse uses; `configure()` from the OTEL_* environment
+  (nothing configured: no SDK, no network traffic), `install()`/`install_in_memory()`;
+- `spans`: the spans of each hop and the CloudEvent's own trace context;
+- `handling`: a handler call's span, outcome and metrics (`InstrumentedHandler`);
+- `tree`: `render_trace_tree(spans)` for a terminal (`spans_of_run` picks one run's).
+"""
+
+from lapse.telemetry.handling import (
+    InstrumentedHandler,
+    Outcome,
+    count_database_statement,
+    count_kubernetes_request,
+    outcome_of,
+    record_dead_letter,
+    record_retry,
+)
+from lapse.telemetry.instruments import observe_backlog
+from lapse.telemetry.names import METRICS, MetricSpec
+from lapse.telemetry.providers import (
+    InMemoryTelemetry,
+    Telemetry,
+    TelemetryError,
+    configure,
+    install,
+    install_in_memory,
+    metrics_enabled,
+    reset,
+    tracer,
+    tracing_enabled,
+)
+from lapse.telemetry.spans import (
+    HopContext,
+    TraceFields,
+    client_span,
+    creation_context,
+    delivery_parent,
+    end_client_span,
+    event_attributes,
+    process_span,
+    send_span,
+    server_span,
+    span_context_of,
+    step_span,
+    subject_template,
+)
+from lapse.telemetry.tree import render_trace_tree, spans_of_run
+
+__all__ = [
+    "METRICS",
+    "HopContext",
+    "InMemoryTelemetry",
+    "InstrumentedHandler",
+    "MetricSpec",
+    "Outcome",
+    "Telemetry",
+    "TelemetryError",
+    "TraceFields",
+    "client_span",
+    "configure",
+    "count_database_statement",
+    "count_kubernetes_request",
+    "creation_context",
+    "delivery_parent",
+    "end_client_span",
+    "event_attributes",
+    "install",
+    "install_in_memory",
+    "metrics_enabled",
+    "observe_backlog",
+    "outcome_of",
+    "process_span",
+    "record_dead_letter",
+    "record_retry",
+    "render_trace_tree",
+    "reset",
+    "send_span",
+    "server_span",
+    "span_context_of",
+    "spans_of_run",
+    "step_span",
+    "subject_template",
+    "tracer",
+    "tracing_enabled",
+]

@@ -1,0 +1,220 @@
+"""One handler call as telemetry: its span, its outcome, and the metrics of what it did."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Final
+
+from cloudevents.core.base import BaseCloudEvent
+from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
+
+from functions.ports import Handler, RetryLater
+from lapse.telemetry import names
+from lapse.telemetry.providers import instruments, metrics_enabled, tracer, tracing_enabled
+from lapse.telemetry.spans import event_attributes
+
+_DUE: Final = "dev.lapse.cleanup.due.v1"
+_COMPLETED: Final = "dev.lapse.cleanup.completed.v1"
+_FAILED: Final = "dev.lapse.cleanup.failed.v1"
+_SCHEDULED: Final = "dev.lapse.cleanup.scheduled.v1"
+_CANCELLED: Final = "dev.lapse.cleanup.cancelled.v1"
+
+
+@dataclass
+class _Tally:
+    kubernetes: int = 0
+    database: int = 0
+
+
+# Per handler call (asyncio tasks copy contexts, SQLAlchemy's greenlets share them).
+_tally: ContextVar[_Tally | None] = ContextVar("lapse_call_tally", default=None)
+
+
+def count_kubernetes_request(method: str, status: int | None) -> None:
+    if not metrics_enabled():
+        return
+    if (tally := _tally.get()) is not None:
+        tally.kubernetes += 1
+    attributes: dict[str, AttributeValue] = {names.HTTP_METHOD: method}
+    if status is not None:
+        attributes[names.HTTP_STATUS] = status
+    instruments().kubernetes_requests.add(1, attributes)
+
+
+def count_database_statement(operation: str) -> None:
+    if not metrics_enabled():
+        return
+    if (tally := _tally.get()) is not None:
+        tally.database += 1
+    instruments().database_statements.add(1, {names.DB_OPERATION: operation})
+
+
+@dataclass(frozen=True)
+class Outcome:
+    target: str
+    outcome: str  # a cleanup.completed outcome, or "failed"
+    lateness: float | None
+
+
+def _data(event: BaseCloudEvent) -> Mapping[str, Any]:
+    # Read from the wire form (camelCase): validating the model again would cost more
+    # than the span it annotates.
+    data = event.get_data()
+    return data if isinstance(data, Mapping) else {}
+
+
+def outcome_of(produced: Sequence[BaseCloudEvent]) -> Outcome | None:
+    """What handling one due event came to: its completion (the last one: a brake alert
+    precedes the reschedule), else its failure; None when it produced neither."""
+    failed: Outcome | None = None
+    for event in reversed(produced):
+        data = _data(event)
+        target = data.get("target")
+        if not isinstance(target, str):
+            continue
+        outcome = data.get("outcome")
+        if event.get_type() == _COMPLETED and isinstance(outcome, str):
+            lateness = data.get("latencySeconds")
+            seconds = float(lateness) if isinstance(lateness, int | float) else None
+            return Outcome(target, outcome, seconds)
+        if event.get_type() == _FAILED and failed is None:
+            failed = Outcome(target, "failed", None)
+    return failed
+
+
+def run_attributes(data: Mapping[str, Any]) -> dict[str, AttributeValue]:
+    """The run and target an event's payload names, as span attributes."""
+    attributes: dict[str, AttributeValue] = {}
+    run = data.get("run")
+    if isinstance(run, Mapping):
+        for key, field in (
+            (names.RUN_NAMESPACE, "namespace"),
+            (names.RUN_NAME, "name"),
+            (names.RUN_UID, "uid"),
+            (names.RUN_ENGINE, "engine"),
+        ):
+            if isinstance(value := run.get(field), str):
+                attributes[key] = value
+    for key, field in (
+        (names.TARGET, "target"),
+        (names.DEADLINE, "deadline"),
+        (names.POLICY, "policy"),
+    ):
+        if isinstance(value := data.get(field), str):
+            attributes[key] = value
+    return attributes
+
+
+class InstrumentedHandler:
+    """A handler inside its function span, with the metrics of what it did.
+
+    The span carries the run (namespace, name, uid), the target and, for a due event, the
+    outcome and lateness; Kubernetes requests and database statements made meanwhile are
+    its children, and are counted per deletion."""
+
+    def __init__(self, function: str, handler: Handler) -> None:
+        self.function = function
+        self.inner = handler
+
+    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
+        if not tracing_enabled() and not metrics_enabled():
+            return await self.inner.handle(event)
+        tally = _Tally()
+        token = _tally.set(tally)
+        started = time.perf_counter()
+        result = "error"
+        try:
+            with tracer().start_as_current_span(
+                self.function, record_exception=False, set_status_on_exception=False
+            ) as span:
+                if span.is_recording():
+                    span.set_attribute(names.FUNCTION, self.function)
+                    span.set_attributes(event_attributes(event))
+                    span.set_attributes(run_attributes(_data(event)))
+                produced = await self._call(event, span)
+                result = "ok"
+                self._observe(event, produced, span, tally)
+        except RetryLater:
+            result = "retry"
+            raise
+        finally:
+            _tally.reset(token)
+            instruments().handler_duration.record(
+                time.perf_counter() - started,
+                {names.FUNCTION: self.function, names.CE_TYPE: event.get_type(),
+                 names.HANDLER_RESULT: result},
+            )  # fmt: skip
+        return produced
+
+    async def _call(self, event: BaseCloudEvent, span: Span) -> list[BaseCloudEvent]:
+        try:
+            return await self.inner.handle(event)
+        except RetryLater as exc:
+            # Not an error: the runtime delivers the event again later.
+            span.add_event("retry later", {names.RETRY_REASON: exc.reason[:256]})
+            raise
+        except Exception as exc:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            span.set_attribute(names.ERROR_TYPE, type(exc).__qualname__)
+            raise
+
+    def _observe(
+        self, event: BaseCloudEvent, produced: Sequence[BaseCloudEvent], span: Span, tally: _Tally
+    ) -> None:
+        _record_schedules(produced)
+        if event.get_type() != _DUE:
+            return
+        outcome = outcome_of(produced)
+        if outcome is None:
+            return
+        _record_outcome(outcome, tally)
+        if span.is_recording():
+            span.set_attribute(names.OUTCOME, outcome.outcome)
+            if outcome.lateness is not None:
+                span.set_attribute(names.LATENESS, outcome.lateness)
+
+
+def _record_outcome(outcome: Outcome, tally: _Tally) -> None:
+    meter = instruments()
+    meter.deletions.add(1, {names.TARGET: outcome.target, names.OUTCOME: outcome.outcome})
+    if outcome.outcome == "deleted" and outcome.lateness is not None:
+        meter.lateness.record(outcome.lateness, {names.TARGET: outcome.target})
+    for api, calls in (("kubernetes", tally.kubernetes), ("database", tally.database)):
+        if calls or api == outcome.target:
+            meter.deletion_calls.record(
+                calls,
+                {names.TARGET: outcome.target, names.OUTCOME: outcome.outcome, names.API: api},
+            )
+
+
+def _record_schedules(produced: Sequence[BaseCloudEvent]) -> None:
+    for event in produced:
+        data = _data(event)
+        target = data.get("target")
+        if not isinstance(target, str):
+            continue
+        if event.get_type() == _SCHEDULED:
+            action = "replaced" if data.get("replaced") else "created"
+        elif event.get_type() == _CANCELLED:
+            action = "cancelled"
+        else:
+            continue
+        instruments().schedule_changes.add(1, {names.TARGET: target, names.SCHEDULE_ACTION: action})
+
+
+def record_retry(function: str, error_type: str) -> None:
+    instruments().retries.add(1, {names.FUNCTION: function, names.ERROR_TYPE: error_type})
+
+
+def record_dead_letter(event: BaseCloudEvent | None) -> None:
+    """A due event given up on after its last try is a deletion that failed."""
+    if event is None or event.get_type() != _DUE:
+        return
+    target = _data(event).get("target")
+    if isinstance(target, str):
+        instruments().deletions.add(1, {names.TARGET: target, names.OUTCOME: "failed"})
