@@ -18,7 +18,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +28,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from opentelemetry.sdk.trace import ReadableSpan
 from rich.console import Console
 from rich.live import Live
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -35,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from events.errors import InvalidEvent
 from events.nats_binding import from_nats
 from events.subjects import AUDIT_PREFIX
+from lapse import telemetry
 from lapse.clients.kubernetes import WORKFLOW_GROUP, WORKFLOW_PLURAL, WORKFLOW_VERSION, Workflows
 from lapse.commands.up import start_embedded_kube
 from lapse.config import LapseConfig, load_config
@@ -45,6 +47,7 @@ from lapse.demo.view import change_line, live_table, print_summary
 from lapse.embedded.nats import EmbeddedNats
 from lapse.resources import Resources
 from lapse.runtime import Pipeline
+from lapse.telemetry import names
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +198,11 @@ class Output:
         else:
             self.console.print(text, markup=False, highlight=False)
 
+    def trace(self, name: str, tree: str) -> None:
+        """One run's trace tree (on stderr with -o json, so stdout stays JSON)."""
+        self.console.print(f"\ntrace of {name} (planner -> schedule -> reapers):", markup=False)
+        self.console.print(tree, markup=False, highlight=False)
+
 
 def make_output(args: argparse.Namespace) -> Output:
     as_json = args.output == "json"
@@ -226,6 +234,8 @@ async def tour(
         await kfp.create_tables(engine)
         kfp_runs = [(s.kfp_run_id, s.name) for s in samples if s.kfp_run_id is not None]
         await kfp.insert_runs(engine, kfp_runs, NAMESPACE)
+        # In-process spans, so the tour can show one run's whole path without a backend.
+        recorder = telemetry.install_in_memory("lapse-demo")
         async with running_pipeline(config, nats_url) as pipeline:
             js = await resources.jetstream()
             out.note(
@@ -242,6 +252,20 @@ async def tour(
             leftovers = await inspect_leftovers(workflows, engine, samples)
             timing = Timing(out.started - begun, tour_seconds)
             report(summarize(tracker, leftovers, timing, kfp.ROWS_PER_RUN))
+            traced = next((s.name for s in samples if s.kfp_run_id is not None), samples[0].name)
+            out.trace(traced, trace_of(recorder.spans(), traced))
+
+
+def trace_of(spans: Sequence[ReadableSpan], name: str) -> str:
+    """One run's traces as a tree: planner, schedule, and each reaper after its delay."""
+    uids = {
+        str(span.attributes.get(names.RUN_UID))
+        for span in spans
+        if span.attributes and span.attributes.get(names.RUN_NAME) == name
+    }
+    if not uids:
+        return f"(no spans recorded for {name})"
+    return telemetry.render_trace_tree(telemetry.spans_of_run(spans, uids.pop()))
 
 
 @contextlib.asynccontextmanager
