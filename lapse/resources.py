@@ -68,7 +68,10 @@ class Resources:
         if self._api_client is None:
             k = self.config.kubernetes
             self._api_client = load_api_client(
-                str(k.kubeconfig) if k.kubeconfig else None, k.context, k.in_cluster
+                str(k.kubeconfig) if k.kubeconfig else None,
+                k.context,
+                k.in_cluster,
+                pool_size=KUBE_THREADS,
             )
         return self._api_client
 

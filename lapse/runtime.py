@@ -115,7 +115,12 @@ class Pipeline:
             self.ready.set()
             stopped = asyncio.create_task(stop.wait(), name="stop")
             done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
-            # Stop taking new work, let in-flight handlers finish, then close connections.
+            for task in done - {stopped}:
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("%s crashed: %s", task.get_name(), task.exception())
+            # Everything stops together (the ingress waits for `stop`): take no new work,
+            # let in-flight handlers finish, then close connections.
+            stop.set()
             dispatcher.stop()
             for task in tasks:
                 if task.get_name() in ("watcher", "backlog"):

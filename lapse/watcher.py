@@ -24,7 +24,7 @@ from events.builder import build_event
 from events.errors import InvalidEvent
 from events.models import CleanupFailed, RunDeleted, RunFinished
 from events.types import EventType
-from lapse.clients.kubernetes import Workflows
+from lapse.clients.kubernetes import Workflows, continue_after_expiry
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class WorkflowWatcher:
                 await loop
 
     async def _loop(self, stop: asyncio.Event, resume_from: str | None) -> None:
-        resource_version = resume_from or await self._relist()
+        resource_version = resume_from or await self._relist_until_listed()
         backoff = 1.0
         while not stop.is_set():
             try:
@@ -85,7 +85,7 @@ class WorkflowWatcher:
             except ApiException as exc:
                 if exc.status == 410:
                     log.info("watch expired (410 Gone): listing again")
-                    resource_version = await self._relist()
+                    resource_version = await self._relist_until_listed()
                     continue
                 log.warning("watch failed (%s): retrying in %.0fs", exc.status, backoff)
                 await asyncio.sleep(backoff)
@@ -95,14 +95,34 @@ class WorkflowWatcher:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
 
+    async def _relist_until_listed(self) -> str:
+        """A failed list is retried (an API server restart must not end the watcher)."""
+        backoff = 1.0
+        while True:
+            try:
+                return await self._relist()
+            except Exception as exc:
+                log.warning("listing workflows failed (%s): retrying in %.0fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
     async def _relist(self) -> str:
         """Publish every finished workflow, page by page; return the list's version."""
         self.relists += 1
         token: str | None = None
         while True:
-            page = await self._workflows.list(
-                label_selector=self._selector, limit=PAGE_SIZE, continue_token=token
-            )
+            try:
+                page = await self._workflows.list(
+                    label_selector=self._selector, limit=PAGE_SIZE, continue_token=token
+                )
+            except ApiException as exc:
+                # A long list outlives its continue token (410): carry on with the token
+                # the server offers; whatever finished meanwhile the watch will bring.
+                fresh = continue_after_expiry(exc) if exc.status == 410 and token else None
+                if fresh is None:
+                    raise
+                token = fresh
+                continue
             for obj in page.get("items", []):
                 await self._handle(obj, deleted=False)
             token = page.get("metadata", {}).get("continue")

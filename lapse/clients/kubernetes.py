@@ -42,16 +42,34 @@ K8S_NAMESPACE = "k8s.namespace.name"
 
 
 def load_api_client(
-    kubeconfig: str | None = None, context: str | None = None, in_cluster: bool = False
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    in_cluster: bool = False,
+    *,
+    pool_size: int = 16,
 ) -> client.ApiClient:
-    if in_cluster:
-        config.load_incluster_config()
-        return client.ApiClient()
+    """`pool_size` should match the threads making calls: urllib3's default pool (10) is
+    smaller than lapse's thread pool, and each call past it pays a new TLS handshake."""
     configuration = client.Configuration()
-    config.load_kube_config(
-        config_file=kubeconfig, context=context, client_configuration=configuration
-    )
+    if in_cluster:
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        config.load_kube_config(
+            config_file=kubeconfig, context=context, client_configuration=configuration
+        )
+    configuration.connection_pool_maxsize = pool_size
     return client.ApiClient(configuration)
+
+
+def continue_after_expiry(exc: ApiException) -> str | None:
+    """A list's continue token expires with etcd compaction (410). The server then offers
+    a token that continues without the list's snapshot; None if it offered none."""
+    try:
+        status = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        return None
+    token = status.get("metadata", {}).get("continue") if isinstance(status, dict) else None
+    return token if isinstance(token, str) and token else None
 
 
 @dataclass(frozen=True)
