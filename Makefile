@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install databases kube stack test test-unit lint format run functions bench clean
+.PHONY: help install databases kube stack test test-unit lint format run demo functions bench clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ format: install ## Apply ruff's formatting and safe fixes
 
 run: install ## Run lapse (lapse up) on embedded defaults where nothing is configured
 	$(BIN)/lapse up
+
+demo: install ## A self-contained tour on embedded servers (about a minute)
+	$(BIN)/lapse demo
 
 bench: install databases ## Benchmarks (printed figures; see bench/)
 	$(BIN)/python bench/bench_planner.py
