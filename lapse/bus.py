@@ -19,7 +19,10 @@ from cloudevents.core.base import BaseCloudEvent
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from events.nats_binding import NatsMessage, to_nats
+from events.builder import parse_payload
+from events.errors import InvalidEvent
+from events.models import CleanupDue
+from events.nats_binding import NatsMessage, from_nats, to_nats
 from events.run import Target
 from events.subjects import (
     audit_subject,
@@ -50,11 +53,19 @@ def schedule_headers(deadline: datetime, target_subject: str) -> dict[str, str]:
 
 
 class NatsScheduleStore:
+    """Schedules on JetStream. `get` also answers with a deadline that has already fired
+    while its due message is still kept (Nats-Schedule-TTL): the reapers have it, so a
+    re-list or a reconcile that re-plans the same run must not issue a second one."""
+
     def __init__(self, js: JetStreamContext, streams: Streams) -> None:
         self._js = js
         self._stream = streams.schedule
 
     async def get(self, target: Target, uid: str) -> PendingSchedule | None:
+        pending = await self._pending(target, uid)
+        return pending if pending is not None else await self._fired(target, uid)
+
+    async def _pending(self, target: Target, uid: str) -> PendingSchedule | None:
         try:
             msg = await self._js.get_last_msg(self._stream, schedule_subject(target, uid))
         except NotFoundError:
@@ -63,6 +74,17 @@ class NatsScheduleStore:
         if not spec.startswith(_AT):
             return None
         return PendingSchedule(target, uid, parse_rfc3339(spec[len(_AT) :]))
+
+    async def _fired(self, target: Target, uid: str) -> PendingSchedule | None:
+        try:
+            msg = await self._js.get_last_msg(self._stream, due_subject(target, uid))
+        except NotFoundError:
+            return None
+        try:
+            due = parse_payload(from_nats(msg.headers, msg.data or b""), CleanupDue)
+        except InvalidEvent:
+            return None
+        return PendingSchedule(target, uid, due.deadline)
 
     async def put(
         self, target: Target, uid: str, deadline: datetime, due_event: BaseCloudEvent
@@ -77,7 +99,7 @@ class NatsScheduleStore:
             await self._js.publish(subject, message.body, stream=self._stream, headers=headers)
 
     async def cancel(self, target: Target, uid: str) -> bool:
-        if await self.get(target, uid) is None:
+        if await self._pending(target, uid) is None:
             return False
         await self._js.purge_stream(self._stream, subject=schedule_subject(target, uid))
         return True

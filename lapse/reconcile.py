@@ -45,12 +45,10 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from events.adapters import adapt_workflow
-from events.builder import build_event, parse_payload
+from events.builder import build_event
 from events.errors import InvalidEvent
-from events.models import CleanupDue, RunFinished
-from events.nats_binding import from_nats
+from events.models import RunFinished
 from events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
-from events.subjects import due_subject
 from events.types import EventType
 from functions.policy import Action, Decision, Policy, decide
 from functions.ports import PendingSchedule, ScheduleStore
@@ -247,41 +245,6 @@ class Summary:
 # --- schedule stores ----------------------------------------------------------------------
 
 
-class FiredAwareSchedules:
-    """The NATS schedule store, except that `get` also answers with a deadline that has
-    already fired: its due message still sits on the due subject (for the due-message TTL)
-    and the reapers have it. Without this, every past-due run that is still waiting for its
-    turn at the rate limiter would get a second due event each time reconcile runs."""
-
-    def __init__(self, store: ScheduleStore, js: JetStreamContext, stream: str) -> None:
-        self._store = store
-        self._js = js
-        self._stream = stream
-
-    async def get(self, target: Target, uid: str) -> PendingSchedule | None:
-        pending = await self._store.get(target, uid)
-        return pending if pending is not None else await self._fired(target, uid)
-
-    async def _fired(self, target: Target, uid: str) -> PendingSchedule | None:
-        try:
-            msg = await self._js.get_last_msg(self._stream, due_subject(target, uid))
-        except NotFoundError:
-            return None
-        try:
-            due = parse_payload(from_nats(msg.headers, msg.data or b""), CleanupDue)
-        except InvalidEvent:
-            return None
-        return PendingSchedule(target, uid, due.deadline)
-
-    async def put(
-        self, target: Target, uid: str, deadline: datetime, due_event: BaseCloudEvent
-    ) -> None:
-        await self._store.put(target, uid, deadline, due_event)
-
-    async def cancel(self, target: Target, uid: str) -> bool:
-        return await self._store.cancel(target, uid)
-
-
 class ReadOnlySchedules:
     """--dry-run: reads the real schedules, so the counts say what a real run would change,
     and writes nothing."""
@@ -325,7 +288,7 @@ async def build_planner(resources: Resources, *, dry_run: bool) -> Planner:
     if dry_run:
         store = ReadOnlySchedules(store)
     return Planner(
-        schedules=FiredAwareSchedules(store, js, streams.schedule),
+        schedules=store,
         emitter=DiscardingEmitter() if dry_run else await resources.emitter(),
         policies=tuple(resources.config.policies),
     )

@@ -35,6 +35,9 @@ from lapse.wiring import build_handler
 
 log = logging.getLogger(__name__)
 
+# How long in-flight work may take to finish after a stop before it is cut short.
+SHUTDOWN_GRACE = 20.0
+
 
 class Pipeline:
     def __init__(
@@ -125,7 +128,18 @@ class Pipeline:
             for task in tasks:
                 if task.get_name() in ("watcher", "backlog"):
                     task.cancel()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
+            _, busy = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE)
+            if busy:
+                # Never hang on exit: what is cut short was not acknowledged, so JetStream
+                # delivers it again to the next lapse that runs.
+                names = ", ".join(sorted(t.get_name() for t in busy))
+                log.warning("still busy %.0fs after stop (%s): cancelling", SHUTDOWN_GRACE, names)
+                for task in busy:
+                    task.cancel()
+                await asyncio.wait(busy, timeout=5)
+            results = [
+                task.exception() if task.done() and not task.cancelled() else None for task in tasks
+            ]
             stopped.cancel()
             crashed = [r for t, r in zip(tasks, results, strict=True) if t in done and r]
             if crashed and isinstance(crashed[0], BaseException):

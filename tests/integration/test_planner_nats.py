@@ -224,3 +224,17 @@ async def test_ten_thousand_runs_all_fire_once(bus: Bus) -> None:
     assert set(seen) == {r.uid for r in runs}
     assert set(seen.values()) == {1}
     assert early == 0
+
+
+async def test_replanning_after_the_deadline_fired_issues_no_second_due(bus: Bus) -> None:
+    sub = await bus.due_reader()
+    r = run(annotations={"lapse.dev/ttl": "1s"})
+    planner = bus.planner()
+    await planner.handle(finished(r))
+    assert len(await bus.collect_due(sub, window=3)) == 1
+    # The watcher re-lists (a restart) while the reaper is still behind: same run again.
+    assert await planner.handle(finished(r)) == []
+    assert await bus.collect_due(sub, window=2) == []
+    # A changed TTL still re-plans.
+    moved = r.model_copy(update={"annotations": {"lapse.dev/ttl": "2s"}})
+    assert len(await planner.handle(finished(moved))) == 1
