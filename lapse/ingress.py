@@ -19,6 +19,7 @@ from events.adapters import Ignored, adapt_cloudevent
 from events.builder import parse_payload
 from events.errors import InvalidEvent
 from events.types import EventType
+from lapse.telemetry import server_span
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +78,15 @@ class Ingress:
         if ignored is not None:
             await _reply(send, 202, f"ignored: {ignored}")
             return
-        try:
-            await self._publish(event)
-        except Exception as exc:
-            log.warning("ingress: could not store %s: %s", event.get_id(), exc)
-            await _reply(send, 503, "event store unavailable, retry later")
-            return
+        # The sender's traceparent parents this hop, so the publish (and everything after
+        # it) continues the sender's trace instead of starting a new one.
+        with server_span(event, scope["headers"], method="POST", path=scope["path"]):
+            try:
+                await self._publish(event)
+            except Exception as exc:
+                log.warning("ingress: could not store %s: %s", event.get_id(), exc)
+                await _reply(send, 503, "event store unavailable, retry later")
+                return
         await _reply(send, 202, "")
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import httpx
 from nats.js import JetStreamContext
+from opentelemetry.trace import SpanKind
 
-from events.nats_binding import from_nats
+from events.nats_binding import from_nats, hop_trace_context
+from lapse import telemetry
 from lapse.bus import NatsPublisher
 from lapse.config import Streams
 from lapse.ingress import Ingress
@@ -74,3 +77,26 @@ async def test_pushed_events_are_stored_or_refused_with_a_reason(
     event = from_nats(msgs[0].headers, msgs[0].data)
     assert event.get_type() == "dev.knative.apiserver.resource.update"
     assert event.get_data()["metadata"]["uid"] == WORKFLOW["metadata"]["uid"]  # type: ignore[index]
+
+
+async def test_ingress_continues_the_senders_trace(lapse_streams: JetStreamContext) -> None:
+    recorded = telemetry.install_in_memory()
+    try:
+        sender_trace = uuid.uuid4().hex
+        sender = f"00-{sender_trace}-{uuid.uuid4().hex[:16]}-01"
+        app = Ingress(NatsPublisher(lapse_streams, STREAMS).publish)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://ingress"
+        ) as http:
+            headers = {**apiserver_update(WORKFLOW), "traceparent": sender}
+            response = await http.post("/", headers=headers, content=json.dumps(WORKFLOW))
+        assert response.status_code == 202
+        (server,) = [s for s in recorded.spans() if s.kind is SpanKind.SERVER]
+        assert server.context is not None and f"{server.context.trace_id:032x}" == sender_trace
+        assert server.parent is not None and f"{server.parent.span_id:016x}" == sender[36:52]
+    finally:
+        recorded.handle.shutdown()
+        telemetry.reset()
+    stored = await lapse_streams.get_last_msg(STREAMS.events, "lapse.events.>")
+    hop, _ = hop_trace_context(stored.headers)
+    assert hop is not None and hop.split("-")[1] == sender_trace  # the hop is in that trace
