@@ -1,10 +1,13 @@
 """Kubeflow Pipelines' run tables in the demo's SQLite file, and the rows of a finished run.
 
-Table and column names, keys and foreign keys are KFP's own (backend/src/apiserver/model:
-run.go, task.go, resource_reference.go), so lapse's built-in `kfp` target reflects and
-deletes them exactly as it would in a real installation. The types are SQLite's; only the
-names and keys matter to lapse. SQLite leaves foreign keys unenforced unless each
-connection asks: nothing relies on the cascades, because lapse deletes the children itself.
+Column names, primary keys, foreign keys (ON DELETE/UPDATE CASCADE) and sizes follow
+backend/src/apiserver/model (run.go, task.go, resource_reference.go, pipeline_spec.go,
+runtime_config.go) with KFP's gorm settings: strings without a size become VARCHAR(255) on
+MySQL (DefaultStringSize) and TEXT on PostgreSQL; LargeText is LONGTEXT on MySQL and TEXT on
+PostgreSQL. So lapse's built-in `kfp` target reflects and deletes them exactly as in a real
+installation; the tests create the same tables on MySQL and PostgreSQL. SQLite leaves
+foreign keys unenforced unless each connection asks: nothing relies on the cascades,
+because lapse deletes the children itself.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from sqlalchemy import (
     Column,
     Float,
     ForeignKeyConstraint,
+    Index,
     MetaData,
     String,
     Table,
@@ -26,8 +30,10 @@ from sqlalchemy import (
     insert,
     select,
 )
+from sqlalchemy.dialects.mysql import LONGTEXT
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.types import TypeEngine
 
 KFP_TABLES: Final = ("run_details", "run_metrics", "tasks", "resource_references")
 METRICS_PER_RUN: Final = 2
@@ -36,50 +42,56 @@ REFERENCES_PER_RUN: Final = 2  # the run's experiment and namespace
 ROWS_PER_RUN: Final = 1 + METRICS_PER_RUN + TASKS_PER_RUN + REFERENCES_PER_RUN
 FINISHED_AT: Final = 1_700_000_600
 
+
+def _string() -> TypeEngine[str]:
+    return String(255).with_variant(Text(), "postgresql")
+
+
+def _large_text() -> TypeEngine[str]:
+    return Text().with_variant(LONGTEXT(), "mysql", "mariadb")
+
+
 metadata = MetaData()
-
-
-def _cascade_to_run(name: str) -> ForeignKeyConstraint:
-    return ForeignKeyConstraint(
-        ["RunUUID"], ["run_details.UUID"], name=name, ondelete="CASCADE", onupdate="CASCADE"
-    )
-
 
 run_details = Table(
     "run_details",
     metadata,
     Column("UUID", String(191), primary_key=True),
-    Column("DisplayName", String(255), nullable=False),
-    Column("Name", String(255), nullable=False),
-    Column("Description", String(255), nullable=False),
+    Column("DisplayName", _string(), nullable=False),
+    Column("Name", _string(), nullable=False),
+    Column("Description", _string(), nullable=False),
     Column("Namespace", String(63), nullable=False),
     Column("ExperimentUUID", String(64), nullable=False),
-    Column("JobUUID", String(255)),
-    Column("StorageState", String(255), nullable=False),
-    Column("ServiceAccount", String(255), nullable=False),
-    Column("PipelineId", String(255), nullable=False),
-    Column("PipelineVersionId", String(255)),
-    Column("PipelineName", String(255), nullable=False),
-    Column("PipelineSpecManifest", Text),
-    Column("WorkflowSpecManifest", Text),
-    Column("Parameters", Text),
-    Column("RuntimeParameters", Text),
-    Column("PipelineRoot", Text),
+    Column("JobUUID", _string()),
+    Column("StorageState", _string(), nullable=False),
+    Column("ServiceAccount", _string(), nullable=False),
+    # PipelineSpec (embedded)
+    Column("PipelineId", _string(), nullable=False),
+    Column("PipelineVersionId", _string()),
+    Column("PipelineName", _string(), nullable=False),
+    Column("PipelineSpecManifest", _large_text()),
+    Column("WorkflowSpecManifest", _large_text()),
+    Column("Parameters", _large_text()),
+    Column("RuntimeParameters", _large_text()),
+    Column("PipelineRoot", _large_text()),
+    # RunDetails (embedded)
     Column("CreatedAtInSec", BigInteger, nullable=False),
     Column("ScheduledAtInSec", BigInteger, server_default="0"),
     Column("FinishedAtInSec", BigInteger, server_default="0"),
     Column("Conditions", String(125), nullable=False),
-    Column("State", String(255)),
-    Column("StateHistory", Text),
-    Column("PluginsInput", Text),
-    Column("PluginsOutput", Text),
-    Column("PipelineRuntimeManifest", Text, nullable=False),
-    Column("WorkflowRuntimeManifest", Text, nullable=False),
+    Column("State", _string()),
+    Column("StateHistory", _large_text()),
+    Column("PluginsInput", _large_text()),
+    Column("PluginsOutput", _large_text()),
+    Column("PipelineRuntimeManifest", _large_text(), nullable=False),
+    Column("WorkflowRuntimeManifest", _large_text(), nullable=False),
     Column("PipelineContextId", BigInteger, server_default="0"),
     Column("PipelineRunContextId", BigInteger, server_default="0"),
     Column("RetryGeneration", BigInteger, server_default="0"),
     Column("RetryClaimedAtInSec", BigInteger, server_default="0"),
     Column("ArchivedAtInSec", BigInteger, server_default="0"),
+    Index("experimentuuid_createatinsec", "ExperimentUUID", "CreatedAtInSec"),
+    Index("namespace_createatinsec", "Namespace", "CreatedAtInSec"),
 )
 
 run_metrics = Table(
@@ -88,47 +100,61 @@ run_metrics = Table(
     Column("RunUUID", String(191), primary_key=True),
     Column("NodeID", String(191), primary_key=True),
     Column("Name", String(191), primary_key=True),
-    Column("NumberValue", Float),
-    Column("Format", String(255)),
-    Column("Payload", Text, nullable=False),
-    _cascade_to_run("run_metrics_RunUUID_run_details_UUID_foreign"),
+    Column("NumberValue", Float(53)),
+    Column("Format", _string()),
+    Column("Payload", _large_text(), nullable=False),
+    ForeignKeyConstraint(
+        ["RunUUID"],
+        ["run_details.UUID"],
+        name="run_metrics_RunUUID_run_details_UUID_foreign",
+        ondelete="CASCADE",
+        onupdate="CASCADE",
+    ),
 )
 
 tasks = Table(
     "tasks",
     metadata,
     Column("UUID", String(191), primary_key=True),
-    Column("Namespace", String(255), nullable=False),
-    Column("PipelineName", String(255), nullable=False),
+    Column("Namespace", _string(), nullable=False),
+    Column("PipelineName", _string(), nullable=False),
     Column("RunUUID", String(191), nullable=False),
-    Column("PodName", String(255), nullable=False),
-    Column("MLMDExecutionID", String(255), nullable=False),
+    Column("PodName", _string(), nullable=False),
+    Column("MLMDExecutionID", _string(), nullable=False),
     Column("CreatedTimestamp", BigInteger, nullable=False),
     Column("StartedTimestamp", BigInteger, server_default="0"),
     Column("FinishedTimestamp", BigInteger, server_default="0"),
-    Column("Fingerprint", String(255), nullable=False),
-    Column("Name", String(255)),
-    Column("ParentTaskUUID", String(255)),
-    Column("State", String(255)),
-    Column("StateHistory", Text),
-    Column("MLMDInputs", Text),
-    Column("MLMDOutputs", Text),
-    Column("ChildrenPods", Text),
-    Column("Payload", Text),
-    _cascade_to_run("tasks_RunUUID_run_details_UUID_foreign"),
+    Column("Fingerprint", _string(), nullable=False),
+    Column("Name", _string()),
+    Column("ParentTaskUUID", _string()),
+    Column("State", _string()),
+    Column("StateHistory", _large_text()),
+    Column("MLMDInputs", _large_text()),
+    Column("MLMDOutputs", _large_text()),
+    Column("ChildrenPods", _large_text()),
+    Column("Payload", _large_text()),
+    Index("tasks_RunUUID_run_details_UUID_foreign", "RunUUID"),
+    ForeignKeyConstraint(
+        ["RunUUID"],
+        ["run_details.UUID"],
+        name="tasks_RunUUID_run_details_UUID_foreign",
+        ondelete="CASCADE",
+        onupdate="CASCADE",
+    ),
 )
 
-# No foreign key, as in KFP (gorm:"-" on every owner): these rows must be deleted explicitly.
+# No foreign key: KFP declares ResourceReferences with gorm:"-" on every owner model.
 resource_references = Table(
     "resource_references",
     metadata,
     Column("ResourceUUID", String(191), primary_key=True),
-    Column("ResourceType", String(255), primary_key=True),
+    Column("ResourceType", _string(), primary_key=True),
     Column("ReferenceUUID", String(191), nullable=False),
-    Column("ReferenceName", String(255), nullable=False),
-    Column("ReferenceType", String(255), primary_key=True),
-    Column("Relationship", String(255), nullable=False),
-    Column("Payload", Text, nullable=False),
+    Column("ReferenceName", _string(), nullable=False),
+    Column("ReferenceType", _string(), primary_key=True),
+    Column("Relationship", _string(), nullable=False),
+    Column("Payload", _large_text(), nullable=False),
+    Index("referencefilter", "ResourceType", "ReferenceUUID", "ReferenceType"),
 )
 
 
