@@ -44,7 +44,6 @@ from kubernetes import client
 from events.builder import parse_payload
 from events.errors import InvalidEvent
 from events.models import CleanupCompleted
-from events.timeutil import format_rfc3339
 from events.types import EventType, Outcome
 from lapse.audit import audit_events
 from lapse.clients.kubernetes import Workflows, load_api_client
@@ -52,6 +51,7 @@ from lapse.clients.nats import connect
 from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
 from lapse.embedded.nats import EmbeddedNats
 from tests.conftest import install_crd
+from tests.stack import expired_workflow
 
 NAMESPACE = "backlog"
 SAMPLE_EVERY = 1.0
@@ -108,21 +108,6 @@ async def _nothing() -> int | None:
 
 
 # --- the cluster ----------------------------------------------------------------------------
-
-
-def expired_workflow(name: str, finished_at: datetime) -> dict[str, Any]:
-    stamp = format_rfc3339(finished_at)
-    return {
-        "apiVersion": "argoproj.io/v1alpha1",
-        "kind": "Workflow",
-        "metadata": {
-            "name": name,
-            "labels": {"workflows.argoproj.io/completed": "true"},
-            "annotations": {"lapse.dev/ttl": "1s"},
-        },
-        "spec": {"entrypoint": "main"},
-        "status": {"phase": "Succeeded", "startedAt": stamp, "finishedAt": stamp},
-    }
 
 
 async def create_backlog(workflows: Workflows, count: int, parallel: int) -> float:

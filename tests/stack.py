@@ -13,11 +13,13 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from datetime import datetime
+from typing import Any, TypeVar
 
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from events.timeutil import format_rfc3339
 from lapse.clients.database import create_engine
 
 T = TypeVar("T")
@@ -78,3 +80,19 @@ async def wait_for(
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         await asyncio.sleep(interval)
+
+
+def expired_workflow(name: str, finished_at: datetime) -> dict[str, Any]:
+    """A finished Workflow, as Argo leaves it, whose 1 s TTL ran out long ago."""
+    stamp = format_rfc3339(finished_at)
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {
+            "name": name,
+            "labels": {"workflows.argoproj.io/completed": "true"},
+            "annotations": {"lapse.dev/ttl": "1s"},
+        },
+        "spec": {"entrypoint": "main"},
+        "status": {"phase": "Succeeded", "startedAt": stamp, "finishedAt": stamp},
+    }

@@ -20,16 +20,15 @@ from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from events.timeutil import format_rfc3339, parse_rfc3339
+from events.timeutil import parse_rfc3339
 from lapse.clients.kubernetes import Workflows
 from lapse.embedded.nats import EmbeddedNats
 from tests.conftest import KubeStack
 from tests.e2e.test_lapse_up import LapseUp
-from tests.stack import wait_for
+from tests.stack import expired_workflow, wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.nats]
 
@@ -63,21 +62,6 @@ def lapse(config: Path, *args: str, timeout: float = 600) -> subprocess.Complete
         [sys.executable, "-m", "lapse.cli", "--config", str(config), *args],
         capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
-
-
-def expired_workflow(name: str, finished_at: datetime) -> dict[str, Any]:
-    stamp = format_rfc3339(finished_at)
-    return {
-        "apiVersion": "argoproj.io/v1alpha1",
-        "kind": "Workflow",
-        "metadata": {
-            "name": name,
-            "labels": {"workflows.argoproj.io/completed": "true"},
-            "annotations": {"lapse.dev/ttl": "1s"},
-        },
-        "spec": {"entrypoint": "main"},
-        "status": {"phase": "Succeeded", "startedAt": stamp, "finishedAt": stamp},
-    }
 
 
 async def create_backlog(workflows: Workflows, namespace: str, count: int) -> None:
