@@ -30,7 +30,6 @@ from events.timeutil import format_rfc3339
 from lapse.bus import NatsScheduleStore
 from lapse.clients.database import create_engine
 from lapse.clients.kubernetes import Workflows, load_api_client
-from lapse.clients.nats import connect, ensure_streams, stream_configs
 from lapse.config import LapseConfig, Streams
 from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
 from lapse.embedded.nats import EmbeddedNats
@@ -52,14 +51,8 @@ KFP_POLICY = {
 
 
 @pytest.fixture
-async def js(nats_server: EmbeddedNats) -> AsyncIterator[JetStreamContext]:
-    nc = await connect(nats_server.url)
-    js = nc.jetstream()
-    await ensure_streams(js, stream_configs(STREAMS))
-    yield js
-    for name in (STREAMS.schedule, STREAMS.events, STREAMS.audit, STREAMS.dlq):
-        await js.delete_stream(name)
-    await nc.close()
+def js(lapse_streams: JetStreamContext) -> JetStreamContext:
+    return lapse_streams
 
 
 @pytest.fixture(scope="module", params=["postgresql", "mysql"])

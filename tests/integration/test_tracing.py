@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -47,7 +47,6 @@ from functions.ports import RetryLater
 from functions.ttl_planner.function import new
 from lapse import telemetry
 from lapse.bus import NatsEmitter, NatsScheduleStore
-from lapse.clients.nats import connect, ensure_streams, stream_configs
 from lapse.config import NatsConfig, Streams
 from lapse.dispatcher import Dispatcher, Subscription
 from lapse.embedded.nats import EmbeddedNats
@@ -65,14 +64,8 @@ DUE_ROUTE = Route(
 
 
 @pytest.fixture
-async def js(nats_server: EmbeddedNats) -> AsyncIterator[JetStreamContext]:
-    nc = await connect(nats_server.url)
-    stream = nc.jetstream()
-    await ensure_streams(stream, stream_configs(STREAMS))
-    yield stream
-    for name in (STREAMS.schedule, STREAMS.events, STREAMS.audit, STREAMS.dlq):
-        await stream.delete_stream(name)
-    await nc.close()
+def js(lapse_streams: JetStreamContext) -> JetStreamContext:
+    return lapse_streams
 
 
 @pytest.fixture

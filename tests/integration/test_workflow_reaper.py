@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,7 +24,6 @@ import yaml
 from cloudevents.core.base import BaseCloudEvent
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -40,10 +39,8 @@ from functions.ports import RetryLater
 from functions.workflow_reaper import SOURCE, WorkflowAccess, WorkflowReaper
 from lapse.bus import NatsEmitter, NatsScheduleStore
 from lapse.clients.kubernetes import ApiCallFailure, KubeEvents, Workflows, load_api_client
-from lapse.clients.nats import connect, ensure_streams, stream_configs
 from lapse.config import SafetyConfig, Streams
 from lapse.embedded.kube import READONLY_USER
-from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
 from tests.conftest import KubeStack
 from tests.stack import wait_for
@@ -58,7 +55,6 @@ TTL = "10m"
 
 @dataclass
 class Bus:
-    nc: NATS
     js: JetStreamContext
 
     @property
@@ -91,15 +87,8 @@ class Bus:
 
 
 @pytest.fixture
-async def bus(nats_server: EmbeddedNats) -> AsyncIterator[Bus]:
-    nc = await connect(nats_server.url)
-    js = nc.jetstream()
-    await ensure_streams(js, stream_configs(STREAMS))
-    yield Bus(nc, js)
-    # Other modules in the session create the same (fixed-subject) streams: leave none.
-    for name in (STREAMS.schedule, STREAMS.events, STREAMS.audit, STREAMS.dlq):
-        await js.delete_stream(name)
-    await nc.close()
+def bus(lapse_streams: JetStreamContext) -> Bus:
+    return Bus(lapse_streams)
 
 
 NAMESPACE_PREFIX = "reaper-"
