@@ -45,11 +45,11 @@ from events.builder import parse_payload
 from events.errors import InvalidEvent
 from events.models import CleanupCompleted
 from events.types import EventType, Outcome
-from lapse.audit import audit_events
-from lapse.clients.kubernetes import Workflows, load_api_client
-from lapse.clients.nats import connect
+from lapse.edges.kubernetes import Workflows, load_api_client
+from lapse.edges.nats import connect
 from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
 from lapse.embedded.nats import EmbeddedNats
+from lapse.operations.audit import audit_events
 from tests.conftest import install_crd
 from tests.stack import expired_workflow
 

@@ -21,9 +21,9 @@ from events.models import RunFinished
 from events.run import Engine, RunRef
 from events.types import EventType
 from functions.ttl_planner import Planner
-from lapse.bus import NatsEmitter, NatsScheduleStore
-from lapse.clients.nats import connect, ensure_streams, stream_configs
 from lapse.config import Streams
+from lapse.edges.bus import NatsEmitter, NatsScheduleStore
+from lapse.edges.nats import connect, ensure_streams, stream_configs
 from lapse.embedded.nats import EmbeddedNats
 
 TARGET_PER_SECOND = 2000

@@ -31,8 +31,8 @@ from events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
 from events.types import EventType
 from functions.row_reaper import RowReaper
 from functions.row_reaper.targets import kfp_target
-from lapse.clients.database import create_engine
-from lapse.rows import open_row_store
+from lapse.edges.database import create_engine
+from lapse.edges.rows import open_row_store
 from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_total
 from tests.stack import scratch_database
 

@@ -40,7 +40,7 @@ from pydantic_core import ErrorDetails
 from sqlalchemy.engine import make_url
 
 from functions.policy import DurationField, Policies
-from lapse.clients.database import DatabaseURLError, async_url
+from lapse.edges.database import DatabaseURLError, async_url
 
 CONFIG_ENV = "LAPSE_CONFIG"
 ENV_PREFIX = "LAPSE_"

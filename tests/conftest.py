@@ -18,9 +18,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from nats.js import JetStreamContext
 
-from lapse.clients import nats
-from lapse.clients.kubernetes import Workflows, load_api_client
 from lapse.config import Streams
+from lapse.edges import nats
+from lapse.edges.kubernetes import Workflows, load_api_client
 from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
 from lapse.embedded.nats import EmbeddedNats
 from tests.stack import Database, scratch_database

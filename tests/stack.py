@@ -20,7 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from events.timeutil import format_rfc3339
-from lapse.clients.database import create_engine
+from lapse.edges.database import create_engine
 
 T = TypeVar("T")
 
@@ -36,7 +36,7 @@ MYSQL_ADMIN_URL = os.environ.get(
 @dataclass(frozen=True)
 class Database:
     kind: str  # "postgresql" | "mysql"
-    url: str  # a plain URL; lapse.clients.database picks the async driver
+    url: str  # a plain URL; lapse.edges.database picks the async driver
 
 
 @asynccontextmanager

@@ -1,4 +1,4 @@
-"""What the row-reaper needs from the database, as a Protocol (the edge is `lapse.rows`)."""
+"""What the row-reaper needs from the database, as a Protocol (the edge is `lapse.edges.rows`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What the row-reaper deletes: each database target's tables, in order, and the run's key.
 
-Pure data and pure functions. The database edge (`lapse.rows`) checks every name here
+Pure data and pure functions. The database edge (`lapse.edges.rows`) checks every name here
 against the reflected schema at start-up and turns the steps into statements; nothing here
 knows SQL. Table and column names come only from configuration or from the engines' own
 schemas (KFP, Argo); an event contributes key values, never names.

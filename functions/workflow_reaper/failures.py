@@ -13,7 +13,7 @@ from typing import Final
 
 from events.run import RunRef
 from functions.ports import RetryLater
-from functions.workflow_reaper.access import CallFailure
+from functions.workflow_reaper.ports import CallFailure
 from functions.workflow_reaper.verdict import Refused
 
 DEFAULT_RETRY_DELAY: Final = 5.0

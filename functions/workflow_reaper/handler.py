@@ -48,9 +48,9 @@ from events.types import EventType, Outcome
 from functions.policy import Policy
 from functions.ports import Emitter, RetryLater, ScheduleStore
 from functions.ratelimit import MassDeletionBrake, TokenBucket
-from functions.workflow_reaper.access import EventRecorder, WorkflowAccess
 from functions.workflow_reaper.failures import judge_failure
 from functions.workflow_reaper.gates import out_of_scope
+from functions.workflow_reaper.ports import EventRecorder, WorkflowAccess
 from functions.workflow_reaper.verdict import (
     AlreadyGone,
     Delete,

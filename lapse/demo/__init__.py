@@ -1,4 +1,4 @@
 """What `lapse demo` is made of: the sample runs, their KFP rows, progress, and the view.
 
-`lapse.commands.demo` starts the servers and the pipeline and ties these together.
+`lapse.cli.demo` starts the servers and the pipeline and ties these together.
 """

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from lapse.clients.database import create_engine
+from lapse.edges.database import create_engine
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
 from tests.conftest import KubeStack, kube_stack

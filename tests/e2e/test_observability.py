@@ -24,13 +24,13 @@ from events.models import RunFinished
 from events.subjects import SCHEDULE_PREFIX
 from events.types import EventType
 from lapse import telemetry
-from lapse.audit import audit_events, count_messages
-from lapse.bus import NatsPublisher
-from lapse.clients.database import create_engine
-from lapse.clients.nats import connect
 from lapse.config import Streams, load_config
+from lapse.edges.bus import NatsPublisher
+from lapse.edges.database import create_engine
+from lapse.edges.nats import connect
 from lapse.embedded.nats import EmbeddedNats
-from lapse.runtime import Pipeline
+from lapse.operations.audit import audit_events, count_messages
+from lapse.runtime.pipeline import Pipeline
 from lapse.telemetry import names
 from tests.conftest import KubeStack
 from tests.e2e.test_lapse_up import finished_workflow

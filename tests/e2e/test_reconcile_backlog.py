@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from events.timeutil import parse_rfc3339
-from lapse.clients.kubernetes import Workflows
+from lapse.edges.kubernetes import Workflows
 from lapse.embedded.nats import EmbeddedNats
 from tests.conftest import KubeStack
 from tests.e2e.test_lapse_up import LapseUp

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from lapse.clients.nats import connect
+from lapse.edges.nats import connect
 from lapse.embedded.nats import EmbeddedNats
 from tests.conftest import KubeStack
 

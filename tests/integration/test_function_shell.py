@@ -20,9 +20,9 @@ from events.models import RunFinished
 from events.run import Engine, RunRef, Target
 from events.types import EventType
 from functions.ttl_planner.function import new
-from lapse.bus import NatsScheduleStore
-from lapse.clients.nats import connect
 from lapse.config import Streams
+from lapse.edges.bus import NatsScheduleStore
+from lapse.edges.nats import connect
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
 from tests.stack import wait_for

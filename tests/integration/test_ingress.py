@@ -12,9 +12,9 @@ from opentelemetry.trace import SpanKind
 
 from events.nats_binding import from_nats, hop_trace_context
 from lapse import telemetry
-from lapse.bus import NatsPublisher
 from lapse.config import Streams
-from lapse.ingress import Ingress
+from lapse.edges.bus import NatsPublisher
+from lapse.runtime.ingress import Ingress
 
 STREAMS = Streams()
 

@@ -21,7 +21,7 @@ from kubernetes.dynamic import DynamicClient
 
 from lapse.embedded.kube import go_module_dir
 from lapse.embedded.process import ServerStartError
-from lapse.wiring import FUNCTIONS
+from lapse.runtime.registry import FUNCTIONS
 from tests.conftest import KubeStack, install_crd
 
 KNATIVE_EVENTING_MODULE = "knative.dev/eventing"

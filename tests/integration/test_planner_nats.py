@@ -20,8 +20,8 @@ from events.subjects import schedule_subject
 from events.types import EventType
 from functions.policy import Policy
 from functions.ttl_planner import Planner
-from lapse.bus import NatsEmitter, NatsScheduleStore
 from lapse.config import Streams
+from lapse.edges.bus import NatsEmitter, NatsScheduleStore
 
 STREAMS = Streams()
 

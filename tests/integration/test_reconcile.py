@@ -27,14 +27,14 @@ from events.nats_binding import from_nats
 from events.run import KFP_RUN_ID_LABEL, Target
 from events.subjects import due_subject
 from events.timeutil import format_rfc3339
-from lapse.bus import NatsScheduleStore
-from lapse.clients.database import create_engine
-from lapse.clients.kubernetes import Workflows, load_api_client
 from lapse.config import LapseConfig, Streams
+from lapse.edges.bus import NatsScheduleStore
+from lapse.edges.database import create_engine
+from lapse.edges.kubernetes import Workflows, load_api_client
 from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
 from lapse.embedded.nats import EmbeddedNats
-from lapse.reconcile import Options, Reconciler, Summary, build_planner, reconcile
-from lapse.resources import Resources
+from lapse.operations.reconcile import Options, Reconciler, Summary, build_planner, reconcile
+from lapse.runtime.resources import Resources
 from tests import kfp_schema as kfp
 from tests.conftest import KubeStack, install_crd
 from tests.integration.test_watcher import compact_etcd

@@ -39,9 +39,9 @@ from events.types import EventType, Outcome
 from functions.ports import RetryLater
 from functions.row_reaper import BatchRetryLater, RowReaper, TargetSpec, targets_for
 from functions.row_reaper.targets import argo_archive_target, kfp_target
-from lapse.clients.database import create_engine
 from lapse.config import DatabaseTargets
-from lapse.rows import DatabaseUnavailable, SchemaMismatch, SqlRowStore, open_row_store
+from lapse.edges.database import create_engine
+from lapse.edges.rows import DatabaseUnavailable, SchemaMismatch, SqlRowStore, open_row_store
 from tests import argo_archive_schema as argo
 from tests import kfp_schema as kfp
 from tests.stack import Database

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import Column, MetaData, String, Table, delete, insert, select
 
-from lapse.clients.database import create_engine
+from lapse.edges.database import create_engine
 from tests.stack import Database
 
 

@@ -46,12 +46,12 @@ from events.types import EventType, Outcome
 from functions.ports import RetryLater
 from functions.ttl_planner.function import new
 from lapse import telemetry
-from lapse.bus import NatsEmitter, NatsScheduleStore
 from lapse.config import NatsConfig, Streams
-from lapse.dispatcher import Dispatcher, Subscription
+from lapse.edges.bus import NatsEmitter, NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
-from lapse.routing import Route
+from lapse.runtime.dispatcher import Dispatcher, Subscription
+from lapse.runtime.routing import Route
 from lapse.telemetry import names
 from tests.stack import wait_for
 

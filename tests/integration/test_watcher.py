@@ -17,7 +17,7 @@ from cloudevents.core.base import BaseCloudEvent
 from events.builder import parse_payload
 from events.models import RunDeleted, RunFinished
 from events.types import EventType
-from lapse.watcher import WorkflowWatcher
+from lapse.runtime.watcher import WorkflowWatcher
 from tests.conftest import KubeStack, kube_stack
 from tests.stack import wait_for
 

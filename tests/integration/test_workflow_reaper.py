@@ -37,9 +37,9 @@ from events.subjects import due_subject, schedule_subject
 from events.types import EventType, Outcome
 from functions.ports import RetryLater
 from functions.workflow_reaper import SOURCE, WorkflowAccess, WorkflowReaper
-from lapse.bus import NatsEmitter, NatsScheduleStore
-from lapse.clients.kubernetes import ApiCallFailure, KubeEvents, Workflows, load_api_client
 from lapse.config import SafetyConfig, Streams
+from lapse.edges.bus import NatsEmitter, NatsScheduleStore
+from lapse.edges.kubernetes import ApiCallFailure, KubeEvents, Workflows, load_api_client
 from lapse.embedded.kube import READONLY_USER
 from lapse.embedded.process import free_port
 from tests.conftest import KubeStack

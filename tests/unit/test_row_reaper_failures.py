@@ -1,4 +1,4 @@
-"""Which database errors are retried and which make the run fail (lapse.rows)."""
+"""Which database errors are retried and which make the run fail (lapse.edges.rows)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import exc as sa_exc
 
 from functions.row_reaper import Rejected, Unavailable
-from lapse.rows import classify_failure
+from lapse.edges.rows import classify_failure
 
 
 def wrapped(kind: type[sa_exc.DBAPIError], orig: Exception) -> sa_exc.DBAPIError:

@@ -20,7 +20,7 @@ from events.run import Engine, RunRef
 from functions.ports import RetryLater
 from functions.workflow_reaper.failures import judge_failure
 from functions.workflow_reaper.verdict import Refused
-from lapse.clients.kubernetes import ApiCallFailure, api_failure
+from lapse.edges.kubernetes import ApiCallFailure, api_failure
 
 RUN = RunRef(
     engine=Engine.ARGO,

@@ -1,6 +1,6 @@
 """Knative entry point for row-reaper (func-python): `new()` returns the function."""
 
-from lapse.knative import FunctionShell
+from lapse.runtime.knative import FunctionShell
 
 
 def new() -> FunctionShell:

@@ -24,7 +24,7 @@ from events.builder import build_event
 from events.errors import InvalidEvent
 from events.models import CleanupFailed, RunDeleted, RunFinished
 from events.types import EventType
-from lapse.clients.kubernetes import Workflows, continue_after_expiry
+from lapse.edges.kubernetes import Workflows, continue_after_expiry
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from events.run import RunRef, Target
 from events.types import EventType
 from functions.ports import Emitter, Handler, RetryLater
 from lapse.config import NatsConfig
-from lapse.routing import Route
+from lapse.runtime.routing import Route
 from lapse.telemetry import creation_context, process_span, record_dead_letter, record_retry
 from lapse.telemetry.names import RETRY_REASON
 

@@ -1,6 +1,6 @@
 """What the workflow-reaper needs from the Kubernetes API, as Protocols.
 
-`lapse.clients.kubernetes.Workflows` and `KubeEvents` satisfy them. The handler never sees
+`lapse.edges.kubernetes.Workflows` and `KubeEvents` satisfy them. The handler never sees
 the client library's exceptions: the edge translates them (`failure`) into a status and a
 message, so deciding what a failure means stays pure and testable here.
 """

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from lapse.clients.nats import ensure_streams, stream_configs
-from lapse.commands.common import config_from
-from lapse.resources import Resources
+from lapse.cli.common import config_from
+from lapse.edges.nats import ensure_streams, stream_configs
+from lapse.runtime.resources import Resources
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

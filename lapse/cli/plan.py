@@ -21,9 +21,9 @@ from events.models import RunFinished
 from events.run import RunRef, Target
 from events.timeutil import format_rfc3339
 from functions.policy import Action, Decision, Policy, plan
-from lapse.clients.kubernetes import Workflows
-from lapse.commands.common import config_from
-from lapse.resources import Resources
+from lapse.cli.common import config_from
+from lapse.edges.kubernetes import Workflows
+from lapse.runtime.resources import Resources
 
 # Argo sets this label when a workflow reaches a terminal phase: selecting on it server-side
 # keeps running workflows out of every page.

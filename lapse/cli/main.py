@@ -13,9 +13,9 @@ import traceback
 from collections.abc import Callable
 from importlib.metadata import version
 
-from lapse.commands import demo, history, infra, plan, reconcile, serve, up
-from lapse.commands.common import UsageError
-from lapse.resources import MissingSetting
+from lapse.cli import demo, history, infra, plan, reconcile, serve, up
+from lapse.cli.common import UsageError
+from lapse.runtime.resources import MissingSetting
 from lapse.telemetry import TelemetryError
 
 EXIT_OK = 0

@@ -53,14 +53,14 @@ from events.types import EventType
 from functions.policy import Action, Decision, Policy, decide
 from functions.ports import PendingSchedule, ScheduleStore
 from functions.ttl_planner import Planner
-from lapse.clients.kubernetes import (
+from lapse.config import Streams
+from lapse.edges.kubernetes import (
     Workflows,
     api_failure,
     continue_after_expiry,
     list_workflow_metadata,
 )
-from lapse.config import Streams
-from lapse.resources import Resources
+from lapse.runtime.resources import Resources
 
 SOURCE: Final = "/lapse/reconcile"
 # Argo sets this label when a workflow reaches a terminal phase: running work never leaves

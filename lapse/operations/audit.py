@@ -17,7 +17,7 @@ from events.nats_binding import decode_header_value, from_nats
 from events.run import Target
 from events.subjects import AUDIT_PREFIX, SCHEDULE_PREFIX
 from events.timeutil import parse_rfc3339
-from lapse.bus import SCHEDULE_HEADER
+from lapse.edges.bus import SCHEDULE_HEADER
 
 
 async def read_stream(

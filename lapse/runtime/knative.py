@@ -24,10 +24,10 @@ from opentelemetry.trace import Status, StatusCode
 
 from functions.ports import Handler, RetryLater
 from lapse.config import ConfigError, load_config
-from lapse.resources import Resources
+from lapse.runtime.registry import build_handler
+from lapse.runtime.resources import Resources
 from lapse.telemetry import Telemetry, TelemetryError, configure, record_retry, server_span
 from lapse.telemetry.names import HTTP_STATUS
-from lapse.wiring import build_handler
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from events.subjects import (
 from events.timeutil import format_rfc3339, parse_rfc3339
 from events.types import EventType
 from functions.ports import PendingSchedule
-from lapse.clients.nats import due_message_ttl
 from lapse.config import Streams
+from lapse.edges.nats import due_message_ttl
 from lapse.telemetry import HopContext, send_span
 
 SCHEDULE_HEADER = "Nats-Schedule"

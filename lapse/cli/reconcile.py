@@ -1,4 +1,4 @@
-"""`lapse reconcile`: re-derive schedules from what exists (the work is in lapse.reconcile)."""
+"""`lapse reconcile`: re-derive schedules from what exists (lapse.operations.reconcile)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from lapse.commands.common import UsageError, config_from
-from lapse.reconcile import (
+from lapse.cli.common import UsageError, config_from
+from lapse.operations.reconcile import (
     DEFAULT_CONCURRENCY,
     DEFAULT_PAGE_SIZE,
     DEFAULT_ROW_PAGE_SIZE,
@@ -33,7 +33,7 @@ from lapse.reconcile import (
     Summary,
     reconcile,
 )
-from lapse.resources import Resources
+from lapse.runtime.resources import Resources
 
 PHASES = {"runs": "finished Workflows", "rows": "KFP run rows"}
 # How often the plain progress lines appear when nobody watches a terminal (CI logs, a

@@ -7,8 +7,8 @@ import os
 
 from func_python.cloudevent import ASGIApplication
 
-from lapse.knative import FunctionShell
-from lapse.wiring import FUNCTIONS
+from lapse.runtime.knative import FunctionShell
+from lapse.runtime.registry import FUNCTIONS
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -15,10 +15,10 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from lapse.bus import NatsEmitter, NatsScheduleStore
-from lapse.clients import database, nats
-from lapse.clients.kubernetes import Workflows, load_api_client
 from lapse.config import LapseConfig
+from lapse.edges import database, nats
+from lapse.edges.bus import NatsEmitter, NatsScheduleStore
+from lapse.edges.kubernetes import Workflows, load_api_client
 
 # The official Kubernetes client is synchronous: its calls run on this many threads, which
 # also bounds how many API requests one process has in flight.

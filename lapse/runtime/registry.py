@@ -14,9 +14,9 @@ from functions.ports import Handler
 from functions.row_reaper import RowReaper, targets_for
 from functions.ttl_planner import Planner
 from functions.workflow_reaper import WorkflowReaper
-from lapse.clients.kubernetes import KubeEvents
-from lapse.resources import Resources
-from lapse.rows import open_row_store
+from lapse.edges.kubernetes import KubeEvents
+from lapse.edges.rows import open_row_store
+from lapse.runtime.resources import Resources
 from lapse.telemetry import InstrumentedHandler
 
 Factory = Callable[[Resources], Awaitable[Handler | None]]

@@ -37,16 +37,16 @@ from events.errors import InvalidEvent
 from events.nats_binding import from_nats
 from events.subjects import AUDIT_PREFIX
 from lapse import telemetry
-from lapse.clients.kubernetes import WORKFLOW_GROUP, WORKFLOW_PLURAL, WORKFLOW_VERSION, Workflows
-from lapse.commands.up import start_embedded_kube
+from lapse.cli.up import start_embedded_kube
 from lapse.config import LapseConfig, load_config
 from lapse.demo import kfp
 from lapse.demo.progress import Leftovers, Summary, Timing, Tracker, summarize
 from lapse.demo.scenario import MAX_TTL, NAMESPACE, Sample, make_samples, workflow, write_config
 from lapse.demo.view import change_line, live_table, print_summary
+from lapse.edges.kubernetes import WORKFLOW_GROUP, WORKFLOW_PLURAL, WORKFLOW_VERSION, Workflows
 from lapse.embedded.nats import EmbeddedNats
-from lapse.resources import Resources
-from lapse.runtime import Pipeline
+from lapse.runtime.pipeline import Pipeline
+from lapse.runtime.resources import Resources
 from lapse.telemetry import names
 
 log = logging.getLogger(__name__)

@@ -11,13 +11,13 @@ from pathlib import Path
 
 from kubernetes import client
 
-from lapse.clients.kubernetes import load_api_client
-from lapse.commands.common import config_from
+from lapse.cli.common import config_from
 from lapse.config import LapseConfig
+from lapse.edges.kubernetes import load_api_client
 from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port, port_open
-from lapse.runtime import Pipeline
+from lapse.runtime.pipeline import Pipeline
 
 log = logging.getLogger("lapse")
 

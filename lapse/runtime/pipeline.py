@@ -22,16 +22,16 @@ from events.run import Target
 from events.subjects import SCHEDULE_PREFIX
 from functions.ports import Handler
 from lapse import telemetry
-from lapse.audit import count_messages
-from lapse.bus import NatsPublisher
-from lapse.clients.nats import ensure_streams, stream_configs
 from lapse.config import LapseConfig, Streams
-from lapse.dispatcher import Dispatcher, Subscription
-from lapse.ingress import Ingress
-from lapse.resources import Resources
-from lapse.routing import Route, load_routes
-from lapse.watcher import WorkflowWatcher
-from lapse.wiring import build_handler
+from lapse.edges.bus import NatsPublisher
+from lapse.edges.nats import ensure_streams, stream_configs
+from lapse.operations.audit import count_messages
+from lapse.runtime.dispatcher import Dispatcher, Subscription
+from lapse.runtime.ingress import Ingress
+from lapse.runtime.registry import build_handler
+from lapse.runtime.resources import Resources
+from lapse.runtime.routing import Route, load_routes
+from lapse.runtime.watcher import WorkflowWatcher
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from events.run import Target
 from events.timeutil import format_rfc3339
 from events.types import EventType
 from functions.policy import parse_duration
-from lapse.audit import audit_events, pending_schedules
-from lapse.commands.common import UsageError, config_from
+from lapse.cli.common import UsageError, config_from
 from lapse.config import LapseConfig
-from lapse.resources import Resources
+from lapse.operations.audit import audit_events, pending_schedules
+from lapse.runtime.resources import Resources
 
 OUTCOME_TYPES = (EventType.CLEANUP_COMPLETED, EventType.CLEANUP_FAILED)
 

@@ -1,1 +1,0 @@
-"""The I/O edges: one connection helper per system lapse talks to."""

@@ -1,1 +1,0 @@
-"""One module per `lapse` sub-command; each exposes `register(subparsers)`."""

@@ -1,0 +1,2 @@
+"""The I/O edges: connections to NATS, Kubernetes and the database, and the adapters that
+implement the handlers' ports on them."""
