@@ -10,17 +10,26 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-_RFC3339 = re.compile(
-    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})",
-    re.ASCII,
-)
+_DATE = r"\d{4}-\d{2}-\d{2}"
+_TIME = r"\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})"
+# RFC 3339 lets applications separate date and time with a space (section 5.6, NOTE);
+# Go's time.RFC3339, and so kubectl and annotations read by Go tools, accept only `T`.
+_RFC3339 = re.compile(rf"{_DATE}[Tt ]{_TIME}", re.ASCII)
+_RFC3339_T = re.compile(rf"{_DATE}[Tt]{_TIME}", re.ASCII)
 
 
-def parse_rfc3339(value: str) -> datetime:
-    """Parse an RFC 3339 date-time into an aware datetime; `ValueError` if it is not one."""
-    if not isinstance(value, str) or _RFC3339.fullmatch(value) is None:
+def parse_rfc3339(value: str, *, allow_space: bool = True) -> datetime:
+    """Parse an RFC 3339 date-time into an aware datetime; `ValueError` if it is not one.
+
+    `allow_space=False` insists on the `T` separator, as Go's parser does: for values a
+    person wrote (the `lapse.dev/expires` annotation) that other tools must read alike."""
+    pattern = _RFC3339 if allow_space else _RFC3339_T
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
         raise ValueError(f"not an RFC 3339 date-time: {value!r:.80}")
-    return datetime.fromisoformat(value.upper())
+    try:
+        return datetime.fromisoformat(value.upper())
+    except ValueError as exc:  # the right shape, an impossible date or time (day 32)
+        raise ValueError(f"not a valid RFC 3339 date-time ({exc}): {value!r:.80}") from None
 
 
 def format_rfc3339(value: datetime) -> str:

@@ -39,7 +39,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import ErrorDetails
 from sqlalchemy.engine import make_url
 
-from functions.policy import DurationField, Policies
+from functions.durations import PositiveDuration
+from functions.policy import Policies
+from functions.safety import SafetyConfig
 from lapse.edges.database import DatabaseURLError, async_url
 
 CONFIG_ENV = "LAPSE_CONFIG"
@@ -71,13 +73,6 @@ def _checked(pattern: str, what: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-def _positive(value: timedelta) -> timedelta:
-    if value <= timedelta():
-        raise ValueError("must be longer than 0s")
-    return value
-
-
-PositiveDuration = Annotated[DurationField, AfterValidator(_positive)]
 StreamName = Annotated[
     str, _checked(r"[A-Za-z0-9_-]{1,32}", "a stream name (1-32 letters, digits, '-' or '_')")
 ]
@@ -226,50 +221,6 @@ class KubernetesConfig(_Section):
         if self.in_cluster and (self.kubeconfig is not None or self.context is not None):
             raise ValueError("in_cluster cannot be combined with kubeconfig or context")
         return self
-
-
-class NamespaceFilter(_Section):
-    """A namespace is handled if it matches an `include` glob and no `exclude` glob."""
-
-    include: tuple[str, ...] = ("*",)
-    exclude: tuple[str, ...] = ()
-
-    @model_validator(mode="after")
-    def _includes_something(self) -> NamespaceFilter:
-        if not self.include:
-            raise ValueError("include is empty, so no namespace would be handled (use ['*'])")
-        return self
-
-
-class MassDeletionBrake(_Section):
-    """More than `max_due` deletions due within `window` pause deletion and raise an alert."""
-
-    enabled: bool = True
-    max_due: int = Field(default=1000, ge=1)
-    window: PositiveDuration = timedelta(seconds=60)
-
-
-class GateRetry(_Section):
-    """Waiting for Argo archiving / KFP persistence: retry every `backoff`, up to `max_wait`."""
-
-    max_wait: PositiveDuration = timedelta(hours=1)
-    backoff: PositiveDuration = timedelta(seconds=10)
-
-    @model_validator(mode="after")
-    def _backoff_fits(self) -> GateRetry:
-        if self.backoff > self.max_wait:
-            raise ValueError("backoff is longer than max_wait")
-        return self
-
-
-class SafetyConfig(_Section):
-    dry_run: bool = False
-    namespaces: NamespaceFilter = NamespaceFilter()
-    max_deletions_per_second: float = Field(default=50, gt=0)
-    mass_deletion_brake: MassDeletionBrake = MassDeletionBrake()
-    wait_for_archiving: bool = True
-    wait_for_kfp_persisted: bool = True
-    gate_retry: GateRetry = GateRetry()
 
 
 class LapseConfig(_Section):

@@ -30,7 +30,7 @@ from events.types import EventType, Outcome
 from functions.ports import Emitter, RetryLater
 from functions.row_reaper.ports import Counted, Rejected, RowStore, RunResult, Unavailable
 from functions.row_reaper.targets import RunKeys, keys_for
-from lapse.telemetry import creation_context
+from functions.tracing import creation_context
 
 SOURCE: Final = "/lapse/row-reaper"
 STAGE: Final = "row-reaper"

@@ -38,8 +38,7 @@ from events.timeutil import format_rfc3339
 from events.types import EventType
 from functions.policy import Action, Decision, Policy, plan
 from functions.ports import Emitter, ObjectFetcher, ScheduleStore
-from lapse.telemetry import creation_context, step_span
-from lapse.telemetry.names import (
+from functions.tracing import (
     DEADLINE,
     POLICY,
     RUN_NAME,
@@ -47,6 +46,8 @@ from lapse.telemetry.names import (
     RUN_UID,
     SCHEDULE_ACTION,
     TARGET,
+    creation_context,
+    step_span,
 )
 
 SOURCE = "/lapse/ttl-planner"

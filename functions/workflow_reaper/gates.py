@@ -17,7 +17,7 @@ from enum import StrEnum
 from fnmatch import fnmatchcase
 
 from events.run import ARGO_ARCHIVING_LABEL, KFP_PERSISTED_LABEL, KFP_RUN_ID_LABEL
-from lapse.config import NamespaceFilter, SafetyConfig
+from functions.safety import NamespaceFilter, SafetyConfig
 
 
 class Gate(StrEnum):

@@ -48,6 +48,8 @@ from events.types import EventType, Outcome
 from functions.policy import Policy
 from functions.ports import Emitter, RetryLater, ScheduleStore
 from functions.ratelimit import MassDeletionBrake, TokenBucket
+from functions.safety import SafetyConfig
+from functions.tracing import creation_context
 from functions.workflow_reaper.failures import judge_failure
 from functions.workflow_reaper.gates import out_of_scope
 from functions.workflow_reaper.ports import EventRecorder, WorkflowAccess
@@ -65,8 +67,6 @@ from functions.workflow_reaper.verdict import (
     Wait,
     classify,
 )
-from lapse.config import SafetyConfig
-from lapse.telemetry import creation_context
 
 SOURCE: Final = "/lapse/workflow-reaper"
 STAGE: Final = "workflow-reaper"

@@ -30,8 +30,8 @@ from events.errors import InvalidEvent
 from events.models import CleanupDue, RunFinished
 from events.run import RunRef, Target
 from functions.policy import KEEP_ANNOTATION, Action, Policy, decide
+from functions.safety import SafetyConfig
 from functions.workflow_reaper.gates import Gate, closed_gate, out_of_scope
-from lapse.config import SafetyConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from events.models import CleanupCompleted, CleanupFailed
 from events.run import Target
 from events.timeutil import format_rfc3339
 from events.types import EventType
-from functions.policy import parse_duration
+from functions.durations import parse_duration
 from lapse.cli.common import UsageError, config_from
 from lapse.config import LapseConfig
 from lapse.operations.audit import audit_events, pending_schedules

@@ -34,9 +34,10 @@ from events.original import capture_event, capture_message
 from events.run import RunRef, Target
 from events.types import EventType
 from functions.ports import Emitter, Handler, RetryLater
+from functions.tracing import creation_context
 from lapse.config import NatsConfig
 from lapse.runtime.routing import Route
-from lapse.telemetry import creation_context, process_span, record_dead_letter, record_retry
+from lapse.telemetry import process_span, record_dead_letter, record_retry
 from lapse.telemetry.names import RETRY_REASON
 
 log = logging.getLogger(__name__)

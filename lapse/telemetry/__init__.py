@@ -33,9 +33,7 @@ from lapse.telemetry.providers import (
 )
 from lapse.telemetry.spans import (
     HopContext,
-    TraceFields,
     client_span,
-    creation_context,
     delivery_parent,
     end_client_span,
     event_attributes,
@@ -43,7 +41,6 @@ from lapse.telemetry.spans import (
     send_span,
     server_span,
     span_context_of,
-    step_span,
     subject_template,
 )
 from lapse.telemetry.tree import render_trace_tree, spans_of_run
@@ -57,12 +54,10 @@ __all__ = [
     "Outcome",
     "Telemetry",
     "TelemetryError",
-    "TraceFields",
     "client_span",
     "configure",
     "count_database_statement",
     "count_kubernetes_request",
-    "creation_context",
     "delivery_parent",
     "end_client_span",
     "event_attributes",
@@ -80,7 +75,6 @@ __all__ = [
     "server_span",
     "span_context_of",
     "spans_of_run",
-    "step_span",
     "subject_template",
     "tracer",
     "tracing_enabled",

@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from functions import tracing as handler_names
+
 SCOPE: Final = "lapse"
 
 # OpenTelemetry semantic conventions (CloudEvents, messaging, HTTP, database).
@@ -56,18 +58,19 @@ ERROR_TYPE: Final = "error.type"
 # `messaging.system` has no registered value for NATS yet.
 NATS: Final = "nats"
 
-# lapse's own.
+# lapse's own. The run, target and schedule names are set by the handlers themselves and
+# defined beside them (functions.tracing); listed here with the rest.
+RUN_NAMESPACE: Final = handler_names.RUN_NAMESPACE
+RUN_NAME: Final = handler_names.RUN_NAME
+RUN_UID: Final = handler_names.RUN_UID
+RUN_ENGINE: Final = handler_names.RUN_ENGINE
+TARGET: Final = handler_names.TARGET
+DEADLINE: Final = handler_names.DEADLINE
+POLICY: Final = handler_names.POLICY
+SCHEDULE_ACTION: Final = handler_names.SCHEDULE_ACTION
 FUNCTION: Final = "lapse.function"
-RUN_NAMESPACE: Final = "lapse.run.namespace"
-RUN_NAME: Final = "lapse.run.name"
-RUN_UID: Final = "lapse.run.uid"
-RUN_ENGINE: Final = "lapse.run.engine"
-TARGET: Final = "lapse.target"
 OUTCOME: Final = "lapse.outcome"  # a cleanup.completed outcome, or "failed"
 LATENESS: Final = "lapse.lateness_seconds"  # completed - deadline
-DEADLINE: Final = "lapse.deadline"
-POLICY: Final = "lapse.policy"
-SCHEDULE_ACTION: Final = "lapse.schedule.action"  # created, replaced, unchanged, cancelled, none
 DELIVERY_ATTEMPT: Final = "lapse.delivery.attempt"
 RETRY_REASON: Final = "lapse.retry.reason"
 LINK_KIND: Final = "lapse.link"  # on links: creation | hop

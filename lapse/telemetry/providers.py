@@ -40,6 +40,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Tracer
 
+from functions.tracing import use_tracer
 from lapse.telemetry.instruments import Instruments
 from lapse.telemetry.names import SCOPE
 
@@ -72,6 +73,13 @@ _ours: list[object] = []
 
 def current() -> _State:
     return _state
+
+
+def _set(state: _State) -> None:
+    """Switch lapse's tracer and meter (hold `_lock`); the handlers' steps follow."""
+    global _state
+    _state = state
+    use_tracer(state.tracer if state.tracer_provider is not None else None)
 
 
 def tracer() -> Tracer:
@@ -123,7 +131,7 @@ class Telemetry:
                 self.tracer_provider,
                 self.meter_provider,
             ):
-                _state = _api_state()
+                _set(_api_state())
 
 
 def install(
@@ -136,22 +144,23 @@ def install(
     """Make lapse use these providers (tests, `lapse demo`); None records nothing."""
     global _state
     with _lock:
-        _state = _State(
-            tracer_provider.get_tracer(SCOPE) if tracer_provider else trace.NoOpTracer(),
-            Instruments(
-                meter_provider.get_meter(SCOPE) if meter_provider else metrics.NoOpMeter(SCOPE)
-            ),
-            tracer_provider,
-            meter_provider,
+        _set(
+            _State(
+                tracer_provider.get_tracer(SCOPE) if tracer_provider else trace.NoOpTracer(),
+                Instruments(
+                    meter_provider.get_meter(SCOPE) if meter_provider else metrics.NoOpMeter(SCOPE)
+                ),
+                tracer_provider,
+                meter_provider,
+            )
         )
     return Telemetry(tracer_provider, meter_provider, owned, list(closers))
 
 
 def reset() -> None:
     """Back to recording nothing (after a test that installed its own providers)."""
-    global _state
     with _lock:
-        _state = _api_state()
+        _set(_api_state())
 
 
 @dataclass

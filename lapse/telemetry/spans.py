@@ -11,7 +11,7 @@ import contextlib
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Final, TypedDict
+from typing import Final
 
 from cloudevents.core.base import BaseCloudEvent
 from opentelemetry import context as otel_context
@@ -20,7 +20,8 @@ from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, Statu
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from events.tracecontext import is_valid_traceparent, is_valid_tracestate
+from events.tracecontext import is_valid_traceparent
+from functions.tracing import creation_context
 from lapse.telemetry import names
 from lapse.telemetry.providers import tracer, tracing_enabled
 
@@ -29,25 +30,6 @@ DELAYED_EVENT_TYPES: Final = frozenset({"dev.lapse.cleanup.due.v1"})
 # Subjects whose last token is a run uid: one span name per target, not one per run.
 _PER_RUN_SUBJECT: Final = re.compile(r"^(lapse\.(?:sched|due)\.[^.]+)\.[^.]+$")
 _W3C: Final = TraceContextTextMapPropagator()
-
-
-class TraceFields(TypedDict, total=False):
-    traceparent: str
-    tracestate: str
-
-
-def creation_context() -> TraceFields:
-    """`build_event(..., **creation_context())`: the CloudEvent's own traceparent and
-    tracestate (distributed-tracing extension) = the span in which it is being created.
-    Empty outside a trace."""
-    carrier: dict[str, str] = {}
-    _W3C.inject(carrier)
-    fields = TraceFields()
-    if is_valid_traceparent(carrier.get("traceparent")):
-        fields["traceparent"] = carrier["traceparent"]
-        if is_valid_tracestate(carrier.get("tracestate")):
-            fields["tracestate"] = carrier["tracestate"]
-    return fields
 
 
 def span_context_of(traceparent: str | None, tracestate: str | None = None) -> SpanContext | None:
@@ -229,18 +211,6 @@ def _context_of(parent: SpanContext | None) -> otel_context.Context:
     if parent is None:
         return otel_context.Context()
     return trace.set_span_in_context(trace.NonRecordingSpan(parent), otel_context.Context())
-
-
-@contextlib.contextmanager
-def step_span(name: str, attributes: Mapping[str, AttributeValue]) -> Iterator[Span]:
-    """An INTERNAL span for one step of a handler (a planner decision)."""
-    if not tracing_enabled():
-        yield trace.INVALID_SPAN
-        return
-    with tracer().start_as_current_span(name) as span:
-        if span.is_recording():
-            span.set_attributes(attributes)
-        yield span
 
 
 def client_span(name: str, attributes: Mapping[str, AttributeValue]) -> Span | None:

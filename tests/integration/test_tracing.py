@@ -43,6 +43,7 @@ from events.nats_binding import from_nats, hop_trace_context
 from events.run import Engine, RunRef, Target
 from events.subjects import dlq_subject, schedule_subject
 from events.types import EventType, Outcome
+from functions import tracing
 from functions.ports import RetryLater
 from functions.ttl_planner.function import new
 from lapse import telemetry
@@ -129,7 +130,7 @@ async def schedule_due(js: JetStreamContext, run: RunRef, in_seconds: float) -> 
     )  # fmt: skip
     with telemetry.tracer().start_as_current_span("schedule kubernetes") as decision:
         event = build_event(
-            EventType.CLEANUP_DUE, source="/test", data=due, **telemetry.creation_context()
+            EventType.CLEANUP_DUE, source="/test", data=due, **tracing.creation_context()
         )
         await NatsScheduleStore(js, STREAMS).put(Target.KUBERNETES, run.uid, deadline, event)
     return decision.get_span_context()

@@ -36,8 +36,9 @@ from events.schemas import load_schema
 from events.subjects import due_subject, schedule_subject
 from events.types import EventType, Outcome
 from functions.ports import RetryLater
+from functions.safety import SafetyConfig
 from functions.workflow_reaper import SOURCE, WorkflowAccess, WorkflowReaper
-from lapse.config import SafetyConfig, Streams
+from lapse.config import Streams
 from lapse.edges.bus import NatsEmitter, NatsScheduleStore
 from lapse.edges.kubernetes import ApiCallFailure, KubeEvents, Workflows, load_api_client
 from lapse.embedded.kube import READONLY_USER

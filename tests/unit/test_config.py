@@ -11,7 +11,8 @@ import yaml
 from pydantic import BaseModel
 
 from events.run import Engine, RunRef, Target
-from functions.policy import NEVER, Action, plan
+from functions.durations import NEVER
+from functions.policy import Action, plan
 from lapse.config import ConfigError, LapseConfig, load_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "lapse.example.yaml"

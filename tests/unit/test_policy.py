@@ -11,22 +11,18 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from events.run import ArgoTTLStrategy, Engine, RunRef, Target
+from functions.durations import NEVER, DurationError, format_duration, parse_duration, parse_ttl
 from functions.policy import (
     EXPIRES_ANNOTATION,
     KEEP_ANNOTATION,
-    NEVER,
     TTL_ANNOTATION,
     Action,
     Decision,
-    DurationError,
     Match,
     Policy,
     check_policies,
     decide,
-    format_duration,
-    parse_duration,
     parse_rfc3339,
-    parse_ttl,
     plan,
 )
 

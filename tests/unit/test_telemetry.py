@@ -20,6 +20,7 @@ from events.models import CleanupCompleted, CleanupDue, CleanupFailed, RunFinish
 from events.run import Engine, RunRef, Target
 from events.types import EventType
 from events.types import Outcome as CleanupOutcome
+from functions import tracing
 from functions.ports import RetryLater
 from functions.row_reaper import Counted, RowReaper, RunResult, TargetSpec, Unavailable
 from functions.row_reaper.targets import kfp_target
@@ -127,9 +128,9 @@ def test_subjects_with_a_uid_become_templates() -> None:
 def test_events_created_in_a_span_carry_it_and_outside_carry_nothing(
     memory: telemetry.InMemoryTelemetry,
 ) -> None:
-    assert telemetry.creation_context() == {}
+    assert tracing.creation_context() == {}
     with telemetry.tracer().start_as_current_span("planner") as span:
-        fields = telemetry.creation_context()
+        fields = tracing.creation_context()
     ids = span.get_span_context()
     assert fields["traceparent"] == traceparent(ids)
     event = build_event(EventType.RUN_FINISHED, source="/t", data=RunFinished(run=run()), **fields)
@@ -159,7 +160,7 @@ def test_send_span_hands_its_own_context_to_the_transport(
 def test_without_an_sdk_spans_are_no_ops_and_nothing_is_propagated() -> None:
     telemetry.reset()
     with telemetry.send_span("lapse.audit.x", due_event()) as hop:
-        assert telemetry.creation_context() == {}
+        assert tracing.creation_context() == {}
     assert hop == telemetry.HopContext()
     assert not telemetry.metrics_enabled()
 

@@ -19,6 +19,7 @@ from events.adapters import adapt_workflow
 from events.models import CleanupDue, RunFinished
 from events.run import Target
 from functions.policy import Policy
+from functions.safety import NamespaceFilter, SafetyConfig
 from functions.workflow_reaper.gates import Gate, closed_gate, out_of_scope
 from functions.workflow_reaper.verdict import (
     AlreadyGone,
@@ -32,7 +33,6 @@ from functions.workflow_reaper.verdict import (
     Wait,
     classify,
 )
-from lapse.config import NamespaceFilter, SafetyConfig
 
 NOW = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 TERMINAL = ("Succeeded", "Failed", "Error")

@@ -1,0 +1,62 @@
+"""The safety settings the handlers act on, owned here and composed by lapse's config loader.
+
+They are the `safety:` section of `lapse.yaml` (keys documented in lapse.example.yaml and
+docs/architecture.md); the handlers receive them as values, so deciding what is safe never
+depends on how the configuration was read.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from functions.durations import PositiveDuration
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NamespaceFilter(_Settings):
+    """A namespace is handled if it matches an `include` glob and no `exclude` glob."""
+
+    include: tuple[str, ...] = ("*",)
+    exclude: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _includes_something(self) -> NamespaceFilter:
+        if not self.include:
+            raise ValueError("include is empty, so no namespace would be handled (use ['*'])")
+        return self
+
+
+class BrakeSettings(_Settings):
+    """More than `max_due` deletions due within `window` pause deletion and raise an alert."""
+
+    enabled: bool = True
+    max_due: int = Field(default=1000, ge=1)
+    window: PositiveDuration = timedelta(seconds=60)
+
+
+class GateRetry(_Settings):
+    """Waiting for Argo archiving / KFP persistence: retry every `backoff`, up to `max_wait`."""
+
+    max_wait: PositiveDuration = timedelta(hours=1)
+    backoff: PositiveDuration = timedelta(seconds=10)
+
+    @model_validator(mode="after")
+    def _backoff_fits(self) -> GateRetry:
+        if self.backoff > self.max_wait:
+            raise ValueError("backoff is longer than max_wait")
+        return self
+
+
+class SafetyConfig(_Settings):
+    dry_run: bool = False
+    namespaces: NamespaceFilter = NamespaceFilter()
+    max_deletions_per_second: float = Field(default=50, gt=0)
+    mass_deletion_brake: BrakeSettings = BrakeSettings()
+    wait_for_archiving: bool = True
+    wait_for_kfp_persisted: bool = True
+    gate_retry: GateRetry = GateRetry()
