@@ -22,8 +22,10 @@ from events.run import Engine, RunRef
 from events.types import EventType
 from functions.ttl_planner import Planner
 from lapse.config import Streams
-from lapse.edges.bus import NatsEmitter, NatsScheduleStore
-from lapse.edges.nats import connect, ensure_streams, stream_configs
+from lapse.edges.nats import connect
+from lapse.edges.publishing import NatsEmitter
+from lapse.edges.schedules import NatsScheduleStore
+from lapse.edges.streams import ensure_streams, stream_configs
 from lapse.embedded.nats import EmbeddedNats
 
 TARGET_PER_SECOND = 2000

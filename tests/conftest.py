@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from nats.js import JetStreamContext
 
 from lapse.config import Streams
-from lapse.edges import nats
+from lapse.edges import nats, streams
 from lapse.edges.kubernetes import Workflows, load_api_client
 from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
 from lapse.embedded.nats import EmbeddedNats
@@ -117,7 +117,7 @@ async def lapse_streams(nats_server: EmbeddedNats) -> AsyncIterator[JetStreamCon
     """
     nc = await nats.connect(nats_server.url)
     js = nc.jetstream()
-    await nats.ensure_streams(js, nats.stream_configs(Streams()))
+    await streams.ensure_streams(js, streams.stream_configs(Streams()))
     yield js
     for name in Streams().model_dump().values():
         await js.delete_stream(name)

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 
 from lapse.cli.common import config_from
-from lapse.edges.nats import ensure_streams, stream_configs
+from lapse.edges.streams import ensure_streams, stream_configs
 from lapse.runtime.resources import Resources
 
 

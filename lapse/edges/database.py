@@ -15,10 +15,11 @@ from typing import Any, Final
 from opentelemetry.trace import Span
 from opentelemetry.util.types import AttributeValue
 from sqlalchemy import event
-from sqlalchemy.engine import URL, Connection, ExceptionContext, make_url
+from sqlalchemy.engine import URL, Connection, ExceptionContext
 from sqlalchemy.engine.interfaces import DBAPICursor, ExecutionContext
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from lapse.config import async_url
 from lapse.telemetry import client_span, count_database_statement, end_client_span
 from lapse.telemetry.names import (
     DB_COLLECTION,
@@ -30,15 +31,6 @@ from lapse.telemetry.names import (
     SERVER_PORT,
 )
 
-# Users write the URL they know (postgresql://, mysql://, sqlite:///); lapse needs the async
-# driver for each, so plain dialects are mapped to one. An explicit driver is kept.
-_ASYNC_DRIVERS = {
-    "postgresql": "postgresql+asyncpg",
-    "postgres": "postgresql+asyncpg",
-    "mysql": "mysql+aiomysql",
-    "mariadb": "mysql+aiomysql",
-    "sqlite": "sqlite+aiosqlite",
-}
 # lapse's statements come from SQLAlchemy Core, so the table follows the first keyword in
 # a known shape; this names spans, it is not a SQL parser.
 _TABLE: Final = re.compile(
@@ -47,24 +39,6 @@ _TABLE: Final = re.compile(
 )
 _QUERY_LIMIT: Final = 2048
 _SPAN: Final = "_lapse_span"
-
-
-class DatabaseURLError(ValueError):
-    """The configured database URL cannot be used."""
-
-
-def async_url(url: str | URL) -> URL:
-    try:
-        parsed = make_url(url)
-    except Exception as exc:  # SQLAlchemy raises ArgumentError for anything unparseable
-        raise DatabaseURLError(f"not a database URL: {exc}") from exc
-    if "+" in parsed.drivername:
-        return parsed
-    driver = _ASYNC_DRIVERS.get(parsed.drivername)
-    if driver is None:
-        supported = ", ".join(sorted(_ASYNC_DRIVERS))
-        raise DatabaseURLError(f"unsupported database '{parsed.drivername}' (use {supported})")
-    return parsed.set(drivername=driver)
 
 
 def create_engine(url: str | URL, *, pool_size: int = 5) -> AsyncEngine:

@@ -23,9 +23,8 @@ from events.subjects import SCHEDULE_PREFIX
 from functions.ports import Handler
 from lapse import telemetry
 from lapse.config import LapseConfig, Streams
-from lapse.edges.bus import NatsPublisher
-from lapse.edges.nats import ensure_streams, stream_configs
-from lapse.operations.audit import count_messages
+from lapse.edges.publishing import NatsPublisher
+from lapse.edges.streams import count_messages, ensure_streams, stream_configs
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.ingress import Ingress
 from lapse.runtime.registry import build_handler

@@ -17,8 +17,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from lapse.config import LapseConfig
 from lapse.edges import database, nats
-from lapse.edges.bus import NatsEmitter, NatsScheduleStore
 from lapse.edges.kubernetes import Workflows, load_api_client
+from lapse.edges.publishing import NatsEmitter
+from lapse.edges.schedules import NatsScheduleStore
 
 # The official Kubernetes client is synchronous: its calls run on this many threads, which
 # also bounds how many API requests one process has in flight.

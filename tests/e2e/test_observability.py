@@ -25,11 +25,12 @@ from events.subjects import SCHEDULE_PREFIX
 from events.types import EventType
 from lapse import telemetry
 from lapse.config import Streams, load_config
-from lapse.edges.bus import NatsPublisher
 from lapse.edges.database import create_engine
 from lapse.edges.nats import connect
+from lapse.edges.publishing import NatsPublisher
+from lapse.edges.streams import count_messages
 from lapse.embedded.nats import EmbeddedNats
-from lapse.operations.audit import audit_events, count_messages
+from lapse.operations.audit import audit_events
 from lapse.runtime.pipeline import Pipeline
 from lapse.telemetry import names
 from tests.conftest import KubeStack

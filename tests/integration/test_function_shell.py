@@ -21,8 +21,8 @@ from events.run import Engine, RunRef, Target
 from events.types import EventType
 from functions.ttl_planner.function import new
 from lapse.config import Streams
-from lapse.edges.bus import NatsScheduleStore
 from lapse.edges.nats import connect
+from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
 from tests.stack import wait_for

@@ -13,7 +13,7 @@ from opentelemetry.trace import SpanKind
 from events.nats_binding import from_nats, hop_trace_context
 from lapse import telemetry
 from lapse.config import Streams
-from lapse.edges.bus import NatsPublisher
+from lapse.edges.publishing import NatsPublisher
 from lapse.runtime.ingress import Ingress
 
 STREAMS = Streams()

@@ -21,7 +21,8 @@ from events.types import EventType
 from functions.policy import Policy
 from functions.ttl_planner import Planner
 from lapse.config import Streams
-from lapse.edges.bus import NatsEmitter, NatsScheduleStore
+from lapse.edges.publishing import NatsEmitter
+from lapse.edges.schedules import NatsScheduleStore
 
 STREAMS = Streams()
 

@@ -28,9 +28,9 @@ from events.run import KFP_RUN_ID_LABEL, Target
 from events.subjects import due_subject
 from events.timeutil import format_rfc3339
 from lapse.config import LapseConfig, Streams
-from lapse.edges.bus import NatsScheduleStore
 from lapse.edges.database import create_engine
 from lapse.edges.kubernetes import Workflows, load_api_client
+from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
 from lapse.embedded.nats import EmbeddedNats
 from lapse.operations.reconcile import Options, Reconciler, Summary, build_planner, reconcile

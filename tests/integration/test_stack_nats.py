@@ -10,7 +10,8 @@ from nats.js.api import ConsumerConfig
 from events.run import Target
 from events.subjects import due_subject, schedule_subject
 from lapse.config import Streams
-from lapse.edges.nats import connect, ensure_streams, stream_configs
+from lapse.edges.nats import connect
+from lapse.edges.streams import ensure_streams, stream_configs
 from lapse.embedded.nats import EmbeddedNats
 
 

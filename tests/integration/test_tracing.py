@@ -48,7 +48,8 @@ from functions.ports import RetryLater
 from functions.ttl_planner.function import new
 from lapse import telemetry
 from lapse.config import NatsConfig, Streams
-from lapse.edges.bus import NatsEmitter, NatsScheduleStore
+from lapse.edges.publishing import NatsEmitter
+from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
 from lapse.runtime.dispatcher import Dispatcher, Subscription

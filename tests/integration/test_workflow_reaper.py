@@ -39,8 +39,9 @@ from functions.ports import RetryLater
 from functions.safety import SafetyConfig
 from functions.workflow_reaper import SOURCE, WorkflowAccess, WorkflowReaper
 from lapse.config import Streams
-from lapse.edges.bus import NatsEmitter, NatsScheduleStore
 from lapse.edges.kubernetes import ApiCallFailure, KubeEvents, Workflows, load_api_client
+from lapse.edges.publishing import NatsEmitter
+from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.kube import READONLY_USER
 from lapse.embedded.process import free_port
 from tests.conftest import KubeStack

@@ -1,14 +1,10 @@
-"""The NATS side of the handlers' ports: schedules, and publishing CloudEvents.
+"""The ScheduleStore port on NATS JetStream message schedules.
 
-Schedules are JetStream message schedules: the due event is stored, in binary CloudEvents
-mode, on `lapse.sched.<target>.<uid>` with `Nats-Schedule: @at <deadline>` and fired by the
-server onto `lapse.due.<target>.<uid>`. The server rolls schedules up per subject, so
-putting again replaces; purging the subject cancels.
-
-Every publish is a PRODUCER span whose context goes in the message's `traceparent` header
-(the hop); the event's own `traceparent` extension, set where it was created, travels
-untouched. The server copies a schedule's headers onto the due message, so the reaper
-sees both.
+The due event is stored, in binary CloudEvents mode, on `lapse.sched.<target>.<uid>` with
+`Nats-Schedule: @at <deadline>` and fired by the server onto `lapse.due.<target>.<uid>`.
+The server rolls schedules up per subject, so putting again replaces; purging the subject
+cancels. The server copies a schedule's headers onto the due message, so the reaper sees
+both trace contexts (see lapse.edges.publishing).
 """
 
 from __future__ import annotations
@@ -22,21 +18,15 @@ from nats.js.errors import NotFoundError
 from events.builder import parse_payload
 from events.errors import InvalidEvent
 from events.models import CleanupDue
-from events.nats_binding import NatsMessage, from_nats, to_nats
+from events.nats_binding import from_nats
 from events.run import Target
-from events.subjects import (
-    audit_subject,
-    dlq_subject,
-    due_subject,
-    event_subject,
-    schedule_subject,
-)
+from events.subjects import due_subject, schedule_subject
 from events.timeutil import format_rfc3339, parse_rfc3339
-from events.types import EventType
 from functions.ports import PendingSchedule
 from lapse.config import Streams
-from lapse.edges.nats import due_message_ttl
-from lapse.telemetry import HopContext, send_span
+from lapse.edges.publishing import encode
+from lapse.edges.streams import due_message_ttl
+from lapse.telemetry import send_span
 
 SCHEDULE_HEADER = "Nats-Schedule"
 SCHEDULE_TARGET_HEADER = "Nats-Schedule-Target"
@@ -91,7 +81,7 @@ class NatsScheduleStore:
     ) -> None:
         subject = schedule_subject(target, uid)
         with send_span(subject, due_event) as hop:
-            message = _encode(due_event, hop)
+            message = encode(due_event, hop)
             headers = {**message.headers, **schedule_headers(deadline, due_subject(target, uid))}
             # Nats-Msg-Id would make a later re-schedule with the same event id a duplicate;
             # replacement is what the subject roll-up is for, so the id is not sent here.
@@ -103,39 +93,3 @@ class NatsScheduleStore:
             return False
         await self._js.purge_stream(self._stream, subject=schedule_subject(target, uid))
         return True
-
-
-class NatsEmitter:
-    """Every produced event goes to the audit stream; failures also to the dead letters."""
-
-    def __init__(self, js: JetStreamContext, streams: Streams) -> None:
-        self._js = js
-        self._streams = streams
-
-    async def emit(self, event: BaseCloudEvent) -> None:
-        event_type = event.get_type()
-        await _publish(self._js, audit_subject(event_type), self._streams.audit, event)
-        if event_type == EventType.CLEANUP_FAILED:
-            await _publish(self._js, dlq_subject(event_type), self._streams.dlq, event)
-
-
-class NatsPublisher:
-    """Ingress: puts lifecycle events on `lapse.events.<type>`; returns once JetStream has
-    stored them, so a caller that got an answer can forget the event."""
-
-    def __init__(self, js: JetStreamContext, streams: Streams) -> None:
-        self._js = js
-        self._stream = streams.events
-
-    async def publish(self, event: BaseCloudEvent) -> None:
-        await _publish(self._js, event_subject(event.get_type()), self._stream, event)
-
-
-async def _publish(js: JetStreamContext, subject: str, stream: str, event: BaseCloudEvent) -> None:
-    with send_span(subject, event) as hop:
-        message = _encode(event, hop)
-        await js.publish(subject, message.body, stream=stream, headers=message.headers)
-
-
-def _encode(event: BaseCloudEvent, hop: HopContext) -> NatsMessage:
-    return to_nats(event, hop_traceparent=hop.traceparent, hop_tracestate=hop.tracestate)

@@ -1,26 +1,7 @@
-"""The one configuration loader: `lapse.yaml` plus environment overrides, checked at start-up.
+"""Loading: the file named by `--config` or $LAPSE_CONFIG, then LAPSE_* overrides, checked.
 
-Where the file comes from: the `path` argument (the CLI's `--config`), else the environment
-variable `LAPSE_CONFIG`, else there is no file and every setting has its default.
-`lapse.example.yaml` at the repository root documents every key.
-
-Environment overrides win over the file. Their names are `LAPSE_` followed by the key path
-in upper case with `__` between the levels:
-
-    LAPSE_NATS__URL=nats://nats:4222           nats.url
-    LAPSE_SAFETY__DRY_RUN=true                 safety.dry_run
-    LAPSE_SAFETY__MASS_DELETION_BRAKE__WINDOW=2m
-    LAPSE_SAFETY__NAMESPACES__EXCLUDE=kube-*,argo   a list: comma-separated
-    LAPSE_DATABASE__URL=                       empty: unset an optional key (here: SQLite)
-
-Values are text, validated exactly like the file's (booleans true/false/yes/no/1/0,
-durations like `30s`). Lists of objects (`policies`, `database.targets.tables`) can only be
-set in the file. `LAPSE_*` names without `__` (such as `LAPSE_CONFIG`) are not overrides;
-an override naming an unknown key is an error, as is an unknown key in the file.
-
-Every problem is reported as a `ConfigError` whose text is one line naming where it is, e.g.
-`lapse.yaml: policies[2].kubernetes.ttl: '3x' is not a duration (unknown unit 'x'; ...)` or
-`LAPSE_SAFETY__DRY_RUN: 'maybe' is not a boolean (use true or false)`.
+See the package's docstring for the override syntax; every problem becomes one
+`ConfigError` line naming the key (and the override that set it).
 """
 
 from __future__ import annotations
@@ -30,208 +11,19 @@ import re
 import types
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
-from sqlalchemy.engine import make_url
 
-from functions.durations import PositiveDuration
-from functions.policy import Policies
-from functions.safety import SafetyConfig
-from lapse.edges.database import DatabaseURLError, async_url
+from lapse.config.errors import ConfigError
+from lapse.config.schema import LapseConfig
 
 CONFIG_ENV = "LAPSE_CONFIG"
 ENV_PREFIX = "LAPSE_"
 ENV_SEPARATOR = "__"
-
-
-class ConfigError(Exception):
-    """A configuration that cannot be used. `str()` is one line; `problems` has them all."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = tuple(problems)
-        more = len(self.problems) - 1
-        suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-        super().__init__(self.problems[0] + suffix)
-
-
-# --- field types ------------------------------------------------------------------------
-
-
-def _checked(pattern: str, what: str) -> AfterValidator:
-    compiled = re.compile(pattern)
-
-    def check(value: str) -> str:
-        if not compiled.fullmatch(value):
-            raise ValueError(f"{value!r} is not {what}")
-        return value
-
-    return AfterValidator(check)
-
-
-StreamName = Annotated[
-    str, _checked(r"[A-Za-z0-9_-]{1,32}", "a stream name (1-32 letters, digits, '-' or '_')")
-]
-# Syntax only: the reaper checks the names against the reflected schema at start-up.
-_IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
-TableName = Annotated[
-    str, _checked(rf"{_IDENT}(\.{_IDENT})?", "an SQL table name ([schema.]table, letters/digits/_)")
-]
-ColumnName = Annotated[str, _checked(_IDENT, "an SQL column name (letters, digits and _)")]
-TargetName = Annotated[
-    str, _checked(r"[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?", "a name (lower case, digits, - and _)")
-]
-KeyFrom = Annotated[
-    str,
-    _checked(
-        r"uid|name|(label|annotation):[^\s:][^\s]*",
-        "a key source (uid, name, label:<key> or annotation:<key>)",
-    ),
-]
-
-
-def _database_url(value: str) -> str:
-    # Messages never echo the URL: it usually carries a password.
-    try:
-        make_url(value)
-    except Exception:  # SQLAlchemy raises ArgumentError (and others) for unparseable text
-        raise ValueError("not a SQLAlchemy URL (e.g. postgresql://user:password@host/db)") from None
-    try:
-        async_url(value)
-    except DatabaseURLError as exc:
-        raise ValueError(str(exc)) from None
-    return value
-
-
-def _nats_url(value: str) -> str:
-    for server in value.split(","):
-        scheme, sep, rest = server.strip().partition("://")
-        if not sep or scheme not in ("nats", "tls", "ws", "wss") or not rest:
-            raise ValueError(
-                "not a NATS URL (nats://host:4222, tls://, ws:// or wss://; "
-                "several separated by commas)"
-            )
-    return value
-
-
-# --- sections ---------------------------------------------------------------------------
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Streams(_Section):
-    schedule: StreamName = "LAPSE_SCHED"
-    events: StreamName = "LAPSE_EVENTS"
-    audit: StreamName = "LAPSE_AUDIT"
-    dlq: StreamName = "LAPSE_DLQ"
-
-    @model_validator(mode="after")
-    def _distinct(self) -> Streams:
-        names = [self.schedule, self.events, self.audit, self.dlq]
-        if len(set(names)) != len(names):
-            raise ValueError(f"stream names must differ: {', '.join(names)}")
-        return self
-
-
-class NatsConfig(_Section):
-    # Absent: `lapse up` / `lapse demo` start an embedded nats-server.
-    url: Annotated[str, AfterValidator(_nats_url)] | None = Field(default=None, repr=False)
-    streams: Streams = Streams()
-    replicas: int = Field(default=1, ge=1, le=5)
-    audit_max_age: PositiveDuration = timedelta(days=30)
-    max_deliver: int = Field(default=5, ge=1)
-    ack_wait: PositiveDuration = timedelta(seconds=30)
-
-
-class KfpTarget(_Section):
-    enabled: bool = False
-
-
-class ArgoArchiveTarget(_Section):
-    enabled: bool = False
-    cluster_name: str = Field(default="default", min_length=1)
-
-
-class ChildTable(_Section):
-    table: TableName
-    foreign_key_column: ColumnName
-
-
-class TableTarget(_Section):
-    """A user-declared table: delete rows where `key_column` = the run's key, children first."""
-
-    name: TargetName
-    table: TableName
-    key_column: ColumnName
-    key_from: KeyFrom = "uid"
-    children: tuple[ChildTable, ...] = ()
-
-    @property
-    def key_source(self) -> tuple[Literal["uid", "name", "label", "annotation"], str | None]:
-        """(`uid` | `name`, None) or (`label` | `annotation`, key)."""
-        kind, _, key = self.key_from.partition(":")
-        if kind == "label":
-            return "label", key
-        if kind == "annotation":
-            return "annotation", key
-        return ("uid" if kind == "uid" else "name"), None
-
-
-class DatabaseTargets(_Section):
-    kfp: KfpTarget = KfpTarget()
-    argo_archive: ArgoArchiveTarget = ArgoArchiveTarget()
-    tables: tuple[TableTarget, ...] = ()
-
-    @model_validator(mode="after")
-    def _unique(self) -> DatabaseTargets:
-        seen: set[str] = set()
-        for table in self.tables:
-            if table.name in ("kfp", "argo_archive"):
-                raise ValueError(f"tables: {table.name!r} is the name of a built-in target")
-            if table.name in seen:
-                raise ValueError(f"tables: the name {table.name!r} is used twice")
-            seen.add(table.name)
-        return self
-
-
-class DatabaseConfig(_Section):
-    # Absent: `lapse demo` uses a local SQLite file.
-    url: Annotated[str, AfterValidator(_database_url)] | None = Field(default=None, repr=False)
-    targets: DatabaseTargets = DatabaseTargets()
-
-
-class KubernetesConfig(_Section):
-    # Neither kubeconfig nor in_cluster: the client's usual lookup ($KUBECONFIG, ~/.kube).
-    kubeconfig: Path | None = None
-    context: str | None = None
-    in_cluster: bool = False
-    qps: float = Field(default=50, gt=0)
-    burst: int = Field(default=100, ge=1)
-    propagation_policy: Literal["Background", "Foreground", "Orphan"] = "Background"
-    record_events: bool = False
-
-    @model_validator(mode="after")
-    def _one_way_in(self) -> KubernetesConfig:
-        if self.in_cluster and (self.kubeconfig is not None or self.context is not None):
-            raise ValueError("in_cluster cannot be combined with kubeconfig or context")
-        return self
-
-
-class LapseConfig(_Section):
-    nats: NatsConfig = NatsConfig()
-    database: DatabaseConfig = DatabaseConfig()
-    kubernetes: KubernetesConfig = KubernetesConfig()
-    policies: Policies = ()
-    safety: SafetyConfig = SafetyConfig()
-
-
-# --- loading ----------------------------------------------------------------------------
 
 
 def load_config(

@@ -1,0 +1,186 @@
+"""The shape of `lapse.yaml`: one pydantic model per section, every key with its default.
+
+`lapse.example.yaml` documents every key; docs/architecture.md lists the sections. The
+`safety` section is the handlers' own type (`functions.safety`), composed here.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from sqlalchemy.engine import make_url
+
+from functions.durations import PositiveDuration
+from functions.policy import Policies
+from functions.safety import SafetyConfig
+from lapse.config.database_url import DatabaseURLError, async_url
+
+
+def _checked(pattern: str, what: str) -> AfterValidator:
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not compiled.fullmatch(value):
+            raise ValueError(f"{value!r} is not {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+StreamName = Annotated[
+    str, _checked(r"[A-Za-z0-9_-]{1,32}", "a stream name (1-32 letters, digits, '-' or '_')")
+]
+# Syntax only: the reaper checks the names against the reflected schema at start-up.
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
+TableName = Annotated[
+    str, _checked(rf"{_IDENT}(\.{_IDENT})?", "an SQL table name ([schema.]table, letters/digits/_)")
+]
+ColumnName = Annotated[str, _checked(_IDENT, "an SQL column name (letters, digits and _)")]
+TargetName = Annotated[
+    str, _checked(r"[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?", "a name (lower case, digits, - and _)")
+]
+KeyFrom = Annotated[
+    str,
+    _checked(
+        r"uid|name|(label|annotation):[^\s:][^\s]*",
+        "a key source (uid, name, label:<key> or annotation:<key>)",
+    ),
+]
+
+
+def _database_url(value: str) -> str:
+    # Messages never echo the URL: it usually carries a password.
+    try:
+        make_url(value)
+    except Exception:  # SQLAlchemy raises ArgumentError (and others) for unparseable text
+        raise ValueError("not a SQLAlchemy URL (e.g. postgresql://user:password@host/db)") from None
+    try:
+        async_url(value)
+    except DatabaseURLError as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+def _nats_url(value: str) -> str:
+    for server in value.split(","):
+        scheme, sep, rest = server.strip().partition("://")
+        if not sep or scheme not in ("nats", "tls", "ws", "wss") or not rest:
+            raise ValueError(
+                "not a NATS URL (nats://host:4222, tls://, ws:// or wss://; "
+                "several separated by commas)"
+            )
+    return value
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Streams(_Section):
+    schedule: StreamName = "LAPSE_SCHED"
+    events: StreamName = "LAPSE_EVENTS"
+    audit: StreamName = "LAPSE_AUDIT"
+    dlq: StreamName = "LAPSE_DLQ"
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Streams:
+        names = [self.schedule, self.events, self.audit, self.dlq]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stream names must differ: {', '.join(names)}")
+        return self
+
+
+class NatsConfig(_Section):
+    # Absent: `lapse up` / `lapse demo` start an embedded nats-server.
+    url: Annotated[str, AfterValidator(_nats_url)] | None = Field(default=None, repr=False)
+    streams: Streams = Streams()
+    replicas: int = Field(default=1, ge=1, le=5)
+    audit_max_age: PositiveDuration = timedelta(days=30)
+    max_deliver: int = Field(default=5, ge=1)
+    ack_wait: PositiveDuration = timedelta(seconds=30)
+
+
+class KfpTarget(_Section):
+    enabled: bool = False
+
+
+class ArgoArchiveTarget(_Section):
+    enabled: bool = False
+    cluster_name: str = Field(default="default", min_length=1)
+
+
+class ChildTable(_Section):
+    table: TableName
+    foreign_key_column: ColumnName
+
+
+class TableTarget(_Section):
+    """A user-declared table: delete rows where `key_column` = the run's key, children first."""
+
+    name: TargetName
+    table: TableName
+    key_column: ColumnName
+    key_from: KeyFrom = "uid"
+    children: tuple[ChildTable, ...] = ()
+
+    @property
+    def key_source(self) -> tuple[Literal["uid", "name", "label", "annotation"], str | None]:
+        """(`uid` | `name`, None) or (`label` | `annotation`, key)."""
+        kind, _, key = self.key_from.partition(":")
+        if kind == "label":
+            return "label", key
+        if kind == "annotation":
+            return "annotation", key
+        return ("uid" if kind == "uid" else "name"), None
+
+
+class DatabaseTargets(_Section):
+    kfp: KfpTarget = KfpTarget()
+    argo_archive: ArgoArchiveTarget = ArgoArchiveTarget()
+    tables: tuple[TableTarget, ...] = ()
+
+    @model_validator(mode="after")
+    def _unique(self) -> DatabaseTargets:
+        seen: set[str] = set()
+        for table in self.tables:
+            if table.name in ("kfp", "argo_archive"):
+                raise ValueError(f"tables: {table.name!r} is the name of a built-in target")
+            if table.name in seen:
+                raise ValueError(f"tables: the name {table.name!r} is used twice")
+            seen.add(table.name)
+        return self
+
+
+class DatabaseConfig(_Section):
+    # Absent: `lapse demo` uses a local SQLite file.
+    url: Annotated[str, AfterValidator(_database_url)] | None = Field(default=None, repr=False)
+    targets: DatabaseTargets = DatabaseTargets()
+
+
+class KubernetesConfig(_Section):
+    # Neither kubeconfig nor in_cluster: the client's usual lookup ($KUBECONFIG, ~/.kube).
+    kubeconfig: Path | None = None
+    context: str | None = None
+    in_cluster: bool = False
+    qps: float = Field(default=50, gt=0)
+    burst: int = Field(default=100, ge=1)
+    propagation_policy: Literal["Background", "Foreground", "Orphan"] = "Background"
+    record_events: bool = False
+
+    @model_validator(mode="after")
+    def _one_way_in(self) -> KubernetesConfig:
+        if self.in_cluster and (self.kubeconfig is not None or self.context is not None):
+            raise ValueError("in_cluster cannot be combined with kubeconfig or context")
+        return self
+
+
+class LapseConfig(_Section):
+    nats: NatsConfig = NatsConfig()
+    database: DatabaseConfig = DatabaseConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
+    policies: Policies = ()
+    safety: SafetyConfig = SafetyConfig()

@@ -1,0 +1,56 @@
+"""Publishing CloudEvents to NATS: the Emitter port (audit trail, dead letters) and the
+ingress publisher.
+
+Every publish is a PRODUCER span whose context goes in the message's `traceparent` header
+(the hop); the event's own `traceparent` extension, set where it was created, travels
+untouched.
+"""
+
+from __future__ import annotations
+
+from cloudevents.core.base import BaseCloudEvent
+from nats.js import JetStreamContext
+
+from events.nats_binding import NatsMessage, to_nats
+from events.subjects import audit_subject, dlq_subject, event_subject
+from events.types import EventType
+from lapse.config import Streams
+from lapse.telemetry import HopContext, send_span
+
+
+class NatsEmitter:
+    """Every produced event goes to the audit stream; failures also to the dead letters."""
+
+    def __init__(self, js: JetStreamContext, streams: Streams) -> None:
+        self._js = js
+        self._streams = streams
+
+    async def emit(self, event: BaseCloudEvent) -> None:
+        event_type = event.get_type()
+        await publish_event(self._js, audit_subject(event_type), self._streams.audit, event)
+        if event_type == EventType.CLEANUP_FAILED:
+            await publish_event(self._js, dlq_subject(event_type), self._streams.dlq, event)
+
+
+class NatsPublisher:
+    """Ingress: puts lifecycle events on `lapse.events.<type>`; returns once JetStream has
+    stored them, so a caller that got an answer can forget the event."""
+
+    def __init__(self, js: JetStreamContext, streams: Streams) -> None:
+        self._js = js
+        self._stream = streams.events
+
+    async def publish(self, event: BaseCloudEvent) -> None:
+        await publish_event(self._js, event_subject(event.get_type()), self._stream, event)
+
+
+async def publish_event(
+    js: JetStreamContext, subject: str, stream: str, event: BaseCloudEvent
+) -> None:
+    with send_span(subject, event) as hop:
+        message = encode(event, hop)
+        await js.publish(subject, message.body, stream=stream, headers=message.headers)
+
+
+def encode(event: BaseCloudEvent, hop: HopContext) -> NatsMessage:
+    return to_nats(event, hop_traceparent=hop.traceparent, hop_tracestate=hop.tracestate)
