@@ -32,10 +32,11 @@ test: install stack ## Run the whole test suite against real servers
 test-unit: install ## Run only the unit tests (no servers)
 	$(BIN)/pytest tests/unit
 
-lint: install ## ruff and mypy
+lint: install ## ruff, mypy and the import contracts (layers: docs/architecture.md)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: install ## Apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix .

@@ -1,8 +1,10 @@
-"""The one exception family for input lapse cannot use.
+"""The contract layer's exceptions: `ContractError`, and below it `InvalidEvent` for input
+lapse cannot use.
 
 Handlers catch `InvalidEvent` to route bad input to the dead-letter queue with its reason,
-so every parse, binding and adapter failure in `events` is one of these, never a bare
-`KeyError` or `ValueError` that would look like a bug and be retried forever.
+so every parse, binding, adapter and subject failure in `events` is one of these, never a
+bare `KeyError` or `ValueError` that would look like a bug and be retried forever. (The
+other layers' bases: `functions.errors.FunctionError`, `lapse.errors.LapseError`.)
 """
 
 from __future__ import annotations
@@ -10,7 +12,11 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 
-class InvalidEvent(Exception):
+class ContractError(Exception):
+    """Raised by the event contract (events/)."""
+
+
+class InvalidEvent(ContractError):
     """Input that is not a usable lapse event; `reason` says why in one line."""
 
     def __init__(self, reason: str) -> None:

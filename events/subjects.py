@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from events.errors import InvalidEvent
 from events.run import Target
 
 SCHEDULE_PREFIX = "lapse.sched"
@@ -17,8 +18,8 @@ DLQ_PREFIX = "lapse.dlq"
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
-class InvalidSubjectToken(ValueError):
-    pass
+class InvalidSubjectToken(InvalidEvent, ValueError):
+    """A value from an event (a uid) that cannot be a NATS subject token: bad input."""
 
 
 def _token(value: str) -> str:

@@ -25,3 +25,5 @@ class Outcome(StrEnum):
     RESCHEDULED = "rescheduled"
     # The name now belongs to a different object (uid changed): it is never touched.
     REPLACED = "replaced"
+    # Outside lapse's namespace scope (safety.namespaces): not read, not touched.
+    SKIPPED = "skipped"

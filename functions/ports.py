@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from cloudevents.core.base import BaseCloudEvent
 
 from events.run import Target
+from functions.errors import FunctionError
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Handler(Protocol):
     async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]: ...
 
 
-class RetryLater(Exception):
+class RetryLater(FunctionError):
     """Not done yet, not failed either: deliver this event again after `delay` seconds.
 
     Raised for transient conditions (database unreachable, 429/5xx from the API server, a

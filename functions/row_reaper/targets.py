@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
 from events.run import KFP_RUN_ID_LABEL, RunRef
+from functions.errors import FunctionError
 
 KeyKind = Literal["uid", "name", "label", "annotation", "kfp_run_id"]
 
@@ -24,7 +25,7 @@ ARGO_OFFLOAD_TABLE: Final = "argo_workflows"
 KFP_RUN_RESOURCE_TYPE: Final = "Run"
 
 
-class MissingKey(Exception):
+class MissingKey(FunctionError):
     """The run carries nothing to find this target's rows by (e.g. no such label)."""
 
     def __init__(self, reason: str) -> None:

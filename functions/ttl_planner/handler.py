@@ -80,9 +80,8 @@ class Planner:
             decisions = plan(change.run, self.policies, self.clock())
             produced = [await self._apply(change.run, d) for d in decisions.values()]
             return await self._emit([e for e in produced if e is not None])
-        except (InvalidEvent, InvalidSubjectToken) as exc:
-            reason = exc.reason if isinstance(exc, InvalidEvent) else str(exc)
-            failed = CleanupFailed(reason=reason, stage=STAGE, original=capture_event(event))
+        except InvalidEvent as exc:  # also a uid that cannot be a subject token
+            failed = CleanupFailed(reason=exc.reason, stage=STAGE, original=capture_event(event))
             return await self._emit([_event(EventType.CLEANUP_FAILED, failed)])
 
     async def _run_change(self, event: BaseCloudEvent) -> RunFinished | RunDeleted | None:
@@ -168,7 +167,7 @@ class Planner:
         try:
             produced = await self._apply(run, decision)
         except InvalidSubjectToken as exc:
-            failed = CleanupFailed(run=run, target=decision.target, reason=str(exc), stage=STAGE)
+            failed = CleanupFailed(run=run, target=decision.target, reason=exc.reason, stage=STAGE)
             produced = _event(EventType.CLEANUP_FAILED, failed)
         return await self._emit([produced] if produced is not None else [])
 

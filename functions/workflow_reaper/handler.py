@@ -31,7 +31,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Final, Literal, assert_never
+from typing import Any, Final, Literal, assert_never
 
 from cloudevents.core.base import BaseCloudEvent
 
@@ -62,7 +62,6 @@ from functions.workflow_reaper.verdict import (
     Refused,
     Replaced,
     Reschedule,
-    Skip,
     Verdict,
     Wait,
     classify,
@@ -155,38 +154,49 @@ class WorkflowReaper:
         return await self._emit(produced)
 
     async def _reap(self, due: CleanupDue) -> list[BaseCloudEvent]:
+        """The safety sequence, top to bottom (docs/architecture.md, "How a deletion is made
+        safe"). Every step is safe to repeat: redelivery finds the object gone."""
+        run = due.run
+        # 1. Scope: outside safety.namespaces lapse does not even read (its RBAC may rightly
+        #    be missing there).
+        if (reason := out_of_scope(run.namespace, self.safety.namespaces)) is not None:
+            return [self._completed(run, Outcome.SKIPPED, due.deadline, reason)]
         admitted = False
         for _ in range(MAX_CONFLICTS):
-            verdict = await self._judge(due)
+            # 2. A fresh read: the judgement is made on the object as it is now.
+            fresh = await self._get(run)
+            # 3. Identity (gone, replaced), keep, the deadline the object states now, gates:
+            #    the pure verdict (verdict.py).
+            verdict = fresh if isinstance(fresh, Refused) else self._classify(fresh, due)
             if not isinstance(verdict, Delete) or verdict.dry_run:
                 return await self._conclude(due, verdict)
+            # 4. The mass-deletion brake, then the rate limit: once per due event.
             if not admitted:
                 held = await self._admit(verdict)
                 if held is not None:
                     return held
                 admitted = True
+            # 5. DELETE only if uid and resourceVersion are still the ones judged in 3.
             deleted = await self._delete(verdict)
             if deleted is None:
-                continue  # 409: the object changed since the GET; read and decide again
+                continue  # 409: the object changed since the read; read and judge again
+            # 6. The outcome event (and a Kubernetes Event, if configured).
             return await self._conclude(due, deleted)
         raise RetryLater(
-            f"Workflow {due.run.subject} changed {MAX_CONFLICTS} times between read and "
+            f"Workflow {run.subject} changed {MAX_CONFLICTS} times between read and "
             "delete; trying again later",
             CONFLICT_RETRY_DELAY,
         )
 
-    async def _judge(self, due: CleanupDue) -> Verdict:
-        ref = due.run
-        # Checked before the GET as well: lapse does not even read outside its scope, where
-        # its RBAC may rightly be missing.
-        if (reason := out_of_scope(ref.namespace, self.safety.namespaces)) is not None:
-            return Skip(reason)
+    async def _get(self, run: RunRef) -> dict[str, Any] | Refused | None:
         try:
-            fresh = await self.workflows.get(
-                ref.namespace, ref.name, request_timeout=self.request_timeout
+            return await self.workflows.get(
+                run.namespace, run.name, request_timeout=self.request_timeout
             )
         except Exception as exc:
-            return self._call_failed(exc, "get", ref)
+            return self._call_failed(exc, "get", run)
+
+    def _classify(self, fresh: dict[str, Any] | None, due: CleanupDue) -> Verdict:
         return classify(fresh, due, self.policies, self.safety, self.clock())
 
     async def _delete(self, verdict: Delete) -> _Deleted | Verdict | None:
@@ -261,8 +271,6 @@ class WorkflowReaper:
                 completed = self._completed(done.run, Outcome.DELETED, done.deadline, detail)
                 await self._record_deletion(done, completed)
                 return [completed]
-            case Skip(reason=reason):
-                return [self._completed(ref, Outcome.KEPT, due.deadline, f"skipped: {reason}")]
             case AlreadyGone(detail=detail):
                 return [self._completed(ref, Outcome.ALREADY_GONE, due.deadline, detail)]
             case Replaced(current_uid=uid):

@@ -1,21 +1,21 @@
 """What to do when a Kubernetes deadline comes due: the pure decision, from a fresh read.
 
-`classify(fresh, due, policies, safety, now)` walks the safety sequence of DESIGN.md
-("How a deletion is made safe") on the object as the API server returned it a moment ago:
+`classify(fresh, due, policies, safety, now)` is step 3 of the safety sequence
+(docs/architecture.md, "How a deletion is made safe"; the whole sequence reads top to
+bottom in `WorkflowReaper._reap`), on the object as the API server returned it a moment ago:
 
-1. scope        namespace outside safety.namespaces            -> Skip
-2. identity     gone / being deleted                            -> AlreadyGone
-                same name, another uid                          -> Replaced
-3. policy       keep annotation, TTL never                      -> Kept
-                not finished any more (re-run)                  -> Kept
-                malformed object or lapse.dev/* annotation      -> Invalid
-                deadline still in the future                    -> Reschedule
-4. gates        archiving Pending / KFP state not persisted     -> Wait, or GaveUp once
-                                                                   max_wait has passed
-5.              otherwise                                       -> Delete (dry_run flagged)
+identity   gone / being deleted                             -> AlreadyGone
+           same name, another uid                           -> Replaced
+policy     keep annotation, TTL never                       -> Kept
+           not finished any more (re-run)                   -> Kept
+           malformed object or lapse.dev/* annotation       -> Invalid
+           deadline still in the future                     -> Reschedule
+gates      archiving Pending / KFP state not persisted      -> Wait, or GaveUp once
+                                                               max_wait has passed
+otherwise                                                   -> Delete (dry_run flagged)
 
-`now` is the only clock. The rate limiter, the brake and the DELETE itself belong to the
-I/O shell (handler.py), which also produces `Refused` for failed API calls.
+`now` is the only clock. The namespace scope (step 1), the brake and rate limit, the
+DELETE itself and `Refused` for failed API calls belong to the I/O shell (handler.py).
 """
 
 from __future__ import annotations
@@ -31,14 +31,7 @@ from events.models import CleanupDue, RunFinished
 from events.run import RunRef, Target
 from functions.policy import KEEP_ANNOTATION, Action, Policy, decide
 from functions.safety import SafetyConfig
-from functions.workflow_reaper.gates import Gate, closed_gate, out_of_scope
-
-
-@dataclass(frozen=True, slots=True)
-class Skip:
-    """Outside lapse's namespace scope: not even read."""
-
-    reason: str
+from functions.workflow_reaper.gates import Gate, closed_gate
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +107,7 @@ class Delete:
 
 
 Verdict: TypeAlias = (
-    Skip | AlreadyGone | Replaced | Kept | Reschedule | Wait | GaveUp | Invalid | Refused | Delete
+    AlreadyGone | Replaced | Kept | Reschedule | Wait | GaveUp | Invalid | Refused | Delete
 )
 
 
@@ -127,8 +120,6 @@ def classify(
 ) -> Verdict:
     """The verdict for `due` given `fresh`, the object's current state (None: 404)."""
     ref = due.run
-    if (reason := out_of_scope(ref.namespace, safety.namespaces)) is not None:
-        return Skip(reason)
     if fresh is None:
         return AlreadyGone(f"Workflow {ref.subject} no longer exists")
     metadata = fresh.get("metadata")

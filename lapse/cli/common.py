@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 
 from lapse.config import ConfigError, LapseConfig, load_config
+from lapse.errors import LapseError
 
 
-class UsageError(Exception):
+class UsageError(LapseError):
     """The command line or the configuration is wrong: exit code 2."""
 
 

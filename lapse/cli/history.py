@@ -34,8 +34,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the audit trail: what was deleted, when, why",
         description=(
             "Print the audit trail from the audit stream: every cleanup outcome (deleted, "
-            "already gone, kept, rescheduled, dry run, failed) with its deadline, lateness "
-            "and reason. Use --all to include schedules and cancellations."
+            "already gone, kept, skipped, rescheduled, dry run, failed) with its deadline, "
+            "lateness and reason. Use --all to include schedules and cancellations."
         ),
     )
     history.add_argument("-n", "--namespace", help="only runs in this namespace")

@@ -34,6 +34,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from functions.row_reaper.ports import Counted, Rejected, RunResult, Unavailable
 from functions.row_reaper.targets import ARGO_ARCHIVE, KFP, Step, TargetSpec
 from lapse.config import ConfigError
+from lapse.errors import LapseError
 
 # Bound parameters per IN list: far below asyncpg's 32767 and MySQL's 65535 limits, and
 # large enough that statement overhead stays small.
@@ -68,7 +69,7 @@ class SchemaMismatch(ConfigError):
     """The configured targets do not match the database (one line per problem)."""
 
 
-class DatabaseUnavailable(Exception):
+class DatabaseUnavailable(LapseError):
     """The database could not be reached to check the schema."""
 
     def __init__(self, reason: str) -> None:

@@ -13,10 +13,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from lapse.errors import LapseError
+
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(LapseError, RuntimeError):
     """An embedded server could not be started; the message says which and why."""
 
 

@@ -60,6 +60,7 @@ from lapse.edges.kubernetes import (
     continue_after_expiry,
     list_workflow_metadata,
 )
+from lapse.errors import LapseError
 from lapse.runtime.resources import Resources
 
 SOURCE: Final = "/lapse/reconcile"
@@ -108,7 +109,7 @@ _RUN_DETAILS = table(
 )
 
 
-class ReconcileError(Exception):
+class ReconcileError(LapseError):
     """Reconcile cannot go on (one line, for the command line)."""
 
 

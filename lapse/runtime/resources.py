@@ -20,13 +20,14 @@ from lapse.edges import database, nats
 from lapse.edges.kubernetes import Workflows, load_api_client
 from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore
+from lapse.errors import LapseError
 
 # The official Kubernetes client is synchronous: its calls run on this many threads, which
 # also bounds how many API requests one process has in flight.
 KUBE_THREADS = 16
 
 
-class MissingSetting(Exception):
+class MissingSetting(LapseError):
     """A command needs a server that the configuration does not name."""
 
 

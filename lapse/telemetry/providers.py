@@ -41,13 +41,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Tracer
 
 from functions.tracing import use_tracer
+from lapse.errors import LapseError
 from lapse.telemetry.instruments import Instruments
 from lapse.telemetry.names import SCOPE
 
 log = logging.getLogger(__name__)
 
 
-class TelemetryError(ValueError):
+class TelemetryError(LapseError, ValueError):
     """The OTEL_* / LAPSE_PROMETHEUS_* settings cannot be used."""
 
 

@@ -115,6 +115,7 @@ def test_event_type_values_are_the_contract() -> None:
         "kept",
         "rescheduled",
         "replaced",
+        "skipped",
     }
 
 
