@@ -22,8 +22,14 @@ from events.models import RunDeleted, RunFinished
 from events.run import ArgoTTLStrategy, Engine
 
 GROUP: Final = "argoproj.io"
+VERSION: Final = "v1alpha1"
 KIND: Final = "Workflow"
-DEFAULT_API_VERSION: Final = "argoproj.io/v1alpha1"
+RESOURCE: Final = "workflows"
+DEFAULT_API_VERSION: Final = f"{GROUP}/{VERSION}"
+# Argo sets this label to "true" when a Workflow reaches a terminal phase: selecting on it
+# server-side keeps running workflows out of every list and watch.
+COMPLETED_LABEL: Final = "workflows.argoproj.io/completed"
+COMPLETED_SELECTOR: Final = f"{COMPLETED_LABEL}=true"
 TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed", "Error"})
 _TTL_FIELDS: Final = ("secondsAfterCompletion", "secondsAfterSuccess", "secondsAfterFailure")
 

@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.live import Live
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from events.adapters import argo
 from events.errors import InvalidEvent
 from events.nats_binding import from_nats
 from events.subjects import AUDIT_PREFIX
@@ -43,7 +44,7 @@ from lapse.demo import kfp
 from lapse.demo.progress import Leftovers, Summary, Timing, Tracker, summarize
 from lapse.demo.scenario import MAX_TTL, NAMESPACE, Sample, make_samples, workflow, write_config
 from lapse.demo.view import change_line, live_table, print_summary
-from lapse.edges.kubernetes import WORKFLOW_GROUP, WORKFLOW_PLURAL, WORKFLOW_VERSION, Workflows
+from lapse.edges.kubernetes import Workflows, finished_workflow_pages
 from lapse.embedded.nats import EmbeddedNats
 from lapse.runtime.pipeline import Pipeline
 from lapse.runtime.resources import Resources
@@ -309,7 +310,7 @@ async def prepare_cluster(
     custom = client.CustomObjectsApi(api_client)
     await asyncio.to_thread(
         custom.create_namespaced_custom_object,
-        WORKFLOW_GROUP, WORKFLOW_VERSION, NAMESPACE, WORKFLOW_PLURAL,
+        argo.GROUP, argo.VERSION, NAMESPACE, argo.RESOURCE,
         workflow(sample, datetime.now(UTC)), dry_run="All",
     )  # fmt: skip
 
@@ -421,14 +422,11 @@ async def following_audit(
 
 
 async def object_names(workflows: Workflows) -> set[str]:
+    """The demo's Workflows still present (all of them were written finished)."""
     names: set[str] = set()
-    token: str | None = None
-    while True:
-        page = await workflows.list(NAMESPACE, limit=500, continue_token=token)
-        names.update(item["metadata"]["name"] for item in page.get("items", []))
-        token = page.get("metadata", {}).get("continue")
-        if not token:
-            return names
+    async for page in finished_workflow_pages(workflows, NAMESPACE):
+        names.update(item["metadata"]["name"] for item in page.items)
+    return names
 
 
 async def inspect_leftovers(

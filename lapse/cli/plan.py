@@ -22,12 +22,9 @@ from events.run import RunRef, Target
 from events.timeutil import format_rfc3339
 from functions.policy import Action, Decision, Policy, plan
 from lapse.cli.common import config_from
-from lapse.edges.kubernetes import Workflows
+from lapse.edges.kubernetes import Workflows, finished_workflow_pages
 from lapse.runtime.resources import Resources
 
-# Argo sets this label when a workflow reaches a terminal phase: selecting on it server-side
-# keeps running workflows out of every page.
-COMPLETED_SELECTOR = "workflows.argoproj.io/completed=true"
 PAGE_SIZE = 500
 
 
@@ -77,12 +74,8 @@ async def finished_runs(
     workflows: Workflows, namespace_glob: str | None = None
 ) -> AsyncIterator[RunRef]:
     """Every finished Workflow, page by page, so memory stays flat on large clusters."""
-    token: str | None = None
-    while True:
-        page = await workflows.list(
-            label_selector=COMPLETED_SELECTOR, limit=PAGE_SIZE, continue_token=token
-        )
-        for obj in page.get("items", []):
+    async for page in finished_workflow_pages(workflows, page_size=PAGE_SIZE):
+        for obj in page.items:
             try:
                 result = adapt_workflow(obj)
             except InvalidEvent:
@@ -92,9 +85,6 @@ async def finished_runs(
             if namespace_glob and not fnmatch.fnmatchcase(result.run.namespace, namespace_glob):
                 continue
             yield result.run
-        token = page.get("metadata", {}).get("continue")
-        if not token:
-            return
 
 
 async def planned_runs(

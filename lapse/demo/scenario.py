@@ -18,7 +18,8 @@ from typing import Any, Final
 
 import yaml
 
-from events.run import KFP_RUN_ID_LABEL
+from events.adapters import argo
+from events.run import KFP_PERSISTED_LABEL, KFP_RUN_ID_LABEL
 from events.timeutil import format_rfc3339
 from functions.policy import KEEP_ANNOTATION, TTL_ANNOTATION
 
@@ -31,8 +32,6 @@ KFP_ROWS_TTL: Final = 15
 KFP_SDK_TTL: Final = 9
 KEPT_TTL: Final = 4  # the annotation `keep` overrides; shown to prove it is ignored
 MAX_TTL: Final = 20
-PERSISTED_LABEL: Final = "pipeline/persistedFinalState"
-COMPLETED_LABEL: Final = "workflows.argoproj.io/completed"
 
 
 class Kind(StrEnum):
@@ -107,7 +106,7 @@ def _sample(name: str, kind: Kind, nth: int) -> Sample:
         annotations = {KEEP_ANNOTATION: "true", TTL_ANNOTATION: f"{KEPT_TTL}s"}
         hint = f"keep (overrides ttl {KEPT_TTL}s)"
         return Sample(name, kind, "Succeeded", KEPT_TTL, hint, annotations=annotations)
-    labels = {KFP_RUN_ID_LABEL: str(uuid.uuid4()), PERSISTED_LABEL: "true"}
+    labels = {KFP_RUN_ID_LABEL: str(uuid.uuid4()), KFP_PERSISTED_LABEL: "true"}
     # Half the KFP runs were compiled with a TTL (object only), half rely on the policy.
     if nth % 2:
         strategy = {"secondsAfterCompletion": KFP_SDK_TTL}
@@ -128,12 +127,12 @@ def workflow(sample: Sample, finished_at: datetime) -> dict[str, Any]:
     if sample.ttl_strategy is not None:
         spec["ttlStrategy"] = dict(sample.ttl_strategy)
     return {
-        "apiVersion": "argoproj.io/v1alpha1",
-        "kind": "Workflow",
+        "apiVersion": argo.DEFAULT_API_VERSION,
+        "kind": argo.KIND,
         "metadata": {
             "name": sample.name,
             "labels": {
-                COMPLETED_LABEL: "true",
+                argo.COMPLETED_LABEL: "true",
                 "workflows.argoproj.io/phase": sample.phase,
                 **sample.labels,
             },

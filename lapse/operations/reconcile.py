@@ -26,6 +26,7 @@ have a Workflow?) the list is metadata-only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
 import re
 import time
@@ -44,7 +45,7 @@ from sqlalchemy import Row, column, func, select, table
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from events.adapters import adapt_workflow
+from events.adapters import adapt_workflow, argo
 from events.builder import build_event
 from events.errors import InvalidEvent
 from events.models import RunFinished
@@ -55,18 +56,15 @@ from functions.ports import PendingSchedule, ScheduleStore
 from functions.ttl_planner import Planner
 from lapse.config import Streams
 from lapse.edges.kubernetes import (
-    Workflows,
+    Page,
     api_failure,
-    continue_after_expiry,
+    finished_workflow_pages,
     list_workflow_metadata,
 )
 from lapse.errors import LapseError
 from lapse.runtime.resources import Resources
 
 SOURCE: Final = "/lapse/reconcile"
-# Argo sets this label when a workflow reaches a terminal phase: running work never leaves
-# the API server.
-COMPLETED_SELECTOR: Final = "workflows.argoproj.io/completed=true"
 # Whole objects are listed (the planner needs status and spec, which a metadata-only list
 # lacks), so pages are kept small: a page is what reconcile holds, twice with the prefetch.
 DEFAULT_PAGE_SIZE: Final = 100
@@ -81,7 +79,6 @@ MAX_ERRORS: Final = 50
 # KFP in single-user mode leaves run_details.Namespace empty; its runs live in the
 # namespace KFP is installed in, by default this one.
 KFP_DEFAULT_NAMESPACE: Final = "kubeflow"
-ARGO_API_VERSION: Final = "argoproj.io/v1alpha1"
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -353,21 +350,23 @@ async def bounded(work: Iterable[Awaitable[None]], limit: int) -> None:
     await asyncio.gather(*(one(item) for item in work))
 
 
-async def prefetched(
-    fetch: Callable[[str | None], Awaitable[dict[str, Any]]],
-) -> AsyncGenerator[list[dict[str, Any]], None]:
-    """The items of each page of a Kubernetes list; the next page is already being fetched
-    while the caller works on this one, so the API round trip overlaps the planning."""
-    pending: asyncio.Future[dict[str, Any]] | None = asyncio.ensure_future(fetch(None))
+async def prefetched(pages: AsyncIterator[Page]) -> AsyncGenerator[list[dict[str, Any]], None]:
+    """The items of each page; the next page is already being fetched while the caller
+    works on this one, so the API round trip overlaps the planning."""
+    pending: asyncio.Future[Page] | None = asyncio.ensure_future(anext(pages))
     try:
         while pending is not None:
-            page = await pending
-            token = page.get("metadata", {}).get("continue")
-            pending = asyncio.ensure_future(fetch(token)) if token else None
-            yield page.get("items", [])
+            try:
+                page = await pending
+            except StopAsyncIteration:
+                return
+            pending = asyncio.ensure_future(anext(pages))
+            yield page.items
     finally:
-        if pending is not None:
+        if pending is not None and not pending.done():
             pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await pending
 
 
 # --- kfp rows -----------------------------------------------------------------------------
@@ -382,8 +381,8 @@ def kfp_run(row: Row[Any]) -> RunRef:
     conditions = str(row.Conditions or "")
     return RunRef(
         engine=Engine.ARGO,
-        api_version=ARGO_API_VERSION,
-        kind="Workflow",
+        api_version=argo.DEFAULT_API_VERSION,
+        kind=argo.KIND,
         namespace=str(row.Namespace or "") or KFP_DEFAULT_NAMESPACE,
         name=str(row.Name or "") or uuid,
         uid=uuid,
@@ -472,8 +471,11 @@ class Reconciler:
         counts = RunCounts()
         self.progress.start("runs", None)
         try:
-            async with aclosing(prefetched(self._list_finished)) as pages:
-                await self._plan_pages(pages, counts)
+            pages = finished_workflow_pages(
+                self.resources.workflows(), self._list_namespace(), page_size=self.options.page_size
+            )
+            async with aclosing(prefetched(pages)) as items:
+                await self._plan_pages(items, counts)
         except ApiException as exc:
             raise ReconcileError(f"listing finished Workflows failed: {one_line(exc)}") from exc
         finally:
@@ -499,25 +501,6 @@ class Reconciler:
     def _in_scope(self, obj: dict[str, Any]) -> bool:
         namespace = obj.get("metadata", {}).get("namespace", "")
         return namespace_matches(str(namespace), self.options.namespace)
-
-    async def _list_finished(self, token: str | None) -> dict[str, Any]:
-        workflows: Workflows = self.resources.workflows()
-
-        async def page(token: str | None) -> dict[str, Any]:
-            return await workflows.list(
-                self._list_namespace(),
-                label_selector=COMPLETED_SELECTOR,
-                limit=self.options.page_size,
-                continue_token=token,
-            )
-
-        try:
-            return await page(token)
-        except ApiException as exc:
-            fresh = continue_after_expiry(exc) if exc.status == 410 and token else None
-            if fresh is None:
-                raise
-            return await page(fresh)
 
     async def _plan(self, obj: dict[str, Any], counts: RunCounts) -> None:
         counts.listed += 1

@@ -9,6 +9,7 @@ returns runs inside its function span, with its metrics (`InstrumentedHandler`).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from functions.ports import Handler
 from functions.row_reaper import RowReaper, targets_for
@@ -22,11 +23,25 @@ from lapse.telemetry import InstrumentedHandler
 Factory = Callable[[Resources], Awaitable[Handler | None]]
 
 
+class _ReferencedObjects:
+    """The planner's ObjectFetcher, connected on first use: only inputs that reference an
+    object (ApiServerSource Reference mode, a Kubernetes Event) need Kubernetes access."""
+
+    def __init__(self, resources: Resources) -> None:
+        self._resources = resources
+
+    async def fetch(
+        self, api_version: str, kind: str, namespace: str, name: str
+    ) -> dict[str, Any] | None:
+        return await self._resources.objects().fetch(api_version, kind, namespace, name)
+
+
 async def _ttl_planner(resources: Resources) -> Handler:
     return Planner(
         schedules=await resources.schedules(),
         emitter=await resources.emitter(),
         policies=tuple(resources.config.policies),
+        fetcher=_ReferencedObjects(resources),
     )
 
 

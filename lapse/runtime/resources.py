@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from lapse.config import LapseConfig
 from lapse.edges import database, nats
-from lapse.edges.kubernetes import Workflows, load_api_client
+from lapse.edges.kubernetes import KubeObjects, Workflows, load_api_client
 from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.errors import LapseError
@@ -84,6 +84,9 @@ class Resources:
 
     def workflows(self) -> Workflows:
         return Workflows(self.kube_client(), self.kube_executor())
+
+    def objects(self) -> KubeObjects:
+        return KubeObjects(self.kube_client(), self.kube_executor())
 
     def database(self) -> AsyncEngine:
         if self._engine is None:

@@ -20,16 +20,16 @@ from cloudevents.core.base import BaseCloudEvent
 from kubernetes.client.exceptions import ApiException
 
 from events.adapters import adapt_workflow
+from events.adapters.argo import COMPLETED_SELECTOR
 from events.builder import build_event
 from events.errors import InvalidEvent
 from events.models import CleanupFailed, RunDeleted, RunFinished
 from events.types import EventType
-from lapse.edges.kubernetes import Workflows, continue_after_expiry
+from lapse.edges.kubernetes import Workflows, finished_workflow_pages
 
 log = logging.getLogger(__name__)
 
 SOURCE = "/lapse/watcher"
-COMPLETED_SELECTOR = "workflows.argoproj.io/completed=true"
 PAGE_SIZE = 500
 
 Publish = Callable[[BaseCloudEvent], Awaitable[None]]
@@ -42,13 +42,11 @@ class WorkflowWatcher:
         publish: Publish,
         report: Publish,
         *,
-        label_selector: str = COMPLETED_SELECTOR,
         watch_timeout: int = 300,
     ) -> None:
         self._workflows = workflows
         self._publish = publish
         self._report = report
-        self._selector = label_selector
         self._watch_timeout = watch_timeout
         self.relists = 0
         self.synced = asyncio.Event()  # set once the first list has been published
@@ -75,7 +73,7 @@ class WorkflowWatcher:
             try:
                 async for change in self._workflows.watch(
                     resource_version=resource_version,
-                    label_selector=self._selector,
+                    label_selector=COMPLETED_SELECTOR,
                     timeout_seconds=self._watch_timeout,
                 ):
                     resource_version = change.object["metadata"]["resourceVersion"]
@@ -109,26 +107,13 @@ class WorkflowWatcher:
     async def _relist(self) -> str:
         """Publish every finished workflow, page by page; return the list's version."""
         self.relists += 1
-        token: str | None = None
-        while True:
-            try:
-                page = await self._workflows.list(
-                    label_selector=self._selector, limit=PAGE_SIZE, continue_token=token
-                )
-            except ApiException as exc:
-                # A long list outlives its continue token (410): carry on with the token
-                # the server offers; whatever finished meanwhile the watch will bring.
-                fresh = continue_after_expiry(exc) if exc.status == 410 and token else None
-                if fresh is None:
-                    raise
-                token = fresh
-                continue
-            for obj in page.get("items", []):
+        version = ""
+        async for page in finished_workflow_pages(self._workflows, page_size=PAGE_SIZE):
+            for obj in page.items:
                 await self._handle(obj, deleted=False)
-            token = page.get("metadata", {}).get("continue")
-            if not token:
-                self.synced.set()
-                return str(page["metadata"]["resourceVersion"])
+            version = page.resource_version
+        self.synced.set()
+        return version
 
     async def _handle(self, obj: dict[str, Any], *, deleted: bool) -> None:
         try:

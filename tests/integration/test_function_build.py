@@ -101,4 +101,4 @@ async def test_ttl_planner_folder_builds_in_a_clean_environment_and_serves(
         server.terminate()
         server.wait(timeout=30)
     # The function ran from lib/, not from this checkout.
-    assert (folder / "lib" / "lapse" / "knative.py").exists()
+    assert (folder / "lib" / "lapse" / "runtime" / "knative.py").exists()

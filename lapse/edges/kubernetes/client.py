@@ -1,0 +1,150 @@
+"""One API client, and the helpers every Kubernetes call shares.
+
+The official client is synchronous, so every call goes through a bounded thread pool
+(`request`) and never blocks the event loop. Every request is counted
+(`lapse.kubernetes.requests`, and per deletion), and inside a trace it is a CLIENT span
+named after its URL template, a child of the handler's span. Handlers never see the
+client's exceptions: `api_failure` turns them into a status and a one-line message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from opentelemetry.util.types import AttributeValue
+
+from lapse.telemetry import client_span, count_kubernetes_request, end_client_span
+from lapse.telemetry.names import HTTP_METHOD, SERVER_ADDRESS, SERVER_PORT, URL_TEMPLATE
+
+K8S_NAMESPACE = "k8s.namespace.name"
+
+
+def load_api_client(
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    in_cluster: bool = False,
+    *,
+    pool_size: int = 16,
+) -> client.ApiClient:
+    """`pool_size` should match the threads making calls: urllib3's default pool (10) is
+    smaller than lapse's thread pool, and each call past it pays a new TLS handshake."""
+    configuration = client.Configuration()
+    if in_cluster:
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        config.load_kube_config(
+            config_file=kubeconfig, context=context, client_configuration=configuration
+        )
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
+
+
+def continue_after_expiry(exc: ApiException) -> str | None:
+    """A list's continue token expires with etcd compaction (410). The server then offers
+    a token that continues without the list's snapshot; None if it offered none."""
+    try:
+        status = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        return None
+    token = status.get("metadata", {}).get("continue") if isinstance(status, dict) else None
+    return token if isinstance(token, str) and token else None
+
+
+@dataclass(frozen=True)
+class ApiCallFailure:
+    """A failed API call: HTTP `status` (None when no response came back), the server's own
+    message, and its Retry-After in seconds when it sent one."""
+
+    status: int | None
+    message: str
+    retry_after: float | None = None
+
+
+def api_failure(exc: BaseException) -> ApiCallFailure | None:
+    """Describe an exception raised by the client, or None if it is not an API or transport
+    failure (a bug, which the caller lets propagate)."""
+    if isinstance(exc, ApiException):
+        return ApiCallFailure(
+            exc.status or None, _status_message(exc), _retry_after(exc.headers or {})
+        )
+    # urllib3 raises its own exceptions (MaxRetryError, timeouts) for connection failures;
+    # OSError covers what escapes it (refused sockets, TLS).
+    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
+        return ApiCallFailure(None, f"{type(exc).__name__}: {exc}")
+    return None
+
+
+def _status_message(exc: ApiException) -> str:
+    # The API server answers errors with a Status object whose message is the useful part
+    # ("... is forbidden: User x cannot delete resource ..."), not the HTTP reason.
+    body = exc.body
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if isinstance(body, str) and body:
+        try:
+            status = json.loads(body)
+        except ValueError:
+            return body[:1000]
+        if isinstance(status, dict) and isinstance(status.get("message"), str):
+            return str(status["message"])
+    return str(exc.reason or f"HTTP {exc.status}")
+
+
+def _retry_after(headers: Any) -> float | None:
+    value = headers.get("Retry-After") if hasattr(headers, "get") else None
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: rare from the API server, and the default delay is fine
+
+
+def server_attributes(api_client: client.ApiClient) -> dict[str, AttributeValue]:
+    url = urlsplit(str(api_client.configuration.host))
+    attributes: dict[str, AttributeValue] = {SERVER_ADDRESS: url.hostname or ""}
+    if url.port or url.scheme:
+        attributes[SERVER_PORT] = url.port or (443 if url.scheme == "https" else 80)
+    return attributes
+
+
+async def request(
+    executor: ThreadPoolExecutor,
+    server: dict[str, AttributeValue],
+    method: str,
+    template: str,
+    namespace: str | None,
+    call: Callable[[], tuple[Any, int, Any]],
+) -> Any:
+    """Run one `*_with_http_info` call on the pool: counted, and a CLIENT span in a trace."""
+    attributes: dict[str, AttributeValue] = {HTTP_METHOD: method, URL_TEMPLATE: template, **server}
+    if namespace is not None:
+        attributes[K8S_NAMESPACE] = namespace
+    span = client_span(f"{method} {template}", attributes)
+    status: int | None = None
+    error: str | None = None
+    try:
+        data, status, _ = await asyncio.get_running_loop().run_in_executor(executor, call)
+        return data
+    except ApiException as exc:
+        status = exc.status or None
+        error = str(status) if status else type(exc).__name__
+        raise
+    except BaseException as exc:
+        error = type(exc).__name__
+        raise
+    finally:
+        count_kubernetes_request(method, status)
+        end_client_span(span, status=status, error=error)
+
+
+def timeout_kwargs(seconds: float | None) -> dict[str, Any]:
+    """The client's per-request timeout keyword, when one is wanted."""
+    return {"_request_timeout": seconds} if seconds is not None else {}

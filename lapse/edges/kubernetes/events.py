@@ -1,0 +1,73 @@
+"""Kubernetes Events about the objects lapse deletes (`kubectl describe`, `get events`)."""
+
+from __future__ import annotations
+
+import functools
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+
+from kubernetes import client
+
+from lapse.edges.kubernetes.client import request, server_attributes
+
+
+class KubeEvents:
+    """Writes core/v1 Events, the ones `kubectl describe` and `kubectl get events` show."""
+
+    # Named the way client-go names them, <object>.<unique>, within the 253-char limit.
+    _NAME_LIMIT = 253
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        executor: ThreadPoolExecutor,
+        *,
+        component: str = "lapse",
+        instance: str | None = None,
+    ) -> None:
+        self._api = client.CoreV1Api(api_client)
+        self._executor = executor
+        self._server = server_attributes(api_client)
+        self._component = component
+        self._instance = instance or component
+
+    async def record(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        uid: str,
+        api_version: str,
+        kind: str,
+        reason: str,
+        message: str,
+        event_type: str = "Normal",
+    ) -> None:
+        now = datetime.now(UTC)
+        suffix = secrets.token_hex(8)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(
+                name=f"{name[: self._NAME_LIMIT - len(suffix) - 1]}.{suffix}", namespace=namespace
+            ),
+            involved_object=client.V1ObjectReference(
+                api_version=api_version, kind=kind, name=name, namespace=namespace, uid=uid
+            ),
+            reason=reason,
+            message=message[:1024],
+            type=event_type,
+            source=client.V1EventSource(component=self._component),
+            reporting_component=self._component,
+            reporting_instance=self._instance,
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        await request(
+            self._executor,
+            self._server,
+            "POST",
+            "/api/v1/namespaces/{namespace}/events",
+            namespace,
+            functools.partial(self._api.create_namespaced_event_with_http_info, namespace, event),
+        )
