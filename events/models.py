@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Final, TypeAlias
 
-from pydantic import AwareDatetime, Field
+from pydantic import AwareDatetime, BeforeValidator, Field
 
 from events.run import ContractModel, RunRef, Target
 from events.types import EventType, Outcome
@@ -18,7 +18,22 @@ from events.types import EventType, Outcome
 # What a policy string looks like is the planner's business; the contract only insists
 # that something named the rule, so an audit trail can always answer "why this deadline".
 PolicyName = Annotated[str, Field(min_length=1, max_length=253)]
-Reason = Annotated[str, Field(min_length=1, max_length=4096)]
+# Reasons and details are for people reading an audit trail; an error message can be any
+# length, so the contract bounds them and cuts what is longer (marked with "...").
+MAX_TEXT: Final = 4096
+
+
+def clip(text: str, limit: int = MAX_TEXT) -> str:
+    """`text` within `limit` characters, its end replaced by "..." when it was cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _clipped(value: object) -> object:
+    return clip(value) if isinstance(value, str) else value
+
+
+Reason = Annotated[str, BeforeValidator(_clipped), Field(min_length=1, max_length=MAX_TEXT)]
+Detail = Annotated[str, BeforeValidator(_clipped), Field(max_length=MAX_TEXT)]
 
 MAX_ORIGINAL_ATTRIBUTES: Final = 32
 MAX_ORIGINAL_VALUE_CHARS: Final = 512
@@ -65,7 +80,7 @@ class CleanupCompleted(ContractModel):
     # completedAt - deadline; negative means deleted early, which must never happen and is
     # therefore worth recording rather than clamping.
     latency_seconds: float | None = None
-    detail: str | None = Field(default=None, max_length=4096)
+    detail: Detail | None = None
     dry_run: bool = False
 
     @classmethod

@@ -6,6 +6,7 @@ import re
 
 from events.errors import InvalidEvent
 from events.run import Target
+from events.types import EventType
 
 SCHEDULE_PREFIX = "lapse.sched"
 DUE_PREFIX = "lapse.due"
@@ -51,14 +52,25 @@ def dlq_subject(event_type: str) -> str:
     return f"{DLQ_PREFIX}.{event_type}"
 
 
+# What handlers produce: stored on the audit stream.
+_PRODUCED = frozenset(
+    {
+        EventType.CLEANUP_SCHEDULED,
+        EventType.CLEANUP_CANCELLED,
+        EventType.CLEANUP_COMPLETED,
+        EventType.CLEANUP_FAILED,
+    }
+)
+
+
 def subject_filter(event_type: str, target: str | None = None) -> str:
     """The NATS subject filter that carries events of this type (and target).
 
     Due events live on the schedule stream keyed by target; what handlers produce lives on
     the audit stream; everything else arrives through ingress.
     """
-    if event_type == "dev.lapse.cleanup.due.v1":
+    if event_type == EventType.CLEANUP_DUE:
         return f"{DUE_PREFIX}.{target}.>" if target else f"{DUE_PREFIX}.>"
-    if event_type.startswith("dev.lapse.cleanup."):
+    if event_type in _PRODUCED:
         return audit_subject(event_type)
     return event_subject(event_type)

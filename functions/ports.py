@@ -49,6 +49,13 @@ class Emitter(Protocol):
     async def emit(self, event: BaseCloudEvent) -> None: ...
 
 
+async def emit_all(emitter: Emitter, events: list[BaseCloudEvent]) -> list[BaseCloudEvent]:
+    """Emit `events` in order and return them: what every handler returns."""
+    for event in events:
+        await emitter.emit(event)
+    return events
+
+
 class ObjectFetcher(Protocol):
     """A fresh read of a Kubernetes object, for inputs that only reference it."""
 

@@ -23,18 +23,17 @@ from cloudevents.core.base import BaseCloudEvent
 
 from events.builder import build_event, parse_payload
 from events.errors import InvalidEvent
-from events.models import CleanupCompleted, CleanupDue, CleanupFailed
+from events.models import CleanupCompleted, CleanupDue, CleanupFailed, clip
 from events.original import capture_event
 from events.run import Target
 from events.types import EventType, Outcome
-from functions.ports import Emitter, RetryLater
+from functions.ports import Emitter, RetryLater, emit_all
 from functions.row_reaper.ports import Counted, Rejected, RowStore, RunResult, Unavailable
 from functions.row_reaper.targets import RunKeys, keys_for
 from functions.tracing import creation_context
 
 SOURCE: Final = "/lapse/row-reaper"
 STAGE: Final = "row-reaper"
-MAX_DETAIL: Final = 4096
 # The scheduler fires at the deadline; a due event earlier than this is a clock-skewed or
 # hand-made one, and rows deleted early cannot be brought back.
 EARLY_TOLERANCE: Final = timedelta(seconds=1)
@@ -126,7 +125,7 @@ class RowReaper:
                 work.append(_Work(event, due, keys))
             else:
                 ready.append(self._completed(due, Counted(()), keys.skipped))
-        emitted = await self._emit(ready)
+        emitted = await emit_all(self.emitter, ready)
 
         down: str | None = None
         for chunk in _chunks(work, self.batch_size):
@@ -145,7 +144,7 @@ class RowReaper:
             # leave the rest for redelivery instead of waiting on it once per chunk.
             if outcomes:
                 down = None
-            emitted += await self._emit(outcomes)
+            emitted += await emit_all(self.emitter, outcomes)
         if retries:
             raise BatchRetryLater(retries, emitted)
         return emitted
@@ -155,7 +154,7 @@ class RowReaper:
             failed = CleanupFailed(
                 run=item.due.run,
                 target=Target.DATABASE,
-                reason=result.reason[:4096],
+                reason=result.reason,
                 stage=STAGE,
                 original=capture_event(item.event),
             )
@@ -187,11 +186,6 @@ class RowReaper:
             EventType.CLEANUP_COMPLETED, source=SOURCE, data=completed, **creation_context()
         )
 
-    async def _emit(self, events: list[BaseCloudEvent]) -> list[BaseCloudEvent]:
-        for event in events:
-            await self.emitter.emit(event)
-        return events
-
 
 def describe(counted: Counted, skipped: Mapping[str, str], *, dry_run: bool = False) -> str:
     """`kfp: run_metrics=3, tasks=2, ...; argo_archive: skipped (why)` (bounded)."""
@@ -202,8 +196,7 @@ def describe(counted: Counted, skipped: Mapping[str, str], *, dry_run: bool = Fa
     if parts and dry_run:
         parts[0] = f"would delete {parts[0]}"
     parts += [f"{target}: skipped ({reason})" for target, reason in skipped.items()]
-    text = "; ".join(parts)
-    return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 3] + "..."
+    return clip("; ".join(parts))
 
 
 def _chunks(items: list[_Work], size: int) -> Iterator[list[_Work]]:

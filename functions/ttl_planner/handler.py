@@ -37,7 +37,7 @@ from events.subjects import InvalidSubjectToken
 from events.timeutil import format_rfc3339
 from events.types import EventType
 from functions.policy import Action, Decision, Policy, plan
-from functions.ports import Emitter, ObjectFetcher, ScheduleStore
+from functions.ports import Emitter, ObjectFetcher, ScheduleStore, emit_all
 from functions.tracing import (
     DEADLINE,
     POLICY,
@@ -76,13 +76,13 @@ class Planner:
                 cancelled = await self._cancel(
                     change.run, Target.KUBERNETES, "the run object was deleted"
                 )
-                return await self._emit([cancelled] if cancelled else [])
+                return await emit_all(self.emitter, [cancelled] if cancelled else [])
             decisions = plan(change.run, self.policies, self.clock())
             produced = [await self._apply(change.run, d) for d in decisions.values()]
-            return await self._emit([e for e in produced if e is not None])
+            return await emit_all(self.emitter, [e for e in produced if e is not None])
         except InvalidEvent as exc:  # also a uid that cannot be a subject token
             failed = CleanupFailed(reason=exc.reason, stage=STAGE, original=capture_event(event))
-            return await self._emit([_event(EventType.CLEANUP_FAILED, failed)])
+            return await emit_all(self.emitter, [_event(EventType.CLEANUP_FAILED, failed)])
 
     async def _run_change(self, event: BaseCloudEvent) -> RunFinished | RunDeleted | None:
         if event.get_type() in (EventType.RUN_FINISHED, EventType.RUN_DELETED):
@@ -155,11 +155,6 @@ class Planner:
             cancelled = CleanupCancelled(run=run, target=target, reason=reason)
             return _event(EventType.CLEANUP_CANCELLED, cancelled)
 
-    async def _emit(self, events: list[BaseCloudEvent]) -> list[BaseCloudEvent]:
-        for event in events:
-            await self.emitter.emit(event)
-        return events
-
     async def apply(self, run: RunRef, decision: Decision) -> list[BaseCloudEvent]:
         """Carry out one decision made by the caller, e.g. `lapse reconcile`'s database
         deadline for rows whose run object is gone (planning both targets would schedule
@@ -169,7 +164,7 @@ class Planner:
         except InvalidSubjectToken as exc:
             failed = CleanupFailed(run=run, target=decision.target, reason=exc.reason, stage=STAGE)
             produced = _event(EventType.CLEANUP_FAILED, failed)
-        return await self._emit([produced] if produced is not None else [])
+        return await emit_all(self.emitter, [produced] if produced is not None else [])
 
 
 def _event(event_type: EventType, data: ContractModel) -> BaseCloudEvent:

@@ -46,7 +46,7 @@ from events.run import Engine, RunRef, Target
 from events.subjects import InvalidSubjectToken
 from events.types import EventType, Outcome
 from functions.policy import Policy
-from functions.ports import Emitter, RetryLater, ScheduleStore
+from functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
 from functions.ratelimit import MassDeletionBrake, TokenBucket
 from functions.safety import SafetyConfig
 from functions.tracing import creation_context
@@ -75,7 +75,6 @@ DELETED_EVENT_REASON: Final = "LapseDeleted"
 # means something keeps writing it, and the event is better delivered again later.
 MAX_CONFLICTS: Final = 3
 CONFLICT_RETRY_DELAY: Final = 2.0
-_TEXT_LIMIT: Final = 4096
 
 PropagationPolicy = Literal["Background", "Foreground", "Orphan"]
 
@@ -91,10 +90,6 @@ class _Deleted:
     """The DELETE was accepted for this verdict."""
 
     verdict: Delete
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= _TEXT_LIMIT else text[: _TEXT_LIMIT - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -134,7 +129,9 @@ class WorkflowReaper:
         try:
             due = parse_payload(event, CleanupDue)
         except InvalidEvent as exc:
-            return await self._emit([self._failed(None, exc.reason, capture_event(event))])
+            return await emit_all(
+                self.emitter, [self._failed(None, exc.reason, capture_event(event))]
+            )
         if due.target is not Target.KUBERNETES:
             return []  # the database deadline belongs to the row-reaper
         run = due.run
@@ -146,12 +143,12 @@ class WorkflowReaper:
                 f"workflow-reaper deletes Argo Workflows, not {run.engine} {run.kind} "
                 f"({run.api_version}): route this due event to the reaper for that kind"
             )
-            return await self._emit([self._failed(run, reason)])
+            return await emit_all(self.emitter, [self._failed(run, reason)])
         try:
             produced = await self._reap(due)
         except InvalidSubjectToken as exc:
             produced = [self._failed(run, f"cannot reschedule: {exc}")]
-        return await self._emit(produced)
+        return await emit_all(self.emitter, produced)
 
     async def _reap(self, due: CleanupDue) -> list[BaseCloudEvent]:
         """The safety sequence, top to bottom (docs/architecture.md, "How a deletion is made
@@ -356,7 +353,7 @@ class WorkflowReaper:
             outcome=outcome,
             completed_at=self.clock(),
             deadline=deadline,
-            detail=_clip(detail),
+            detail=detail,
             dry_run=dry_run,
         )
         return build_event(
@@ -374,13 +371,8 @@ class WorkflowReaper:
         data = CleanupFailed(
             run=run,
             target=Target.KUBERNETES if run is not None else None,
-            reason=_clip(reason),
+            reason=reason,
             stage=stage,
             original=original,
         )
         return build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=data, **creation_context())
-
-    async def _emit(self, events: list[BaseCloudEvent]) -> list[BaseCloudEvent]:
-        for event in events:
-            await self.emitter.emit(event)
-        return events

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
@@ -19,6 +18,7 @@ from events.adapters import Ignored, adapt_cloudevent
 from events.builder import parse_payload
 from events.errors import InvalidEvent
 from events.types import EventType
+from lapse.runtime.asgi import Receive, Scope, Send, respond
 from lapse.telemetry import server_span
 
 log = logging.getLogger(__name__)
@@ -26,9 +26,6 @@ log = logging.getLogger(__name__)
 MAX_BODY = 4 * 1024 * 1024  # Workflows with large status can be big; etcd's limit is 1.5 MiB
 
 Publish = Callable[[BaseCloudEvent], Awaitable[None]]
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 LAPSE_RUN_TYPES = (EventType.RUN_FINISHED, EventType.RUN_DELETED)
 
@@ -55,28 +52,28 @@ class Ingress:
         if scope["type"] != "http":
             return
         if scope["path"] in ("/healthz", "/readyz"):
-            await _reply(send, 200, "ok")
+            await respond(send, 200, "ok")
             return
         if scope["method"] != "POST":
-            await _reply(send, 405, "POST a CloudEvent")
+            await respond(send, 405, "POST a CloudEvent")
             return
         body = await _body(receive)
         if body is None:
-            await _reply(send, 413, f"body larger than {MAX_BODY} bytes")
+            await respond(send, 413, f"body larger than {MAX_BODY} bytes")
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             event = from_http_event(HTTPMessage(headers=headers, body=body))
         except Exception as exc:  # the SDK raises several types for unusable input
-            await _reply(send, 400, f"not a CloudEvent: {exc}")
+            await respond(send, 400, f"not a CloudEvent: {exc}")
             return
         try:
             ignored = check(event)
         except InvalidEvent as exc:
-            await _reply(send, 400, exc.reason)
+            await respond(send, 400, exc.reason)
             return
         if ignored is not None:
-            await _reply(send, 202, f"ignored: {ignored}")
+            await respond(send, 202, f"ignored: {ignored}")
             return
         # The sender's traceparent parents this hop, so the publish (and everything after
         # it) continues the sender's trace instead of starting a new one.
@@ -85,9 +82,9 @@ class Ingress:
                 await self._publish(event)
             except Exception as exc:
                 log.warning("ingress: could not store %s: %s", event.get_id(), exc)
-                await _reply(send, 503, "event store unavailable, retry later")
+                await respond(send, 503, "event store unavailable, retry later")
                 return
-        await _reply(send, 202, "")
+        await respond(send, 202, "")
 
 
 async def _body(receive: Receive) -> bytes | None:
@@ -102,17 +99,6 @@ async def _body(receive: Receive) -> bytes | None:
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
-
-
-async def _reply(send: Send, status: int, text: str) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"text/plain; charset=utf-8")],
-        }
-    )
-    await send({"type": "http.response.body", "body": text.encode()})
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

@@ -17,22 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.trace import Status, StatusCode
 
 from functions.ports import Handler, RetryLater
 from lapse.config import ConfigError, load_config
+from lapse.runtime.asgi import Receive, Scope, Send, respond
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
 from lapse.telemetry import Telemetry, TelemetryError, configure, record_retry, server_span
 from lapse.telemetry.names import HTTP_STATUS
 
 log = logging.getLogger(__name__)
-
-Send = Callable[..., Awaitable[None]]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
 class FunctionShell:
@@ -85,9 +83,11 @@ class FunctionShell:
     def ready(self) -> tuple[bool, str]:
         return (self._handler is not None, self._problem or "ready")
 
-    async def handle(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def handle(self, scope: Scope, receive: Receive, send: Any) -> None:
+        # func-python's `send` takes CloudEvents; its `.http` passes raw ASGI messages.
+        raw: Send = getattr(send, "http", send)
         if self._handler is None:
-            await _respond(send, 503, f"{self.name} not ready: {self._problem}")
+            await respond(raw, 503, f"{self.name} not ready: {self._problem}")
             return
         event = scope["event"]
         method, path = str(scope.get("method", "POST")), str(scope.get("path", "/"))
@@ -98,7 +98,7 @@ class FunctionShell:
                 record_retry(self.name, "RetryLater")
                 span.set_attribute(HTTP_STATUS, 503)
                 span.set_status(Status(StatusCode.ERROR, exc.reason))
-                await _respond(send, 503, exc.reason, retry_after=exc.delay)
+                await respond(raw, 503, exc.reason, retry_after=exc.delay)
                 return
             except Exception as exc:
                 # func-python answers 500 and the Broker delivers again: a retry, and a bug.
@@ -108,14 +108,4 @@ class FunctionShell:
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
                 raise
             span.set_attribute(HTTP_STATUS, 202)
-            await _respond(send, 202, "")
-
-
-async def _respond(send: Send, status: int, text: str, retry_after: float | None = None) -> None:
-    headers = [[b"content-type", b"text/plain"]]
-    if retry_after is not None:
-        headers.append([b"retry-after", str(max(1, round(retry_after))).encode()])
-    # func-python wraps `send`; `.http` passes a raw ASGI message through.
-    raw = getattr(send, "http", send)
-    await raw({"type": "http.response.start", "status": status, "headers": headers})
-    await raw({"type": "http.response.body", "body": text.encode()})
+            await respond(raw, 202, "")

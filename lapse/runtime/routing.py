@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import yaml
 
 import infra
-from events.subjects import DUE_PREFIX, subject_filter
+from events.subjects import AUDIT_PREFIX, DUE_PREFIX, subject_filter
 from lapse.config import Streams
 
 SERVICE_PREFIX = "lapse-"
@@ -27,7 +27,7 @@ class Route:
     def stream(self, streams: Streams) -> str:
         if self.subject.startswith(DUE_PREFIX):
             return streams.schedule
-        if self.subject.startswith("lapse.audit."):
+        if self.subject.startswith(f"{AUDIT_PREFIX}."):
             return streams.audit
         return streams.events
 

@@ -6,22 +6,17 @@ import time
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from cloudevents.core.base import BaseCloudEvent
 from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
+from events.types import EventType
 from functions.ports import Handler, RetryLater
 from lapse.telemetry import names
 from lapse.telemetry.providers import instruments, metrics_enabled, tracer, tracing_enabled
 from lapse.telemetry.spans import event_attributes
-
-_DUE: Final = "dev.lapse.cleanup.due.v1"
-_COMPLETED: Final = "dev.lapse.cleanup.completed.v1"
-_FAILED: Final = "dev.lapse.cleanup.failed.v1"
-_SCHEDULED: Final = "dev.lapse.cleanup.scheduled.v1"
-_CANCELLED: Final = "dev.lapse.cleanup.cancelled.v1"
 
 
 @dataclass
@@ -77,11 +72,11 @@ def outcome_of(produced: Sequence[BaseCloudEvent]) -> Outcome | None:
         if not isinstance(target, str):
             continue
         outcome = data.get("outcome")
-        if event.get_type() == _COMPLETED and isinstance(outcome, str):
+        if event.get_type() == EventType.CLEANUP_COMPLETED and isinstance(outcome, str):
             lateness = data.get("latencySeconds")
             seconds = float(lateness) if isinstance(lateness, int | float) else None
             return Outcome(target, outcome, seconds)
-        if event.get_type() == _FAILED and failed is None:
+        if event.get_type() == EventType.CLEANUP_FAILED and failed is None:
             failed = Outcome(target, "failed", None)
     return failed
 
@@ -167,7 +162,7 @@ class InstrumentedHandler:
         self, event: BaseCloudEvent, produced: Sequence[BaseCloudEvent], span: Span, tally: _Tally
     ) -> None:
         _record_schedules(produced)
-        if event.get_type() != _DUE:
+        if event.get_type() != EventType.CLEANUP_DUE:
             return
         outcome = outcome_of(produced)
         if outcome is None:
@@ -198,9 +193,9 @@ def _record_schedules(produced: Sequence[BaseCloudEvent]) -> None:
         target = data.get("target")
         if not isinstance(target, str):
             continue
-        if event.get_type() == _SCHEDULED:
+        if event.get_type() == EventType.CLEANUP_SCHEDULED:
             action = "replaced" if data.get("replaced") else "created"
-        elif event.get_type() == _CANCELLED:
+        elif event.get_type() == EventType.CLEANUP_CANCELLED:
             action = "cancelled"
         else:
             continue
@@ -213,7 +208,7 @@ def record_retry(function: str, error_type: str) -> None:
 
 def record_dead_letter(event: BaseCloudEvent | None) -> None:
     """A due event given up on after its last try is a deletion that failed."""
-    if event is None or event.get_type() != _DUE:
+    if event is None or event.get_type() != EventType.CLEANUP_DUE:
         return
     target = _data(event).get("target")
     if isinstance(target, str):

@@ -21,12 +21,13 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.util.types import AttributeValue
 
 from events.tracecontext import is_valid_traceparent
+from events.types import EventType
 from functions.tracing import creation_context
 from lapse.telemetry import names
 from lapse.telemetry.providers import tracer, tracing_enabled
 
 # Processed after a delay of hours or days: a parent that old would make a meaningless trace.
-DELAYED_EVENT_TYPES: Final = frozenset({"dev.lapse.cleanup.due.v1"})
+DELAYED_EVENT_TYPES: Final = frozenset({EventType.CLEANUP_DUE})
 # Subjects whose last token is a run uid: one span name per target, not one per run.
 _PER_RUN_SUBJECT: Final = re.compile(r"^(lapse\.(?:sched|due)\.[^.]+)\.[^.]+$")
 _W3C: Final = TraceContextTextMapPropagator()

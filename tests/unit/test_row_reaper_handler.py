@@ -16,7 +16,7 @@ import pytest
 from cloudevents.core.base import BaseCloudEvent
 
 from events.builder import build_event, parse_payload
-from events.models import CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
+from events.models import MAX_TEXT, CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
 from events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
 from events.schemas import load_schema
 from events.types import EventType, Outcome
@@ -30,7 +30,7 @@ from functions.row_reaper import (
     TargetSpec,
     Unavailable,
 )
-from functions.row_reaper.handler import MAX_DETAIL, describe
+from functions.row_reaper.handler import describe
 from functions.row_reaper.targets import kfp_target
 
 DEADLINE = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -284,7 +284,7 @@ def test_detail_is_bounded() -> None:
 
     text = describe(counted, {})
 
-    assert len(text) == MAX_DETAIL and text.endswith("...")
+    assert len(text) == MAX_TEXT and text.endswith("...")
 
 
 def test_batch_size_must_be_positive() -> None:
