@@ -150,7 +150,7 @@ class DatabaseClock(_Model):
 
 
 def _policy_name(name: str) -> str:
-    # It ends up in `source` ("policy:<name>") and the audit trail: keep it plain.
+    # It ends up in `Decision.policy` ("policy:<name>") and the audit trail: keep it plain.
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", name):
         raise ValueError(f"{name!r} is not a policy name (letters, digits, '.', '-', '_')")
     return name
@@ -222,15 +222,15 @@ class Action(StrEnum):
 class Decision:
     """What to do about one target of one run, and why.
 
-    `source` names what decided: `annotation:lapse.dev/keep|expires|ttl`,
-    `argo:ttlStrategy.<field>`, `policy:<name>` or `default`. `deadline` is set (UTC)
-    exactly when `action` is schedule.
+    `policy` names what decided, as the events, the audit trail and `lapse plan` show it:
+    `annotation:lapse.dev/keep|expires|ttl`, `argo:ttlStrategy.<field>`, `policy:<name>`
+    or `default`. `deadline` is set (UTC) exactly when `action` is schedule.
     """
 
     target: Target
     action: Action
     deadline: datetime | None
-    source: str
+    policy: str
     reason: str
 
     def __post_init__(self) -> None:

@@ -121,7 +121,7 @@ class Planner:
             )
             return _event(EventType.CLEANUP_FAILED, failed)
         assert decision.deadline is not None
-        return await self._schedule(run, decision.target, decision.deadline, decision.source)
+        return await self._schedule(run, decision.target, decision.deadline, decision.policy)
 
     async def _schedule(
         self, run: RunRef, target: Target, deadline: datetime, policy: str

@@ -167,7 +167,7 @@ def classify(
             if deadline > due.deadline
             else f"not due until {deadline.isoformat()} (the due event arrived early)"
         )
-        return Reschedule(run, deadline, decision.source, f"{why}: {decision.reason}")
+        return Reschedule(run, deadline, decision.policy, f"{why}: {decision.reason}")
 
     closed = closed_gate(run.labels, safety)
     if closed is not None:
@@ -185,9 +185,9 @@ def classify(
         return Wait(
             run,
             deadline,
-            decision.source,
+            decision.policy,
             closed.gate,
             retry_at,
             f"waiting for gate {closed.gate}: {closed.reason}; next check {retry_at.isoformat()}",
         )
-    return Delete(run, run.resource_version, deadline, decision.source, safety.dry_run)
+    return Delete(run, run.resource_version, deadline, decision.policy, safety.dry_run)

@@ -41,7 +41,7 @@ from lapse import telemetry
 from lapse.cli.up import start_embedded_kube
 from lapse.config import LapseConfig, load_config
 from lapse.demo import kfp
-from lapse.demo.progress import Leftovers, Summary, Timing, Tracker, summarize
+from lapse.demo.progress import DemoSummary, Leftovers, Timing, Tracker, summarize
 from lapse.demo.scenario import MAX_TTL, NAMESPACE, Sample, make_samples, workflow, write_config
 from lapse.demo.view import change_line, live_table, print_summary
 from lapse.edges.kubernetes import Workflows, finished_workflow_pages
@@ -122,9 +122,9 @@ def run_demo(args: argparse.Namespace) -> int:
     out = make_output(args)
     begun = time.monotonic()
     state_dir = Path(tempfile.mkdtemp(prefix="lapse-demo-"))
-    verdict: list[Summary] = []
+    verdict: list[DemoSummary] = []
 
-    def report(summary: Summary) -> None:
+    def report(summary: DemoSummary) -> None:
         verdict.append(summary)
         print_report(summary, args.output, out.console)
         out.note("stopping the pipeline and the servers ...")
@@ -149,7 +149,7 @@ def quiet_logs(debug: bool) -> None:
         logging.getLogger().setLevel(logging.WARNING)
 
 
-def print_report(summary: Summary, output: str, console: Console) -> None:
+def print_report(summary: DemoSummary, output: str, console: Console) -> None:
     if output == "table":
         print_summary(console, summary)
         return
@@ -224,7 +224,7 @@ async def tour(
     samples: list[Sample],
     out: Output,
     begun: float,
-    report: Callable[[Summary], None],
+    report: Callable[[DemoSummary], None],
 ) -> None:
     """Set up, run the tour, and `report` the verdict as soon as it is known: stopping the
     pipeline and the servers afterwards can take a while."""

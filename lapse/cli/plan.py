@@ -62,7 +62,7 @@ class PlannedRun:
                 target.value: {
                     "action": d.action.value,
                     "deadline": format_rfc3339(d.deadline) if d.deadline else None,
-                    "policy": d.source,
+                    "policy": d.policy,
                     "reason": d.reason,
                 }
                 for target, d in self.decisions.items()
@@ -142,8 +142,8 @@ def print_table(rows: list[PlannedRun], now: datetime) -> None:
             row.run.name,
             row.run.phase,
             _describe(k8s, now),
-            k8s.source,
+            k8s.policy,
             _describe(db, now),
-            db.source,
+            db.policy,
         )
     Console(width=200 if not sys.stdout.isatty() else None).print(table)

@@ -30,7 +30,7 @@ from lapse.operations.reconcile import (
     DEFAULT_PAGE_SIZE,
     DEFAULT_ROW_PAGE_SIZE,
     Options,
-    Summary,
+    ReconcileSummary,
     reconcile,
 )
 from lapse.runtime.resources import Resources
@@ -115,7 +115,7 @@ def run_reconcile(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
     )
 
-    async def work() -> Summary:
+    async def work() -> ReconcileSummary:
         async with Resources(config, nats_url=args.nats_url) as resources:
             with progress_for(sys.stderr) as progress:
                 return await reconcile(resources, options, progress)
@@ -227,7 +227,7 @@ def progress_for(stream: IO[str]) -> BarProgress | LineProgress:
 # --- summary ------------------------------------------------------------------------------
 
 
-def print_summary(summary: Summary, console: Console) -> None:
+def print_summary(summary: ReconcileSummary, console: Console) -> None:
     title = "reconcile (dry run: nothing written)" if summary.dry_run else "reconcile"
     if summary.namespace:
         title += f", namespace {summary.namespace}"
@@ -244,7 +244,7 @@ def print_summary(summary: Summary, console: Console) -> None:
         console.print(f"[red]problem:[/red] {problem}", highlight=False)
 
 
-def _run_rows(table: Table, summary: Summary) -> None:
+def _run_rows(table: Table, summary: ReconcileSummary) -> None:
     runs = summary.runs
     assert runs is not None
     seconds = summary.seconds.get("runs", 0.0)
@@ -264,7 +264,7 @@ def _run_rows(table: Table, summary: Summary) -> None:
     _add(table, lines)
 
 
-def _row_rows(table: Table, summary: Summary) -> None:
+def _row_rows(table: Table, summary: ReconcileSummary) -> None:
     if summary.rows_skipped is not None:
         table.add_row("KFP run rows", "-", f"skipped: {summary.rows_skipped}")
         return

@@ -191,7 +191,7 @@ def _lateness(values: Sequence[float]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Summary:
+class DemoSummary:
     runs: int
     objects_expected: int
     objects_deleted: int
@@ -238,7 +238,9 @@ class Summary:
         }
 
 
-def summarize(tracker: Tracker, leftovers: Leftovers, timing: Timing, rows_per_run: int) -> Summary:
+def summarize(
+    tracker: Tracker, leftovers: Leftovers, timing: Timing, rows_per_run: int
+) -> DemoSummary:
     runs = list(tracker.runs.values())
     deletable = [r for r in runs if not r.sample.kept]
     with_rows = [r for r in runs if r.sample.kfp_run_id is not None]
@@ -259,7 +261,7 @@ def summarize(tracker: Tracker, leftovers: Leftovers, timing: Timing, rows_per_r
         ]
         for target in Target
     }
-    return Summary(
+    return DemoSummary(
         runs=len(runs),
         objects_expected=len(deletable),
         objects_deleted=len(objects_deleted),

@@ -11,9 +11,9 @@ from rich.text import Text
 from events.run import Target
 from lapse.demo.progress import (
     Change,
+    DemoSummary,
     RunProgress,
     State,
-    Summary,
     TargetProgress,
     Tracker,
     percentile,
@@ -111,7 +111,7 @@ def change_line(change: Change, elapsed: float) -> str:
     return f"  t+{elapsed:5.1f}s  {change.what:<9} {target:<6} {run.sample.name:<16} ({why})"
 
 
-def print_summary(console: Console, summary: Summary) -> None:
+def print_summary(console: Console, summary: DemoSummary) -> None:
     rows = [
         ("objects deleted", f"{summary.objects_deleted}/{summary.objects_expected}"),
         (
@@ -127,7 +127,7 @@ def print_summary(console: Console, summary: Summary) -> None:
             f"tour {summary.timing.tour:.1f}s)",
         ),
     ]
-    table = Table(title="Summary", title_justify="left", show_header=False, box=None)
+    table = Table(title="DemoSummary", title_justify="left", show_header=False, box=None)
     table.add_column(style="bold")
     table.add_column()
     for label, value in rows:

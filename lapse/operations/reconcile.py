@@ -157,7 +157,7 @@ class RunCounts:
 
     def record(self, emitted: Sequence[BaseCloudEvent]) -> None:
         """Count one planned run by what the planner emitted for it."""
-        outcome = outcome_of(emitted)
+        outcome = plan_outcome(emitted)
         if outcome == "failed":
             self.failed += 1
         elif outcome == "scheduled":
@@ -212,7 +212,7 @@ class RowCounts:
 
 
 @dataclass
-class Summary:
+class ReconcileSummary:
     dry_run: bool
     namespace: str | None
     runs: RunCounts | None = None
@@ -310,7 +310,7 @@ def is_label_value(value: str) -> bool:
 PlanOutcome = Literal["scheduled", "unchanged", "cancelled", "failed"]
 
 
-def outcome_of(emitted: Sequence[BaseCloudEvent]) -> PlanOutcome:
+def plan_outcome(emitted: Sequence[BaseCloudEvent]) -> PlanOutcome:
     """The one bucket a planned run lands in, from what the planner emitted."""
     types = {event.get_type() for event in emitted}
     if EventType.CLEANUP_FAILED in types:
@@ -445,8 +445,10 @@ class Reconciler:
         self.policies: tuple[Policy, ...] = tuple(resources.config.policies)
         self.problems: list[str] = []
 
-    async def run(self) -> Summary:
-        summary = Summary(self.options.dry_run, self.options.namespace, problems=self.problems)
+    async def run(self) -> ReconcileSummary:
+        summary = ReconcileSummary(
+            self.options.dry_run, self.options.namespace, problems=self.problems
+        )
         if self.options.rows:
             summary.rows_skipped = self.rows_unavailable()
             if summary.rows_skipped is None:
@@ -593,7 +595,7 @@ class Reconciler:
             counts.errors += 1
             self.note(f"scheduling KFP run {run.uid}: {one_line(exc)}")
             return
-        outcome = outcome_of(emitted)
+        outcome = plan_outcome(emitted)
         if outcome == "scheduled":
             counts.scheduled += 1
         elif outcome == "failed":
@@ -640,7 +642,7 @@ class Reconciler:
 
 async def reconcile(
     resources: Resources, options: Options, progress: Progress | None = None
-) -> Summary:
+) -> ReconcileSummary:
     """Both passes (as `options` says) against the configured cluster, NATS and database."""
     planner = await build_planner(resources, dry_run=options.dry_run)
     return await Reconciler(resources, planner, options, progress).run()

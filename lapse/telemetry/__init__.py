@@ -9,11 +9,11 @@
 """
 
 from lapse.telemetry.handling import (
+    HandledOutcome,
     InstrumentedHandler,
-    Outcome,
     count_database_statement,
     count_kubernetes_request,
-    outcome_of,
+    handled_outcome,
     record_dead_letter,
     record_retry,
 )
@@ -47,11 +47,11 @@ from lapse.telemetry.tree import render_trace_tree, spans_of_run
 
 __all__ = [
     "METRICS",
+    "HandledOutcome",
     "HopContext",
     "InMemoryTelemetry",
     "InstrumentedHandler",
     "MetricSpec",
-    "Outcome",
     "Telemetry",
     "TelemetryError",
     "client_span",
@@ -61,11 +61,11 @@ __all__ = [
     "delivery_parent",
     "end_client_span",
     "event_attributes",
+    "handled_outcome",
     "install",
     "install_in_memory",
     "metrics_enabled",
     "observe_backlog",
-    "outcome_of",
     "process_span",
     "record_dead_letter",
     "record_retry",

@@ -49,7 +49,7 @@ def count_database_statement(operation: str) -> None:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class HandledOutcome:
     target: str
     outcome: str  # a cleanup.completed outcome, or "failed"
     lateness: float | None
@@ -62,10 +62,10 @@ def _data(event: BaseCloudEvent) -> Mapping[str, Any]:
     return data if isinstance(data, Mapping) else {}
 
 
-def outcome_of(produced: Sequence[BaseCloudEvent]) -> Outcome | None:
+def handled_outcome(produced: Sequence[BaseCloudEvent]) -> HandledOutcome | None:
     """What handling one due event came to: its completion (the last one: a brake alert
     precedes the reschedule), else its failure; None when it produced neither."""
-    failed: Outcome | None = None
+    failed: HandledOutcome | None = None
     for event in reversed(produced):
         data = _data(event)
         target = data.get("target")
@@ -75,9 +75,9 @@ def outcome_of(produced: Sequence[BaseCloudEvent]) -> Outcome | None:
         if event.get_type() == EventType.CLEANUP_COMPLETED and isinstance(outcome, str):
             lateness = data.get("latencySeconds")
             seconds = float(lateness) if isinstance(lateness, int | float) else None
-            return Outcome(target, outcome, seconds)
+            return HandledOutcome(target, outcome, seconds)
         if event.get_type() == EventType.CLEANUP_FAILED and failed is None:
-            failed = Outcome(target, "failed", None)
+            failed = HandledOutcome(target, "failed", None)
     return failed
 
 
@@ -164,7 +164,7 @@ class InstrumentedHandler:
         _record_schedules(produced)
         if event.get_type() != EventType.CLEANUP_DUE:
             return
-        outcome = outcome_of(produced)
+        outcome = handled_outcome(produced)
         if outcome is None:
             return
         _record_outcome(outcome, tally)
@@ -174,7 +174,7 @@ class InstrumentedHandler:
                 span.set_attribute(names.LATENESS, outcome.lateness)
 
 
-def _record_outcome(outcome: Outcome, tally: _Tally) -> None:
+def _record_outcome(outcome: HandledOutcome, tally: _Tally) -> None:
     meter = instruments()
     meter.deletions.add(1, {names.TARGET: outcome.target, names.OUTCOME: outcome.outcome})
     if outcome.outcome == "deleted" and outcome.lateness is not None:

@@ -33,7 +33,13 @@ from lapse.edges.kubernetes import Workflows, load_api_client
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
 from lapse.embedded.nats import EmbeddedNats
-from lapse.operations.reconcile import Options, Reconciler, Summary, build_planner, reconcile
+from lapse.operations.reconcile import (
+    Options,
+    Reconciler,
+    ReconcileSummary,
+    build_planner,
+    reconcile,
+)
 from lapse.runtime.resources import Resources
 from tests import kfp_schema as kfp
 from tests.conftest import KubeStack, install_crd
@@ -82,7 +88,9 @@ def config_for(
     )
 
 
-async def run_reconcile(config: LapseConfig, namespace: str, *, dry_run: bool = False) -> Summary:
+async def run_reconcile(
+    config: LapseConfig, namespace: str, *, dry_run: bool = False
+) -> ReconcileSummary:
     async with Resources(config) as resources:
         summary = await reconcile(resources, Options(namespace=namespace, dry_run=dry_run))
     assert summary.ok, summary.problems

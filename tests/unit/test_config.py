@@ -166,10 +166,10 @@ def test_loaded_policies_drive_the_policy_engine(tmp_path: Path) -> None:
         labels={"pipeline/runid": "r"},
     )
     decisions = plan(run, config.policies, finished)
-    assert decisions[Target.KUBERNETES].source == "policy:ci"
+    assert decisions[Target.KUBERNETES].policy == "policy:ci"
     assert decisions[Target.KUBERNETES].deadline == finished + timedelta(days=1)
     assert decisions[Target.DATABASE].action is Action.CANCEL
-    assert decisions[Target.DATABASE].source == "policy:default"
+    assert decisions[Target.DATABASE].policy == "policy:default"
 
 
 # --- environment overrides --------------------------------------------------------------

@@ -162,11 +162,11 @@ def test_argo_ttl_strategy_follows_argos_rule(
 ) -> None:
     decision = decide(make_run(phase=phase, ttl_strategy=ttl_strategy), K8S, [], NOW)
     if field is None:
-        assert decision.source == "default"
+        assert decision.policy == "default"
         assert decision.deadline == FINISHED + timedelta(hours=24)
     else:
         assert seconds is not None
-        assert decision.source == f"argo:ttlStrategy.{field}"
+        assert decision.policy == f"argo:ttlStrategy.{field}"
         assert decision.action is Action.SCHEDULE
         assert decision.deadline == FINISHED + timedelta(seconds=seconds)
 
@@ -174,7 +174,7 @@ def test_argo_ttl_strategy_follows_argos_rule(
 def test_argo_ttl_strategy_beats_policies_but_not_lapse_ttl() -> None:
     policies = [make_policy("all", kubernetes={"ttl": "5m"})]
     run = make_run(ttl_strategy=strategy(completion=3600))
-    assert decide(run, K8S, policies, NOW).source == "argo:ttlStrategy.secondsAfterCompletion"
+    assert decide(run, K8S, policies, NOW).policy == "argo:ttlStrategy.secondsAfterCompletion"
     annotated = make_run(ttl_strategy=strategy(completion=3600), annotations={TTL_ANNOTATION: "2h"})
     assert decide(annotated, K8S, policies, NOW).deadline == FINISHED + timedelta(hours=2)
 
@@ -240,18 +240,18 @@ def test_kubernetes_precedence(
     annotations = {k: v for k, v in ALL_SOURCES.items() if k not in drop}
     run = make_run(annotations=annotations, ttl_strategy=strategy(success=7) if use_argo else None)
     decision = decide(run, K8S, POLICIES if use_policy else [], NOW)
-    assert (decision.source, decision.deadline) == (source, deadline)
+    assert (decision.policy, decision.deadline) == (source, deadline)
     assert decision.action is (Action.CANCEL if deadline is None else Action.SCHEDULE)
 
 
 def test_keep_false_is_the_same_as_no_keep() -> None:
     run = make_run(annotations={KEEP_ANNOTATION: "false", TTL_ANNOTATION: "3h"})
-    assert decide(run, K8S, [], NOW).source == "annotation:lapse.dev/ttl"
+    assert decide(run, K8S, [], NOW).policy == "annotation:lapse.dev/ttl"
 
 
 def test_ttl_annotation_never_cancels() -> None:
     decision = decide(make_run(annotations={TTL_ANNOTATION: "never"}), K8S, [], NOW)
-    assert (decision.action, decision.source) == (Action.CANCEL, "annotation:lapse.dev/ttl")
+    assert (decision.action, decision.policy) == (Action.CANCEL, "annotation:lapse.dev/ttl")
 
 
 def test_expires_is_absolute_and_normalized_to_utc() -> None:
@@ -311,7 +311,7 @@ def test_malformed_annotation_is_invalid(
     decision = decide(run, K8S, POLICIES, NOW)
     assert decision.action is Action.INVALID
     assert decision.deadline is None
-    assert decision.source == f"annotation:{source}"
+    assert decision.policy == f"annotation:{source}"
     assert in_reason in decision.reason
 
 
@@ -336,7 +336,7 @@ def test_database_default_is_never_and_ignores_object_annotations() -> None:
         ttl_strategy=strategy(completion=1),
     )
     decision = decide(run, DB, [], NOW)
-    assert (decision.action, decision.source) == (Action.CANCEL, "default")
+    assert (decision.action, decision.policy) == (Action.CANCEL, "default")
 
 
 def test_database_keep_only_through_a_policy() -> None:
@@ -347,7 +347,7 @@ def test_database_keep_only_through_a_policy() -> None:
         make_policy("rows", database={"ttl": "90d"}),
     ]
     kept = make_run(annotations={KEEP_ANNOTATION: "true"})
-    assert decide(kept, DB, policies, NOW).source == "policy:kept"
+    assert decide(kept, DB, policies, NOW).policy == "policy:kept"
     assert decide(kept, DB, policies[1:], NOW).deadline == FINISHED + timedelta(days=90)
 
 
@@ -368,8 +368,8 @@ def test_first_match_is_per_target() -> None:
         make_policy("unused", kubernetes={"ttl": "5m"}, database={"ttl": "1d"}),
     ]
     result = plan(make_run(), policies, NOW)
-    assert result[K8S].source == "policy:short-objects"
-    assert result[DB].source == "policy:long-rows"
+    assert result[K8S].policy == "policy:short-objects"
+    assert result[DB].policy == "policy:long-rows"
     assert result[DB].deadline == FINISHED + timedelta(weeks=1)
 
 
@@ -389,7 +389,7 @@ def test_policy_phase_clocks(phase: str, source: str, ttl: timedelta) -> None:
         ),
     ]
     decision = decide(make_run(phase=phase), K8S, policies, NOW)
-    assert (decision.source, decision.deadline) == (source, FINISHED + ttl)
+    assert (decision.policy, decision.deadline) == (source, FINISHED + ttl)
 
 
 def test_policy_without_a_clock_for_the_phase_passes_to_the_next() -> None:
@@ -397,14 +397,14 @@ def test_policy_without_a_clock_for_the_phase_passes_to_the_next() -> None:
         make_policy("success-only", kubernetes={"after_success": "10m"}),
         make_policy("rest", kubernetes={"ttl": "2d"}),
     ]
-    assert decide(make_run(phase="Succeeded"), K8S, policies, NOW).source == "policy:success-only"
-    assert decide(make_run(phase="Failed"), K8S, policies, NOW).source == "policy:rest"
-    assert decide(make_run(phase="Error"), K8S, policies, NOW).source == "policy:rest"
+    assert decide(make_run(phase="Succeeded"), K8S, policies, NOW).policy == "policy:success-only"
+    assert decide(make_run(phase="Failed"), K8S, policies, NOW).policy == "policy:rest"
+    assert decide(make_run(phase="Error"), K8S, policies, NOW).policy == "policy:rest"
 
 
 def test_policy_never_cancels() -> None:
     decision = decide(make_run(), K8S, [make_policy("p", kubernetes={"ttl": "never"})], NOW)
-    assert (decision.action, decision.source, decision.deadline) == (
+    assert (decision.action, decision.policy, decision.deadline) == (
         Action.CANCEL,
         "policy:p",
         None,
@@ -587,7 +587,7 @@ def test_ttl_based_deadline_is_never_before_the_run_finished(
     run: RunRef, policies: list[Policy], target: Target
 ) -> None:
     decision = decide(run, target, policies, NOW)
-    if decision.action is Action.SCHEDULE and decision.source != f"annotation:{EXPIRES_ANNOTATION}":
+    if decision.action is Action.SCHEDULE and decision.policy != f"annotation:{EXPIRES_ANNOTATION}":
         assert decision.deadline is not None
         assert decision.deadline >= run.finished_or(NOW)
 
@@ -597,7 +597,7 @@ def test_ttl_based_deadline_is_never_before_the_run_finished(
 def test_keep_always_wins_for_kubernetes(run: RunRef, policies: list[Policy]) -> None:
     kept = run.model_copy(update={"annotations": run.annotations | {KEEP_ANNOTATION: "true"}})
     decision = decide(kept, K8S, policies, NOW)
-    assert (decision.action, decision.source) == (Action.CANCEL, f"annotation:{KEEP_ANNOTATION}")
+    assert (decision.action, decision.policy) == (Action.CANCEL, f"annotation:{KEEP_ANNOTATION}")
 
 
 @given(runs(), policy_lists(), annotation_values, annotation_values)
@@ -630,7 +630,7 @@ def test_first_matching_policy_wins(namespaces: list[str], namespace: str, targe
     decision = decide(make_run(namespace=namespace), target, policies, NOW)
     if namespace in namespaces:
         first = namespaces.index(namespace)
-        assert decision.source == f"policy:p{first}"
+        assert decision.policy == f"policy:p{first}"
         assert decision.deadline == FINISHED + timedelta(hours=first + 1)
     else:
-        assert decision.source == "default"
+        assert decision.policy == "default"

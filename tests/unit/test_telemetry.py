@@ -268,11 +268,13 @@ def test_the_outcome_of_a_due_event_is_its_last_completion() -> None:
         completed_at=DEADLINE, deadline=DEADLINE,
     )  # fmt: skip
     completed = build_event(EventType.CLEANUP_COMPLETED, source="/t", data=moved)
-    assert telemetry.outcome_of([brake, completed]) == telemetry.Outcome(
+    assert telemetry.handled_outcome([brake, completed]) == telemetry.HandledOutcome(
         "kubernetes", "rescheduled", 0.0
     )
-    assert telemetry.outcome_of([brake]) == telemetry.Outcome("kubernetes", "failed", None)
-    assert telemetry.outcome_of([]) is None
+    assert telemetry.handled_outcome([brake]) == telemetry.HandledOutcome(
+        "kubernetes", "failed", None
+    )
+    assert telemetry.handled_outcome([]) is None
 
 
 # --- the tree -----------------------------------------------------------------------------
