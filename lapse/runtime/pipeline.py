@@ -67,83 +67,94 @@ class Pipeline:
     async def _run(self, stop: asyncio.Event) -> None:
         async with Resources(self.config, nats_url=self._nats_url) as resources:
             js = await resources.jetstream()
-            nats = self.config.nats
-            for line in await ensure_streams(
-                js,
-                stream_configs(
-                    nats.streams, replicas=nats.replicas, audit_max_age=nats.audit_max_age
-                ),
-            ):
-                log.info("streams: %s", line)
+            await self._ensure_streams(js)
             emitter = await resources.emitter()
-            handlers: dict[str, Handler | None] = {}
-            for route in self._routes:
-                if route.function not in handlers:
-                    handlers[route.function] = await build_handler(route.function, resources)
-                    if handlers[route.function] is None:
-                        log.warning(
-                            "%s has nothing to do with this configuration: not started",
-                            route.function,
-                        )
-            subscriptions = [
-                Subscription(route, handler)
-                for route in self._routes
-                if (handler := handlers[route.function]) is not None
-            ]
-            dispatcher = Dispatcher(js, emitter, nats, subscriptions)
-            tasks: list[asyncio.Task[Any]] = [
-                asyncio.create_task(dispatcher.run(), name="dispatcher")
-            ]
+            subscriptions = await self._subscribe(resources)
+            dispatcher = Dispatcher(js, emitter, self.config.nats, subscriptions)
+            # The dispatcher and the ingress finish their in-flight work when stopped; the
+            # watcher and the gauges' poller are simply cancelled.
+            draining = [asyncio.create_task(dispatcher.run(), name="dispatcher")]
+            cancelled: list[asyncio.Task[Any]] = []
+            streams = self.config.nats.streams
             if self._watch:
-                publisher = NatsPublisher(js, nats.streams)
-                watcher = WorkflowWatcher(resources.workflows(), publisher.publish, emitter.emit)
-                tasks.append(asyncio.create_task(watcher.run(stop), name="watcher"))
+                watcher = WorkflowWatcher(
+                    resources.workflows(), NatsPublisher(js, streams).publish, emitter.emit
+                )
+                cancelled.append(asyncio.create_task(watcher.run(stop), name="watcher"))
             if telemetry.metrics_enabled():
-                tasks.append(
-                    asyncio.create_task(
-                        _poll_backlog(js, nats.streams, self._backlog_interval), name="backlog"
-                    )
-                )
-            running = sorted(name for name, handler in handlers.items() if handler is not None)
+                poll = _poll_backlog(js, streams, self._backlog_interval)
+                cancelled.append(asyncio.create_task(poll, name="backlog"))
             if self._listen:
-                tasks.append(
-                    asyncio.create_task(
-                        _serve_ingress(NatsPublisher(js, nats.streams), self._listen, stop),
-                        name="ingress",
-                    )
-                )
+                serve = _serve_ingress(NatsPublisher(js, streams), self._listen, stop)
+                draining.append(asyncio.create_task(serve, name="ingress"))
                 log.info("ingress: accepting CloudEvents on http://%s/", self._listen)
+            running = sorted({s.route.function for s in subscriptions})
             log.info("lapse is running: %s", ", ".join(running))
             self.ready.set()
-            stopped = asyncio.create_task(stop.wait(), name="stop")
-            done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
-            for task in done - {stopped}:
-                if not task.cancelled() and task.exception() is not None:
-                    log.error("%s crashed: %s", task.get_name(), task.exception())
-            # Everything stops together (the ingress waits for `stop`): take no new work,
-            # let in-flight handlers finish, then close connections.
-            stop.set()
+            crashed = await self._until_stopped(stop, [*draining, *cancelled])
+            stop.set()  # everything stops together (the ingress waits for `stop`)
             dispatcher.stop()
-            for task in tasks:
-                if task.get_name() in ("watcher", "backlog"):
-                    task.cancel()
-            _, busy = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE)
-            if busy:
-                # Never hang on exit: what is cut short was not acknowledged, so JetStream
-                # delivers it again to the next lapse that runs.
-                names = ", ".join(sorted(t.get_name() for t in busy))
-                log.warning("still busy %.0fs after stop (%s): cancelling", SHUTDOWN_GRACE, names)
-                for task in busy:
-                    task.cancel()
-                await asyncio.wait(busy, timeout=5)
-            results = [
-                task.exception() if task.done() and not task.cancelled() else None for task in tasks
-            ]
-            stopped.cancel()
-            crashed = [r for t, r in zip(tasks, results, strict=True) if t in done and r]
-            if crashed and isinstance(crashed[0], BaseException):
-                raise crashed[0]
+            for task in cancelled:
+                task.cancel()
+            await _drain([*draining, *cancelled])
+            if crashed is not None:
+                raise crashed
             log.info("lapse stopped")
+
+    async def _ensure_streams(self, js: JetStreamContext) -> None:
+        nats = self.config.nats
+        configs = stream_configs(
+            nats.streams, replicas=nats.replicas, audit_max_age=nats.audit_max_age
+        )
+        for line in await ensure_streams(js, configs):
+            log.info("streams: %s", line)
+
+    async def _subscribe(self, resources: Resources) -> list[Subscription]:
+        """One subscription per route whose function has something to do here."""
+        handlers: dict[str, Handler | None] = {}
+        for route in self._routes:
+            if route.function not in handlers:
+                handlers[route.function] = await build_handler(route.function, resources)
+                if handlers[route.function] is None:
+                    log.warning(
+                        "%s has nothing to do with this configuration: not started",
+                        route.function,
+                    )
+        return [
+            Subscription(route, handler)
+            for route in self._routes
+            if (handler := handlers[route.function]) is not None
+        ]
+
+    @staticmethod
+    async def _until_stopped(
+        stop: asyncio.Event, tasks: list[asyncio.Task[Any]]
+    ) -> BaseException | None:
+        """Wait for `stop` or for a task to end on its own (a crash); return the crash."""
+        stopped = asyncio.create_task(stop.wait(), name="stop")
+        try:
+            done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        crashed = None
+        for task in done - {stopped}:
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                log.error("%s crashed: %s", task.get_name(), exc)
+                crashed = crashed or exc
+        return crashed
+
+
+async def _drain(tasks: list[asyncio.Task[Any]]) -> None:
+    """Let in-flight handlers finish, within SHUTDOWN_GRACE."""
+    _, busy = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE)
+    if busy:
+        # Never hang on exit: what is cut short was not acknowledged, so JetStream delivers
+        # it again to the next lapse that runs.
+        names = ", ".join(sorted(t.get_name() for t in busy))
+        log.warning("still busy %.0fs after stop (%s): cancelling", SHUTDOWN_GRACE, names)
+        for task in busy:
+            task.cancel()
+        await asyncio.wait(busy, timeout=5)
 
 
 async def _poll_backlog(js: JetStreamContext, streams: Streams, interval: float) -> None:
