@@ -301,29 +301,50 @@ def uncached_kube(tmp_path: Path) -> Iterator[tuple[EmbeddedKube, Workflows]]:
     server.stop()
 
 
-class CompactingReconciler(Reconciler):
+class CompactingWorkflows(Workflows):
     """Compacts etcd between the first and the second page, and checks that the server then
     refuses the old continue token, before reconcile itself asks for the page."""
 
-    def __init__(self, *args: Any, server: EmbeddedKube, workflows: Workflows, **kw: Any) -> None:
-        super().__init__(*args, **kw)
+    def __init__(self, inner: Workflows, server: EmbeddedKube) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.inner = inner
         self.server = server
-        self.workflows = workflows
         self.expired = False
 
-    async def _list_finished(self, token: str | None) -> dict[str, Any]:
-        if token is not None and not self.expired:
+    async def list(
+        self,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        limit: int = 500,
+        continue_token: str | None = None,
+    ) -> dict[str, Any]:
+        if continue_token is not None and not self.expired:
             # A write moves the revision past the list's snapshot; compaction then drops it.
-            await self.workflows.create("elsewhere", workflow("w", finished_at=None))
+            await self.inner.create("elsewhere", workflow("w", finished_at=None))
             compact_etcd(self.server.etcd_url)
             with pytest.raises(ApiException) as refused:
-                await self.workflows.list(
+                await self.inner.list(
                     "expiry", label_selector="workflows.argoproj.io/completed=true",
-                    limit=2, continue_token=token,
+                    limit=2, continue_token=continue_token,
                 )  # fmt: skip
             assert refused.value.status == 410
             self.expired = True
-        return await super()._list_finished(token)
+        return await self.inner.list(
+            namespace, label_selector=label_selector, limit=limit, continue_token=continue_token
+        )
+
+
+class CompactingResources(Resources):
+    def __init__(self, config: LapseConfig, server: EmbeddedKube) -> None:
+        super().__init__(config)
+        self.server = server
+        self.compacting: CompactingWorkflows | None = None
+
+    def workflows(self) -> Workflows:
+        if self.compacting is None:
+            self.compacting = CompactingWorkflows(super().workflows(), self.server)
+        return self.compacting
 
 
 async def test_an_expired_continue_token_does_not_end_the_listing(
@@ -343,14 +364,12 @@ async def test_an_expired_continue_token_does_not_end_the_listing(
     config = LapseConfig.model_validate(
         {"nats": {"url": nats_server.url}, "kubernetes": {"kubeconfig": kubeconfig}}
     )
-    async with Resources(config) as resources:
+    resources = CompactingResources(config, server)
+    async with resources:
         planner = await build_planner(resources, dry_run=False)
-        reconciler = CompactingReconciler(
-            resources, planner, Options(namespace="expiry", page_size=2),
-            server=server, workflows=workflows,
-        )  # fmt: skip
+        reconciler = Reconciler(resources, planner, Options(namespace="expiry", page_size=2))
         summary = await reconciler.run()
-    assert reconciler.expired
+    assert resources.compacting is not None and resources.compacting.expired
     assert summary.ok, summary.problems
     assert summary.runs is not None
     # The server's fresh token continues after the last item it served: none is lost.

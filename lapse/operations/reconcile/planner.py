@@ -1,0 +1,66 @@
+"""The ttl-planner reconcile hands runs to; with --dry-run it reads the real schedules and
+writes nothing, so the counts say what a real run would change."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from cloudevents.core.base import BaseCloudEvent
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from events.run import Target
+from functions.ports import PendingSchedule, ScheduleStore
+from functions.ttl_planner import Planner
+from lapse.config import Streams
+from lapse.operations.reconcile.counts import ReconcileError
+from lapse.runtime.resources import Resources
+
+
+class ReadOnlySchedules:
+    """--dry-run: reads the real schedules, so the counts say what a real run would change,
+    and writes nothing."""
+
+    def __init__(self, store: ScheduleStore) -> None:
+        self._store = store
+
+    async def get(self, target: Target, uid: str) -> PendingSchedule | None:
+        return await self._store.get(target, uid)
+
+    async def put(
+        self, target: Target, uid: str, deadline: datetime, due_event: BaseCloudEvent
+    ) -> None:
+        pass
+
+    async def cancel(self, target: Target, uid: str) -> bool:
+        return await self._store.get(target, uid) is not None
+
+
+class DiscardingEmitter:
+    async def emit(self, event: BaseCloudEvent) -> None:
+        pass
+
+
+async def check_streams(js: JetStreamContext, streams: Streams) -> None:
+    for name in (streams.schedule, streams.audit, streams.dlq):
+        try:
+            await js.stream_info(name)
+        except NotFoundError:
+            raise ReconcileError(
+                f"NATS stream {name} does not exist: run `lapse infra apply` "
+                "(or start `lapse up`) first"
+            ) from None
+
+
+async def build_planner(resources: Resources, *, dry_run: bool) -> Planner:
+    js = await resources.jetstream()
+    streams = resources.config.nats.streams
+    await check_streams(js, streams)
+    store: ScheduleStore = await resources.schedules()
+    if dry_run:
+        store = ReadOnlySchedules(store)
+    return Planner(
+        schedules=store,
+        emitter=DiscardingEmitter() if dry_run else await resources.emitter(),
+        policies=tuple(resources.config.policies),
+    )
