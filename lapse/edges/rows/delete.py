@@ -1,0 +1,143 @@
+"""The deletes of one transaction: children first, one `IN (...)` per table."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Hashable
+from typing import Final
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from lapse.edges.rows.model import Bound, BoundTarget, PendingRun
+
+# Bound parameters per IN list: far below asyncpg's 32767 and MySQL's 65535 limits, and
+# large enough that statement overhead stays small.
+MAX_IN_VALUES: Final = 1000
+
+
+Normalize = Callable[[object], Hashable]
+
+
+async def delete_target(
+    conn: AsyncConnection,
+    target: BoundTarget,
+    runs: list[PendingRun],
+    tallies: list[dict[tuple[str, str], int]],
+    *,
+    dry_run: bool,
+    normalize: Normalize,
+) -> None:
+    for tally in tallies:
+        for step in target.steps:
+            tally[(target.spec.name, step.name)] = 0
+    # Matched through the locked parent rows: via column -> {value: run position}.
+    through: dict[str, dict[Hashable, tuple[object, int]]] = {}
+    if target.spec.locks_parent:
+        through = await _lock_parent(conn, target, runs, dry_run=dry_run, normalize=normalize)
+    for step in target.steps:
+        if step.via is not None:
+            matched = through.get(step.via.name, {})
+            owners = {key: position for key, (_, position) in matched.items()}
+            values = [value for value, _ in matched.values()]
+        else:
+            owners, values = _owners(step, runs, normalize)
+        for value, rows in await _remove(conn, step, values, dry_run=dry_run):
+            position = owners.get(normalize(value))
+            if position is not None:
+                tallies[position][(target.spec.name, step.name)] += rows
+
+
+def _owners(
+    step: Bound, runs: list[PendingRun], normalize: Normalize
+) -> tuple[dict[Hashable, int], list[object]]:
+    """Key value -> the first run that asked for it (a key asked for twice is deleted once,
+    and counted for the first asker, as if the two had come one after the other)."""
+    owners: dict[Hashable, int] = {}
+    values: list[object] = []
+    for position, run in enumerate(runs):
+        value = run.values[step]
+        key = normalize(value)
+        if key not in owners:
+            owners[key] = position
+            values.append(value)
+    return owners, values
+
+
+async def _lock_parent(
+    conn: AsyncConnection,
+    target: BoundTarget,
+    runs: list[PendingRun],
+    *,
+    dry_run: bool,
+    normalize: Normalize,
+) -> dict[str, dict[Hashable, tuple[object, int]]]:
+    parent = target.parent
+    owners, values = _owners(parent, runs, normalize)
+    vias = target.vias
+    through: dict[str, dict[Hashable, tuple[object, int]]] = {via.name: {} for via in vias}
+    for part in _slices(sorted(values, key=_sort_key)):
+        query = (
+            select(parent.column, *vias)
+            .where(parent.column.in_(part), *parent.where)
+            .order_by(parent.column)  # one lock order for every transaction
+        )
+        if not dry_run:
+            query = query.with_for_update()
+        for row in await conn.execute(query):
+            position = owners.get(normalize(row[0]))
+            if position is None:
+                continue
+            for via, value in zip(vias, row[1:], strict=True):
+                if value is not None:
+                    through[via.name].setdefault(normalize(value), (value, position))
+    return through
+
+
+async def _remove(
+    conn: AsyncConnection, step: Bound, values: list[object], *, dry_run: bool
+) -> list[tuple[object, int]]:
+    """Delete (or count) the step's rows for `values`; (key value, rows) pairs."""
+    counted: list[tuple[object, int]] = []
+    returning = conn.dialect.delete_returning and not dry_run
+    for part in _slices(values):
+        condition = (step.column.in_(part), *step.where)
+        if returning:
+            result = await conn.execute(delete(step.table).where(*condition).returning(step.column))
+            counted += Counter(result.scalars()).items()
+            continue
+        query = select(step.column, func.count()).where(*condition).group_by(step.column)
+        if not dry_run:
+            # MySQL: counted rows stay locked, so the DELETE below removes exactly these.
+            query = query.with_for_update()
+        counted += ((value, int(rows)) for value, rows in await conn.execute(query))
+        if not dry_run:
+            await conn.execute(delete(step.table).where(*condition))
+    return counted
+
+
+def _slices(values: list[object]) -> list[list[object]]:
+    return [values[i : i + MAX_IN_VALUES] for i in range(0, len(values), MAX_IN_VALUES)]
+
+
+def _sort_key(value: object) -> tuple[str, str]:
+    return (type(value).__name__, str(value))
+
+
+def normalizer(conn: AsyncConnection) -> Normalize:
+    """How the database compares keys, for matching returned rows to runs.
+
+    MySQL's default collations ignore case and trailing spaces, so `WHERE k IN ('A ')`
+    returns the row whose key is `a`; PostgreSQL and SQLite compare exactly.
+    """
+    if conn.dialect.name != "mysql":
+        return _same
+    return _mysql_text
+
+
+def _same(value: object) -> Hashable:
+    return value if isinstance(value, Hashable) else repr(value)
+
+
+def _mysql_text(value: object) -> Hashable:
+    return value.casefold().rstrip(" ") if isinstance(value, str) else _same(value)

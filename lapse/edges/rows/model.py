@@ -1,0 +1,61 @@
+"""The configured targets resolved against the reflected schema, and a run on its way."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Column, Table
+from sqlalchemy.sql.elements import ColumnElement
+
+from functions.row_reaper.targets import TargetSpec
+
+
+class BadKey(Exception):
+    pass
+
+
+Coerce = Callable[[str], object]
+
+
+@dataclass(eq=False, frozen=True)
+class Bound:
+    """One step resolved against the reflected schema."""
+
+    target: str
+    name: str  # as configured: what the counts are reported under
+    table: Table
+    column: Column[Any]
+    where: tuple[ColumnElement[bool], ...]
+    coerce: Coerce
+    # The parent column this child's foreign key points at, when that is not the parent's
+    # key column: the child is then matched through the parent rows locked first.
+    via: Column[Any] | None = None
+
+
+@dataclass(eq=False, frozen=True)
+class BoundTarget:
+    spec: TargetSpec
+    parent: Bound
+    children: tuple[Bound, ...]
+    after: tuple[Bound, ...]
+
+    @property
+    def steps(self) -> tuple[Bound, ...]:
+        return (*self.children, self.parent, *self.after)
+
+    @property
+    def vias(self) -> tuple[Column[Any], ...]:
+        seen: dict[str, Column[Any]] = {}
+        for child in self.children:
+            if child.via is not None:
+                seen.setdefault(child.via.name, child.via)
+        return tuple(seen.values())
+
+
+@dataclass
+class PendingRun:
+    index: int
+    keys: Mapping[str, str]
+    values: dict[Bound, object] = field(default_factory=dict)

@@ -1,0 +1,164 @@
+"""`SqlRowStore`: the RowStore port on a SQLAlchemy async engine."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from functions.row_reaper.ports import Counted, Rejected, RunResult, Unavailable
+from functions.row_reaper.targets import TargetSpec
+from lapse.edges.rows.delete import delete_target, normalizer
+from lapse.edges.rows.failures import DATABASE_ERRORS, classify_failure, is_conflict
+from lapse.edges.rows.model import BadKey, BoundTarget, PendingRun
+from lapse.edges.rows.reflect import SchemaMismatch, reflect_targets
+from lapse.errors import LapseError
+
+DEFAULT_TIMEOUT: Final = 60.0
+# Deadlocks between overlapping batches are retried in place this many times.
+CONFLICT_RETRIES: Final = 5
+
+
+class DatabaseUnavailable(LapseError):
+    """The database could not be reached to check the schema."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class SqlRowStore:
+    """`functions.row_reaper.ports.RowStore` on a SQLAlchemy async engine."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        targets: Sequence[TargetSpec],
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self.engine = engine
+        self.timeout = timeout
+        self._targets = tuple(targets)
+        self._bound: tuple[BoundTarget, ...] | None = None
+        self._starting = asyncio.Lock()
+
+    @property
+    def targets(self) -> Sequence[TargetSpec]:
+        return self._targets
+
+    async def start(self) -> None:
+        """Reflect and check the schema: `SchemaMismatch` or `DatabaseUnavailable`."""
+        async with self._starting:
+            if self._bound is not None:
+                return
+            try:
+                async with asyncio.timeout(self.timeout), self.engine.connect() as conn:
+                    bound = await conn.run_sync(reflect_targets, self._targets)
+            except DATABASE_ERRORS as exc:
+                raise DatabaseUnavailable(classify_failure(exc).reason) from exc
+            self._bound = bound
+
+    async def delete(self, runs: Sequence[Mapping[str, str]], *, dry_run: bool) -> list[RunResult]:
+        try:
+            await self.start()
+        except DatabaseUnavailable as exc:
+            return [Unavailable(exc.reason)] * len(runs)
+        results: list[RunResult] = [Unavailable("not attempted")] * len(runs)
+        prepared: list[PendingRun] = []
+        for index, keys in enumerate(runs):
+            run = PendingRun(index, keys)
+            try:
+                self._coerce(run)
+            except BadKey as exc:
+                results[index] = Rejected(str(exc))
+                continue
+            prepared.append(run)
+        for run, result in zip(prepared, await self._attempt(prepared, dry_run), strict=True):
+            results[run.index] = result
+        return results
+
+    def _coerce(self, run: PendingRun) -> None:
+        for target in self._bound or ():
+            key = run.keys.get(target.spec.name)
+            if key is None:
+                continue
+            for step in target.steps:
+                if step.via is None:
+                    try:
+                        run.values[step] = step.coerce(key)
+                    except ValueError as exc:
+                        raise BadKey(
+                            f"{target.spec.config_key}: key {key[:200]!r} does not fit "
+                            f"column {step.table.fullname}.{step.column.name} ({exc})"
+                        ) from None
+
+    async def _attempt(self, runs: list[PendingRun], dry_run: bool) -> list[RunResult]:
+        if not runs:
+            return []
+        for attempt in range(CONFLICT_RETRIES + 1):
+            try:
+                tallies = await self._transaction(runs, dry_run)
+            except DATABASE_ERRORS as exc:
+                failure = classify_failure(exc)
+                # A deadlock victim is rolled back and meant to be run again; InnoDB's gap
+                # locks make that likely when batches overlap, so a few quick, jittered
+                # tries cost less than the runtime's redelivery.
+                if attempt < CONFLICT_RETRIES and is_conflict(exc):
+                    await asyncio.sleep(random.uniform(0, 0.05 * (attempt + 1)))
+                    continue
+                break
+            return [Counted(tuple(tally)) for tally in tallies]
+        if isinstance(failure, Unavailable) or len(runs) == 1:
+            return [failure] * len(runs)
+        # Something in this batch is refused for good: find which run, commit the others.
+        results: list[RunResult] = []
+        for run in runs:
+            if results and isinstance(results[-1], Unavailable):
+                results.append(results[-1])
+            else:
+                results += await self._attempt([run], dry_run)
+        return results
+
+    async def _transaction(
+        self, runs: list[PendingRun], dry_run: bool
+    ) -> list[list[tuple[str, str, int]]]:
+        tallies: list[dict[tuple[str, str], int]] = [{} for _ in runs]
+        async with asyncio.timeout(self.timeout), self.engine.connect() as conn:
+            normalize = normalizer(conn)
+            async with conn.begin() as tx:
+                for target in self._bound or ():
+                    members = [i for i, run in enumerate(runs) if target.spec.name in run.keys]
+                    if members:
+                        await delete_target(
+                            conn,
+                            target,
+                            [runs[i] for i in members],
+                            [tallies[i] for i in members],
+                            dry_run=dry_run,
+                            normalize=normalize,
+                        )
+                if dry_run:
+                    await tx.rollback()
+        return [[(t, table, n) for (t, table), n in tally.items()] for tally in tallies]
+
+
+async def open_row_store(
+    engine: AsyncEngine, targets: Sequence[TargetSpec], *, timeout: float = DEFAULT_TIMEOUT
+) -> SqlRowStore:
+    """The row store for `targets`, its schema checked now.
+
+    Raises `SchemaMismatch` (a configuration problem: exit, do not retry) or
+    `DatabaseUnavailable` (the runtime may start anyway: every delete then retries the
+    check and reports `Unavailable` until the database answers).
+    """
+    if not targets:
+        raise SchemaMismatch(
+            ["database.targets: nothing to delete (enable kfp or argo_archive, or declare tables)"]
+        )
+    store = SqlRowStore(engine, targets, timeout=timeout)
+    await store.start()
+    return store
