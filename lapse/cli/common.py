@@ -17,3 +17,7 @@ def config_from(args: argparse.Namespace) -> LapseConfig:
         return load_config(getattr(args, "config", None))
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
+
+
+def add_nats_url(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nats-url", help="NATS server (default: nats.url from the config)")

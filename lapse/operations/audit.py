@@ -1,4 +1,5 @@
-"""Reading what lapse recorded: the audit trail and the pending schedules."""
+"""Reading what lapse recorded: the audit trail (as rows for people and scripts) and the
+pending schedules."""
 
 from __future__ import annotations
 
@@ -6,15 +7,19 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from cloudevents.core.base import BaseCloudEvent
 from nats.js import JetStreamContext
 
+from events.builder import parse_payload
 from events.errors import InvalidEvent
+from events.models import CleanupCompleted, CleanupFailed
 from events.nats_binding import decode_header_value, from_nats
 from events.run import Target
 from events.subjects import AUDIT_PREFIX, SCHEDULE_PREFIX
-from events.timeutil import parse_rfc3339
+from events.timeutil import format_rfc3339, parse_rfc3339
+from events.types import EventType
 from lapse.edges.schedules import SCHEDULE_HEADER
 from lapse.edges.streams import count_messages, read_stream
 
@@ -64,3 +69,46 @@ async def pending_schedules(
                 earliest = sorted(earliest)[:show]
         await asyncio.sleep(0)
     return PendingSummary(target, count, sorted(earliest)[:show], scanned)
+
+
+# The events that end a due deadline: what `history` and `status` show by default.
+OUTCOME_TYPES = (EventType.CLEANUP_COMPLETED, EventType.CLEANUP_FAILED)
+
+
+def history_row(event: BaseCloudEvent) -> dict[str, Any] | None:
+    """One audit event as a flat row (time, run, target, outcome, lateness, detail); None
+    for an event whose payload is not lapse's."""
+    try:
+        payload = parse_payload(event)
+    except InvalidEvent:
+        return None
+    run = getattr(payload, "run", None)
+    time = event.get_time()
+    row: dict[str, Any] = {
+        "time": format_rfc3339(time) if time else None,
+        "event": str(event.get_type()).removeprefix("dev.lapse.").removesuffix(".v1"),
+        "namespace": run.namespace if run else None,
+        "name": run.name if run else None,
+        "uid": run.uid if run else None,
+        "target": getattr(payload, "target", None),
+        "outcome": None,
+        "deadline": None,
+        "latencySeconds": None,
+        "detail": None,
+        "source": event.get_source(),
+    }
+    if isinstance(payload, CleanupCompleted):
+        row["outcome"] = payload.outcome.value
+        row["deadline"] = format_rfc3339(payload.deadline) if payload.deadline else None
+        row["latencySeconds"] = payload.latency_seconds
+        row["detail"] = payload.detail
+    elif isinstance(payload, CleanupFailed):
+        row["outcome"] = "failed"
+        row["detail"] = payload.reason
+    else:
+        deadline = getattr(payload, "deadline", None)
+        row["deadline"] = format_rfc3339(deadline) if deadline else None
+        row["detail"] = getattr(payload, "policy", None) or getattr(payload, "reason", None)
+    if row["target"] is not None:
+        row["target"] = str(row["target"])
+    return row
