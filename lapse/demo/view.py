@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from datetime import datetime
 
 from rich.console import Console, Group, RenderableType
@@ -149,3 +151,26 @@ def _lateness_text(values: list[float]) -> str:
         f"p50 {p50:.3f}s  p99 {p99:.3f}s  max {max(values):.3f}s over {len(values)} "
         "deletions (done - deadline)"
     )
+
+
+@dataclass
+class Output:
+    """Where progress goes: a live table, or plain lines (on stderr when stdout is JSON)."""
+
+    console: Console
+    live: bool
+    started: float = 0.0  # monotonic time the first workflow was created
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started if self.started else 0.0
+
+    def note(self, text: str) -> None:
+        if self.live:
+            self.console.print(f"[dim]{text}[/dim]", highlight=False)
+        else:
+            self.console.print(text, markup=False, highlight=False)
+
+    def trace(self, name: str, tree: str) -> None:
+        """One run's trace tree (on stderr with -o json, so stdout stays JSON)."""
+        self.console.print(f"\ntrace of {name} (planner -> schedule -> reapers):", markup=False)
+        self.console.print(tree, markup=False, highlight=False)

@@ -1,0 +1,267 @@
+"""The tour `lapse demo` gives: set up the sample runs, run the pipeline, follow the audit
+trail live, and judge the end state against the API server and the database."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Final
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from opentelemetry.sdk.trace import ReadableSpan
+from rich.live import Live
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from events.adapters import argo
+from events.errors import InvalidEvent
+from events.nats_binding import from_nats
+from events.subjects import AUDIT_PREFIX
+from lapse import telemetry
+from lapse.config import LapseConfig
+from lapse.demo import kfp
+from lapse.demo.progress import DemoSummary, Leftovers, Timing, Tracker, summarize
+from lapse.demo.scenario import MAX_TTL, NAMESPACE, Sample, workflow
+from lapse.demo.view import Output, change_line, live_table
+from lapse.edges.kubernetes import Workflows, finished_workflow_pages
+from lapse.runtime.pipeline import Pipeline
+from lapse.runtime.resources import Resources
+from lapse.telemetry import names
+
+log = logging.getLogger(__name__)
+
+# Past the last deadline, how long the tour waits for stragglers before it judges.
+GRACE_SECONDS: Final = 30.0
+REFRESH_SECONDS: Final = 0.25
+LIST_EVERY_SECONDS: Final = 1.0
+SETUP_TIMEOUT: Final = 60.0
+# Stopping drains NATS, whose client gives up after 30 s.
+STOP_TIMEOUT: Final = 90.0
+
+
+# --- setting up ----------------------------------------------------------------------------
+
+
+async def tour(
+    config: LapseConfig,
+    nats_url: str,
+    samples: list[Sample],
+    out: Output,
+    begun: float,
+    report: Callable[[DemoSummary], None],
+) -> None:
+    """Set up, run the tour, and `report` the verdict as soon as it is known: stopping the
+    pipeline and the servers afterwards can take a while."""
+    async with Resources(config) as resources:
+        workflows = resources.workflows()
+        engine = resources.database()
+        await prepare_cluster(resources.kube_client(), workflows, samples[0])
+        await kfp.create_tables(engine)
+        kfp_runs = [(s.kfp_run_id, s.name) for s in samples if s.kfp_run_id is not None]
+        await kfp.insert_runs(engine, kfp_runs, NAMESPACE)
+        # In-process spans, so the tour can show one run's whole path without a backend.
+        recorder = telemetry.install_in_memory("lapse-demo")
+        async with running_pipeline(config, nats_url) as pipeline:
+            js = await resources.jetstream()
+            out.note(
+                f"ready after {time.monotonic() - begun:.1f}s; creating {len(samples)} finished "
+                f"workflows in namespace {NAMESPACE} ({len(kfp_runs)} with KFP rows)"
+            )
+            pool = resources.kube_client().configuration.connection_pool_maxsize
+            tracker = Tracker(samples, datetime.now(UTC))
+            async with following_audit(js, config.nats.streams.audit, tracker, out):
+                out.started = time.monotonic()
+                await create_all(workflows, samples, tracker.finished_at, at_once=pool)
+                await follow(tracker, workflows, out, pipeline)
+            tour_seconds = time.monotonic() - out.started
+            leftovers = await inspect_leftovers(workflows, engine, samples)
+            timing = Timing(out.started - begun, tour_seconds)
+            report(summarize(tracker, leftovers, timing, kfp.ROWS_PER_RUN))
+            traced = next((s.name for s in samples if s.kfp_run_id is not None), samples[0].name)
+            out.trace(traced, trace_of(recorder.spans(), traced))
+
+
+def trace_of(spans: Sequence[ReadableSpan], name: str) -> str:
+    """One run's traces as a tree: planner, schedule, and each reaper after its delay."""
+    uids = {
+        str(span.attributes.get(names.RUN_UID))
+        for span in spans
+        if span.attributes and span.attributes.get(names.RUN_NAME) == name
+    }
+    if not uids:
+        return f"(no spans recorded for {name})"
+    return telemetry.render_trace_tree(telemetry.spans_of_run(spans, uids.pop()))
+
+
+@contextlib.asynccontextmanager
+async def running_pipeline(config: LapseConfig, nats_url: str) -> AsyncIterator[asyncio.Task[None]]:
+    """The whole pipeline as an asyncio task, ready when the body runs, stopped after it."""
+    pipeline = Pipeline(config, nats_url=nats_url)
+    stop = asyncio.Event()
+    task = asyncio.create_task(pipeline.run(stop), name="pipeline")
+    ready = asyncio.create_task(pipeline.ready.wait())
+    await asyncio.wait([task, ready], timeout=SETUP_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
+    if not ready.done():
+        ready.cancel()
+        stop.set()
+        if task.done():
+            task.result()  # raises what stopped it
+        raise RuntimeError(f"the pipeline was not ready after {SETUP_TIMEOUT:.0f}s")
+    try:
+        yield task
+    finally:
+        stop.set()
+        done, _ = await asyncio.wait([task], timeout=STOP_TIMEOUT)
+        if not done:
+            log.warning("the pipeline did not stop within %.0fs; leaving it", STOP_TIMEOUT)
+            task.cancel()
+
+
+async def prepare_cluster(
+    api_client: client.ApiClient, workflows: Workflows, sample: Sample
+) -> None:
+    """The demo namespace, the Workflow resource served, and its validation warmed up."""
+    core = client.CoreV1Api(api_client)
+    namespace = client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE))
+    try:
+        await asyncio.to_thread(core.create_namespace, namespace)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    await poll(lambda: _served(workflows), what="the Workflow CRD to be served")
+    # The API server compiles the CRD's schema on the first create (about 2 s); a dry run
+    # pays for that now instead of out of the first sample's few seconds of TTL.
+    custom = client.CustomObjectsApi(api_client)
+    await asyncio.to_thread(
+        custom.create_namespaced_custom_object,
+        argo.GROUP, argo.VERSION, NAMESPACE, argo.RESOURCE,
+        workflow(sample, datetime.now(UTC)), dry_run="All",
+    )  # fmt: skip
+
+
+async def _served(workflows: Workflows) -> bool:
+    try:
+        await workflows.list(NAMESPACE, limit=1)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+async def poll(check: Callable[[], Awaitable[bool]], *, what: str) -> None:
+    deadline = time.monotonic() + SETUP_TIMEOUT
+    while not await check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"gave up waiting for {what} after {SETUP_TIMEOUT:.0f}s")
+        await asyncio.sleep(0.1)
+
+
+# --- the tour itself -----------------------------------------------------------------------
+
+
+async def create_all(
+    workflows: Workflows, samples: list[Sample], finished_at: datetime, *, at_once: int
+) -> None:
+    # No more at once than the client's connection pool holds, or urllib3 warns and
+    # throws connections away.
+    slots = asyncio.Semaphore(max(1, at_once))
+
+    async def create(sample: Sample) -> None:
+        async with slots:
+            await workflows.create(NAMESPACE, workflow(sample, finished_at))
+
+    await asyncio.gather(*(create(sample) for sample in samples))
+
+
+async def follow(
+    tracker: Tracker, workflows: Workflows, out: Output, pipeline: asyncio.Task[None]
+) -> None:
+    """Until every run settled (or the last deadline is well past): refresh the view and
+    look at the API server, where a kept run proves itself by still being there."""
+    give_up = out.started + MAX_TTL + GRACE_SECONDS
+    with contextlib.ExitStack() as stack:
+        live = None
+        if out.live:
+            live = stack.enter_context(Live(console=out.console, auto_refresh=False))
+        last_list = 0.0
+        while True:
+            if pipeline.done():
+                pipeline.result()  # raises what stopped it
+                raise RuntimeError("the pipeline stopped in the middle of the tour")
+            now = time.monotonic()
+            if now - last_list >= LIST_EVERY_SECONDS:
+                last_list = now
+                for change in tracker.observe(await object_names(workflows), datetime.now(UTC)):
+                    if not out.live:
+                        out.note(change_line(change, out.elapsed()))
+            if live is not None:
+                live.update(live_table(tracker, datetime.now(UTC), out.elapsed()), refresh=True)
+            if tracker.settled or now > give_up:
+                return
+            await asyncio.sleep(REFRESH_SECONDS)
+
+
+@contextlib.asynccontextmanager
+async def following_audit(
+    js: JetStreamContext, stream: str, tracker: Tracker, out: Output
+) -> AsyncIterator[None]:
+    """Feed every audit event into the tracker while the body runs."""
+    subject = f"{AUDIT_PREFIX}.>"
+    sub = await js.pull_subscribe(
+        subject,
+        stream=stream,
+        config=ConsumerConfig(
+            filter_subject=subject,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=30.0,
+        ),
+    )
+
+    async def pump() -> None:
+        while True:
+            try:
+                msgs = await sub.fetch(100, timeout=0.5)
+            except TimeoutError:
+                continue
+            for msg in msgs:
+                try:
+                    change = tracker.apply(from_nats(dict(msg.headers or {}), msg.data))
+                except InvalidEvent:
+                    continue  # not lapse's: nothing to show
+                if change is not None and not out.live:
+                    out.note(change_line(change, out.elapsed()))
+
+    task = asyncio.create_task(pump(), name="audit")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        # A pull subscription left open holds up the connection's drain at close.
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+async def object_names(workflows: Workflows) -> set[str]:
+    """The demo's Workflows still present (all of them were written finished)."""
+    names: set[str] = set()
+    async for page in finished_workflow_pages(workflows, NAMESPACE):
+        names.update(item["metadata"]["name"] for item in page.items)
+    return names
+
+
+async def inspect_leftovers(
+    workflows: Workflows, engine: AsyncEngine, samples: list[Sample]
+) -> Leftovers:
+    run_ids = [s.kfp_run_id for s in samples if s.kfp_run_id is not None]
+    objects = await object_names(workflows)
+    return Leftovers(frozenset(objects), await kfp.rows_left(engine, run_ids))
