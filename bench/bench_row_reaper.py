@@ -8,7 +8,7 @@ KFP's run tables, inserts the runs (2 run_metrics, 2 tasks and 2 resource_refere
 each), builds one due event per run, and times the handler from the first event to the
 last committed transaction and emitted completion: parsing, key extraction, the deletes
 and building the `cleanup.completed` events. It then checks that every row is gone.
-Target (DESIGN.md): at least 5,000 runs/s on each database.
+Target (docs/architecture.md, "Targets"): at least 5,000 runs/s on each database.
 """
 
 from __future__ import annotations

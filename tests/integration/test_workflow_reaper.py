@@ -276,7 +276,7 @@ async def test_expired_workflow_is_deleted_with_two_requests_and_an_event(
         Outcome.DELETED,
     )
     assert not await exists(kube, wf)
-    assert (calls.gets, calls.deletes) == (1, 1)  # the DESIGN budget: GET + DELETE
+    assert (calls.gets, calls.deletes) == (1, 1)  # the budget in docs/architecture.md: GET + DELETE
     assert done.run.uid == wf["metadata"]["uid"]
     assert done.completed_at >= start
     assert done.latency_seconds is not None and done.latency_seconds > 9 * 60
