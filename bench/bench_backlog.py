@@ -16,7 +16,8 @@ events at `safety.max_deletions_per_second` = `--rate`). It reports:
   before its deadline.
 
 Target (docs/architecture.md, "Targets"): 100,000 already-expired runs drained at the
-configured rate with flat memory. 100,000 takes a while on 2 cores (creating them alone is several minutes).
+configured rate with flat memory. 100,000 takes a while on 2 cores (creating them alone is
+several minutes).
 """
 
 from __future__ import annotations
