@@ -101,7 +101,9 @@ class NatsConfig(_Section):
     replicas: int = Field(default=1, ge=1, le=5)
     audit_max_age: PositiveDuration = timedelta(days=30)
     max_deliver: int = Field(default=5, ge=1)
-    ack_wait: PositiveDuration = timedelta(seconds=30)
+    # Short: it only decides how soon a dead process's work is delivered again; live work is
+    # marked in progress by the dispatcher's heartbeats.
+    ack_wait: PositiveDuration = timedelta(seconds=5)
 
 
 class KfpTarget(_Section):

@@ -2,10 +2,16 @@
 
 One durable pull consumer per route (per Trigger), explicit acks:
 - the handler returned: ack;
-- `RetryLater`, or an unexpected exception: NAK with a delay, so JetStream redelivers;
-- the last allowed try failed, or the message is not a CloudEvent: a `cleanup.failed`
-  with the reason goes to the dead letters, then the message is acked.
-Nothing is acked before the handler is done, so a crash means redelivery, not loss.
+- `RetryLater` (a transient failure: the API server or database unreachable, 429, 5xx):
+  NAK with a capped, jittered back-off, for as long as it takes - never dead-lettered for
+  it; the wait is visible (lapse.runtime.outages);
+- an unexpected exception (a bug): NAK with a delay, and after `nats.max_deliver` tries a
+  `cleanup.failed` with the reason goes to the dead letters, then the message is acked;
+- not a CloudEvent: dead-lettered at once.
+Nothing is acked before the handler is done, so a crash means redelivery, not loss. While
+a message is held (fetched, queued or being handled) it is marked in progress every third
+of `nats.ack_wait`: a short ack wait then only decides how soon the work of a process that
+died is delivered again, never cuts short work that is still going on.
 
 Each delivery is a CONSUMER span (`process <subject>`) from the hop context in the
 message's `traceparent` header; a due event, delivered hours or days after it was
@@ -36,15 +42,14 @@ from events.types import EventType
 from functions.ports import Emitter, Handler, RetryLater
 from functions.tracing import creation_context
 from lapse.config import NatsConfig
+from lapse.runtime.outages import Backoff, Outages
 from lapse.runtime.routing import Route
 from lapse.telemetry import process_span, record_dead_letter, record_retry
-from lapse.telemetry.names import RETRY_REASON
+from lapse.telemetry.names import RETRY_DELAY, RETRY_REASON
 
 log = logging.getLogger(__name__)
 
 SOURCE = "/lapse/dispatcher"
-# Redelivery delays for failures that did not say how long to wait.
-DEFAULT_BACKOFF = (1.0, 5.0, 15.0, 60.0, 300.0)
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class Dispatcher:
         *,
         concurrency: int = 64,
         batch: int = 64,
+        backoff: Backoff = Backoff(),  # noqa: B008 - frozen, so one shared default is safe
     ) -> None:
         self._js = js
         self._emitter = emitter
@@ -70,20 +76,30 @@ class Dispatcher:
         self._subscriptions = subscriptions
         self._slots = asyncio.Semaphore(concurrency)
         self._batch = batch
+        self._backoff = backoff
         self._stopping = asyncio.Event()
         self._inflight: set[asyncio.Task[None]] = set()
+        # Fetched and not yet acked or NAKed, by id (nats-py's Msg is not hashable).
+        self._held: dict[int, Msg] = {}
+        self.outages = Outages()
 
     async def run(self) -> None:
-        """Consume until `stop()`; then let in-flight handlers finish."""
+        """Consume until `stop()`; then let in-flight handlers finish. A consumer loop that
+        fails ends the run with its exception (after the in-flight work), never silently."""
         loops = [asyncio.create_task(self._consume(s)) for s in self._subscriptions]
+        stopping = asyncio.create_task(self._stopping.wait())
         try:
-            await self._stopping.wait()
+            await asyncio.wait([stopping, *loops], return_when=asyncio.FIRST_COMPLETED)
         finally:
+            stopping.cancel()
             for loop in loops:
                 loop.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
+            results = await asyncio.gather(*loops, return_exceptions=True)
             if self._inflight:
                 await asyncio.wait(self._inflight)
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:
+            raise failed[0]
 
     def stop(self) -> None:
         self._stopping.set()
@@ -97,15 +113,18 @@ class Dispatcher:
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
             ack_wait=self._config.ack_wait.total_seconds(),
-            # One more than lapse's own limit: lapse dead-letters on the last try itself,
-            # the server's limit is only a backstop.
-            max_deliver=self._config.max_deliver + 1,
+            # Unlimited: a transient failure is retried for as long as it lasts, and lapse
+            # dead-letters everything else itself after nats.max_deliver tries.
+            max_deliver=-1,
             max_ack_pending=10_000,
         )
+        # Creates the durable, or updates one an older lapse made (ack wait, max deliver).
+        await self._js.add_consumer(stream, config)
         sub = await self._js.pull_subscribe(
             route.subject, durable=config.durable_name, stream=stream, config=config
         )
         log.info("%s: consuming %s from %s", route.function, route.subject, stream)
+        heartbeat = asyncio.create_task(self._heartbeat(), name=f"heartbeat {route.name}")
         try:
             while not self._stopping.is_set():
                 try:
@@ -116,23 +135,42 @@ class Dispatcher:
                     log.warning("%s: fetch failed: %s", route.name, exc)
                     await asyncio.sleep(1.0)
                     continue
+                self._held.update((id(msg), msg) for msg in msgs)
                 for msg in msgs:
                     await self._slots.acquire()
                     task = asyncio.create_task(self._deliver(subscription, msg))
                     self._inflight.add(task)
                     task.add_done_callback(self._finished)
         finally:
+            heartbeat.cancel()
             # The pull subscription holds the connection open: without this, draining it
             # at shutdown waits out the drain timeout.
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _heartbeat(self) -> None:
+        """Mark every held message in progress, so the server redelivers none of them while
+        this process lives, however long a handler waits (rate limit, slow API)."""
+        interval = self._config.ack_wait.total_seconds() / 3
+        while True:
+            await asyncio.sleep(interval)
+            for msg in list(self._held.values()):
+                with contextlib.suppress(Exception):  # acked meanwhile, or reconnecting
+                    await msg.in_progress()
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
         self._slots.release()
 
     async def _deliver(self, subscription: Subscription, msg: Msg) -> None:
+        try:
+            await self._handle(subscription, msg)
+        finally:
+            self._held.pop(id(msg), None)
+
+    async def _handle(self, subscription: Subscription, msg: Msg) -> None:
         route = subscription.route
+        key = msg.metadata.sequence.stream if msg.metadata else 0
         attempt = msg.metadata.num_delivered if msg.metadata else 1
         try:
             event: CloudEvent | None = from_nats(msg.headers, msg.data)
@@ -163,16 +201,25 @@ class Dispatcher:
             try:
                 await subscription.handler.handle(event)
             except RetryLater as exc:
-                await self._retry(msg, route, attempt, exc.reason, exc.delay, event, "RetryLater")
+                # Transient: waited out with back-off for as long as it lasts.
+                loop = asyncio.get_running_loop()
+                self.outages.waiting(route.function, key, exc.reason, loop.time())
+                delay = self._backoff.delay(attempt, exc.delay)
+                span.add_event("nak", {RETRY_REASON: exc.reason[:256], RETRY_DELAY: delay})
+                record_retry(route.function, "RetryLater")
+                with contextlib.suppress(Exception):
+                    await msg.nak(delay=delay)
                 return
             except Exception as exc:
                 log.exception("%s: handler failed on %s", route.function, event.get_id())
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-                delay = DEFAULT_BACKOFF[min(attempt, len(DEFAULT_BACKOFF)) - 1]
+                delay = self._backoff.delay(attempt)
                 reason = f"{type(exc).__name__}: {exc}"
                 await self._retry(msg, route, attempt, reason, delay, event, type(exc).__name__)
+                self.outages.done(route.function, key, asyncio.get_running_loop().time())
                 return
             await msg.ack()
+            self.outages.done(route.function, key, asyncio.get_running_loop().time())
 
     async def _retry(
         self,
@@ -202,7 +249,7 @@ class Dispatcher:
             await msg.ack()
             return
         log.info("%s: try %d failed (%s); again in %.0fs", route.function, attempt, reason, delay)
-        span.add_event("nak", {RETRY_REASON: reason[:256], "lapse.retry.delay_seconds": delay})
+        span.add_event("nak", {RETRY_REASON: reason[:256], RETRY_DELAY: delay})
         record_retry(route.function, error_type)
         with contextlib.suppress(Exception):
             await msg.nak(delay=delay)

@@ -12,13 +12,16 @@ from lapse.telemetry.names import (
     DELETION_CALLS,
     DELETIONS,
     DLQ_DEPTH,
+    FUNCTION,
     HANDLER_DURATION,
     KUBERNETES_REQUESTS,
     LATENESS_SECONDS,
+    OUTAGE_SECONDS,
     PENDING,
     RETRIES,
     SCHEDULE_CHANGES,
     TARGET,
+    WAITING,
     MetricSpec,
 )
 
@@ -30,6 +33,8 @@ class _Backlog:
 
     pending: dict[str, int] = field(default_factory=dict)
     dlq: int | None = None
+    # function -> (events waiting out a transient failure, seconds it has lasted)
+    waiting: dict[str, tuple[int, float]] = field(default_factory=dict)
 
 
 _backlog = _Backlog()
@@ -39,6 +44,19 @@ def observe_backlog(pending: Mapping[str, int], dlq: int) -> None:
     """Record what the streams hold now: pending schedules per target, dead letters."""
     _backlog.pending = dict(pending)
     _backlog.dlq = dlq
+
+
+def observe_waiting(function: str, count: int, seconds: float) -> None:
+    """Record how many events `function` waits to retry, and for how long it has."""
+    _backlog.waiting[function] = (count, seconds)
+
+
+def _waiting(_: CallbackOptions) -> Iterable[Observation]:
+    return [Observation(n, {FUNCTION: f}) for f, (n, _s) in _backlog.waiting.items()]
+
+
+def _outage(_: CallbackOptions) -> Iterable[Observation]:
+    return [Observation(s, {FUNCTION: f}) for f, (_n, s) in _backlog.waiting.items()]
 
 
 def _pending(_: CallbackOptions) -> Iterable[Observation]:
@@ -72,3 +90,7 @@ class Instruments:
         self.handler_duration = histogram(HANDLER_DURATION)
         meter.create_observable_gauge(PENDING.name, [_pending], PENDING.unit, PENDING.description)
         meter.create_observable_gauge(DLQ_DEPTH.name, [_dlq], DLQ_DEPTH.unit, DLQ_DEPTH.description)
+        meter.create_observable_gauge(WAITING.name, [_waiting], WAITING.unit, WAITING.description)
+        meter.create_observable_gauge(
+            OUTAGE_SECONDS.name, [_outage], OUTAGE_SECONDS.unit, OUTAGE_SECONDS.description
+        )

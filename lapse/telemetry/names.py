@@ -73,6 +73,7 @@ OUTCOME: Final = "lapse.outcome"  # a cleanup.completed outcome, or "failed"
 LATENESS: Final = "lapse.lateness_seconds"  # completed - deadline
 DELIVERY_ATTEMPT: Final = "lapse.delivery.attempt"
 RETRY_REASON: Final = "lapse.retry.reason"
+RETRY_DELAY: Final = "lapse.retry.delay_seconds"
 LINK_KIND: Final = "lapse.link"  # on links: creation | hop
 API: Final = "lapse.api"  # kubernetes | database
 HANDLER_RESULT: Final = "lapse.handler.result"  # ok | retry | error
@@ -143,6 +144,18 @@ HANDLER_DURATION: Final = MetricSpec(
     (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )  # fmt: skip
 
+WAITING: Final = MetricSpec(
+    "lapse.waiting", "gauge", "{event}",
+    "Events a function is waiting to handle again after a transient failure (an unreachable "
+    "API server or database, 429, 5xx); they are never dead-lettered for it",
+    (FUNCTION,),
+)  # fmt: skip
+OUTAGE_SECONDS: Final = MetricSpec(
+    "lapse.outage.duration", "gauge", "s",
+    "How long a function has been waiting out a transient failure (0 when it is not)",
+    (FUNCTION,),
+)  # fmt: skip
+
 METRICS: Final[tuple[MetricSpec, ...]] = (
     DELETIONS,
     LATENESS_SECONDS,
@@ -154,4 +167,6 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     KUBERNETES_REQUESTS,
     DATABASE_STATEMENTS,
     HANDLER_DURATION,
+    WAITING,
+    OUTAGE_SECONDS,
 )

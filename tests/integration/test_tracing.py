@@ -53,6 +53,7 @@ from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
 from lapse.runtime.dispatcher import Dispatcher, Subscription
+from lapse.runtime.outages import Backoff
 from lapse.runtime.routing import Route
 from lapse.telemetry import names
 from tests.stack import wait_for
@@ -104,16 +105,20 @@ def counter(recorded: telemetry.InMemoryTelemetry, name: str, **wanted: str) -> 
 
 class Reaper:
     """Stands in for the workflow-reaper's logic (tested against the API server
-    elsewhere): fails `failures` times, then reports the deletion."""
+    elsewhere): fails `failures` times - transiently (503), or with a bug - then reports
+    the deletion."""
 
-    def __init__(self, failures: int) -> None:
+    def __init__(self, failures: int, *, bug: bool = False) -> None:
         self.failures = failures
+        self.bug = bug
         self.calls = 0
 
     async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
         self.calls += 1
         if self.calls <= self.failures:
-            raise RetryLater("API server answered 503", delay=0.2)
+            if self.bug:
+                raise RuntimeError("a bug in the handler")
+            raise RetryLater("API server answered 503", delay=0.05)
         due = parse_payload(event, CleanupDue)
         done = CleanupCompleted.of(
             run=due.run, target=due.target, outcome=Outcome.DELETED,
@@ -145,6 +150,7 @@ async def dispatch_until(
         NatsEmitter(js, STREAMS),
         NatsConfig(max_deliver=max_deliver),
         [Subscription(DUE_ROUTE, telemetry.InstrumentedHandler("workflow-reaper", handler))],
+        backoff=Backoff(first=0.05, cap=0.2),
     )
     task = asyncio.create_task(dispatcher.run())
     try:
@@ -197,12 +203,30 @@ async def test_each_try_of_a_due_event_is_a_new_trace_linked_to_its_schedule(
     assert counter(memory, names.DELETIONS.name) == 1  # the try that failed is no outcome
 
 
+async def test_a_transient_failure_is_waited_out_never_dead_lettered(
+    js: JetStreamContext, memory: telemetry.InMemoryTelemetry
+) -> None:
+    run = run_ref()
+    await schedule_due(js, run, in_seconds=0.2)
+    reaper = Reaper(failures=8)  # far more tries than max_deliver allows a bug
+
+    async def deleted() -> bool:
+        return counter(memory, names.DELETIONS.name, **{names.OUTCOME: "deleted"}) == 1
+
+    await dispatch_until(js, reaper, deleted, max_deliver=3)
+
+    assert reaper.calls == 9
+    assert counter(memory, names.RETRIES.name, **{names.ERROR_TYPE: "RetryLater"}) == 8
+    assert counter(memory, names.DELETIONS.name, **{names.OUTCOME: "failed"}) == 0
+    assert (await js.stream_info(STREAMS.dlq)).state.messages == 0
+
+
 async def test_giving_up_is_a_failed_deletion_and_the_dead_letter_names_its_span(
     js: JetStreamContext, memory: telemetry.InMemoryTelemetry
 ) -> None:
     run = run_ref()
     await schedule_due(js, run, in_seconds=0.2)
-    reaper = Reaper(failures=99)
+    reaper = Reaper(failures=99, bug=True)
 
     async def given_up() -> bool:
         return counter(memory, names.DELETIONS.name, **{names.OUTCOME: "failed"}) == 1
@@ -214,7 +238,7 @@ async def test_giving_up_is_a_failed_deletion_and_the_dead_letter_names_its_span
     assert [[event.name for event in span.events] for span in tries] == [
         ["nak"], ["nak"], ["dead-lettered"],
     ]  # fmt: skip
-    assert counter(memory, names.RETRIES.name, **{names.ERROR_TYPE: "RetryLater"}) == 2
+    assert counter(memory, names.RETRIES.name, **{names.ERROR_TYPE: "RuntimeError"}) == 2
     message = await js.get_last_msg(STREAMS.dlq, dlq_subject(EventType.CLEANUP_FAILED))
     dead = from_nats(message.headers, message.data)
     assert parse_payload(dead, CleanupFailed).run == run

@@ -1,0 +1,86 @@
+"""Waiting out a transient failure, made visible.
+
+A handler that raises `RetryLater` (the API server or the database unreachable, a 429 or a
+5xx) is never dead-lettered for it: the dispatcher delivers the event again after a capped,
+jittered back-off, for as long as the outage lasts (docs/architecture.md, "How a deletion
+is made safe"). This module keeps what an operator needs to see meanwhile: per function,
+since when it has been waiting, why, and how many events wait. The `lapse.waiting` and
+`lapse.outage.duration` gauges report it; the log says when an outage begins and ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+
+from lapse import telemetry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Seconds before the next try of an event that failed transiently: exponential from
+    `first`, capped at `cap` (one probe per event per minute while an outage lasts), never
+    sooner than the server's Retry-After (which may exceed the cap), with ±`jitter` so a
+    thousand waiting events do not retry in the same instant."""
+
+    first: float = 1.0
+    cap: float = 60.0
+    jitter: float = 0.2
+
+    def delay(
+        self, attempt: int, hint: float | None = None, rng: random.Random | None = None
+    ) -> float:
+        exponential = min(self.cap, self.first * 2.0 ** max(0, attempt - 1))
+        base = max(exponential, hint or 0.0)
+        spread = (rng or random).uniform(1 - self.jitter, 1 + self.jitter)
+        return float(max(0.01, base * spread))
+
+
+@dataclass
+class _Outage:
+    since: float
+    reason: str
+    waiting: set[int] = field(default_factory=set)
+
+
+class Outages:
+    """Per function: the events waiting out a transient failure (by stream sequence)."""
+
+    def __init__(self) -> None:
+        self._outages: dict[str, _Outage] = {}
+
+    def waiting(self, function: str, key: int, reason: str, now: float) -> None:
+        outage = self._outages.get(function)
+        if outage is None:
+            outage = self._outages[function] = _Outage(now, reason)
+            log.warning("%s: waiting out a transient failure: %s", function, reason)
+        outage.reason = reason
+        outage.waiting.add(key)
+        self._report(function, now)
+
+    def done(self, function: str, key: int, now: float) -> None:
+        """The event `key` was handled (or given up): it waits no more."""
+        outage = self._outages.get(function)
+        if outage is None:
+            return
+        outage.waiting.discard(key)
+        if not outage.waiting:
+            del self._outages[function]
+            log.warning("%s: recovered after %.0fs", function, now - outage.since)
+        self._report(function, now)
+
+    def describe(self, now: float) -> dict[str, tuple[float, int, str]]:
+        """function -> (seconds waiting, events waiting, last reason)."""
+        return {
+            name: (now - o.since, len(o.waiting), o.reason) for name, o in self._outages.items()
+        }
+
+    def _report(self, function: str, now: float) -> None:
+        outage = self._outages.get(function)
+        if outage is None:
+            telemetry.observe_waiting(function, 0, 0.0)
+        else:
+            telemetry.observe_waiting(function, len(outage.waiting), now - outage.since)
