@@ -156,3 +156,16 @@ def _agreeing(name: str, given: E | str | None, from_payload: object, kind: type
     if payload_value is not None and value != payload_value:
         raise ValueError(f"{name} {value.value!r} disagrees with payload {name} {payload_value}")
     return value
+
+
+def outcome_id(due_id: str, event_type: EventType | str) -> str:
+    """The id of the outcome (`cleanup.completed` or `cleanup.failed`) of the due event
+    `due_id`: derived, not random, so that a second outcome for the same due event (a
+    retry after a DELETE whose answer was lost) is the same event, which the audit stream's
+    duplicate window drops. Each due event ends in exactly one outcome of each type."""
+    return f"{due_id}/{str(event_type).removeprefix('dev.lapse.')}"
+
+
+def with_id(event: BaseCloudEvent, id: str) -> CloudEvent:
+    """The same event under another id."""
+    return CloudEvent(attributes={**event.get_attributes(), "id": id}, data=event.get_data())

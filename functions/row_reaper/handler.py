@@ -21,7 +21,7 @@ from typing import Final
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.builder import build_event, parse_payload
+from events.builder import build_event, outcome_id, parse_payload
 from events.errors import InvalidEvent
 from events.models import CleanupCompleted, CleanupDue, CleanupFailed, clip
 from events.original import capture_event
@@ -124,7 +124,7 @@ class RowReaper:
             if keys.keys:
                 work.append(_Work(event, due, keys))
             else:
-                ready.append(self._completed(due, Counted(()), keys.skipped))
+                ready.append(self._completed(event, due, Counted(()), keys.skipped))
         emitted = await emit_all(self.emitter, ready)
 
         down: str | None = None
@@ -159,14 +159,23 @@ class RowReaper:
                 original=capture_event(item.event),
             )
             return build_event(
-                EventType.CLEANUP_FAILED, source=SOURCE, data=failed, **creation_context()
+                EventType.CLEANUP_FAILED,
+                source=SOURCE,
+                data=failed,
+                id=outcome_id(item.event.get_id(), EventType.CLEANUP_FAILED),
+                **creation_context(),
             )
         assert isinstance(result, Counted)
-        return self._completed(item.due, result, item.keys.skipped)
+        return self._completed(item.event, item.due, result, item.keys.skipped)
 
     def _completed(
-        self, due: CleanupDue, counted: Counted, skipped: Mapping[str, str]
+        self,
+        event: BaseCloudEvent,
+        due: CleanupDue,
+        counted: Counted,
+        skipped: Mapping[str, str],
     ) -> BaseCloudEvent:
+        """The outcome of `event`; its id is derived from the due event's (one outcome)."""
         if self.dry_run:
             outcome = Outcome.DRY_RUN
         elif counted.total > 0:
@@ -183,7 +192,11 @@ class RowReaper:
             dry_run=self.dry_run,
         )
         return build_event(
-            EventType.CLEANUP_COMPLETED, source=SOURCE, data=completed, **creation_context()
+            EventType.CLEANUP_COMPLETED,
+            source=SOURCE,
+            data=completed,
+            id=outcome_id(event.get_id(), EventType.CLEANUP_COMPLETED),
+            **creation_context(),
         )
 
 

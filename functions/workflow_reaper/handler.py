@@ -38,7 +38,7 @@ from cloudevents.core.base import BaseCloudEvent
 from events.adapters.argo import GROUP as ARGO_GROUP
 from events.adapters.argo import KIND as WORKFLOW_KIND
 from events.adapters.kube import api_group
-from events.builder import build_event, parse_payload
+from events.builder import build_event, outcome_id, parse_payload, with_id
 from events.errors import InvalidEvent
 from events.models import CleanupCompleted, CleanupDue, CleanupFailed, OriginalEvent
 from events.original import capture_event
@@ -76,6 +76,8 @@ DELETED_EVENT_REASON: Final = "LapseDeleted"
 MAX_CONFLICTS: Final = 3
 CONFLICT_RETRY_DELAY: Final = 2.0
 
+OUTCOME_TYPES: Final = frozenset({EventType.CLEANUP_COMPLETED, EventType.CLEANUP_FAILED})
+
 PropagationPolicy = Literal["Background", "Foreground", "Orphan"]
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,13 @@ log = logging.getLogger(__name__)
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def _as_outcome_of(due: BaseCloudEvent, event: BaseCloudEvent) -> BaseCloudEvent:
+    """Outcomes carry an id derived from the due event's: one due event, one outcome."""
+    if event.get_type() in OUTCOME_TYPES:
+        return with_id(event, outcome_id(due.get_id(), event.get_type()))
+    return event
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +157,7 @@ class WorkflowReaper:
             produced = await self._reap(due)
         except InvalidSubjectToken as exc:
             produced = [self._failed(run, f"cannot reschedule: {exc}")]
-        return await emit_all(self.emitter, produced)
+        return await emit_all(self.emitter, [_as_outcome_of(event, e) for e in produced])
 
     async def _reap(self, due: CleanupDue) -> list[BaseCloudEvent]:
         """The safety sequence, top to bottom (docs/architecture.md, "How a deletion is made

@@ -20,6 +20,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import urllib3
 import yaml
 from cloudevents.core.base import BaseCloudEvent
 from kubernetes import client
@@ -300,6 +301,53 @@ async def test_same_due_event_twice_deletes_once(kube: KubeStack, bus: Bus) -> N
     completed(await reap.handle(event), Outcome.DELETED)
     completed(await reap.handle(event), Outcome.ALREADY_GONE)
     assert calls.deletes == 1
+
+
+@dataclass
+class LostAnswer(Calls):
+    """The DELETE reaches the real API server and commits, but its answer is lost on the
+    way back (as when the connection drops during an etcd hiccup). A fault injected here
+    because a lost response cannot be provoked on demand against a healthy server."""
+
+    async def delete(self, namespace: str, name: str, **kwargs: Any) -> None:
+        await super().delete(namespace, name, **kwargs)
+        if self.deletes == 1:
+            raise urllib3.exceptions.ReadTimeoutError(None, "", "read timed out")  # type: ignore[arg-type]
+
+
+async def test_a_delete_whose_answer_was_lost_ends_in_one_outcome(
+    kube: KubeStack, bus: Bus
+) -> None:
+    ns = kube.namespace("reaper-lost-answer")
+    wf = await finished_workflow(kube, ns, "lost-answer")
+    calls = LostAnswer(kube.workflows)
+    reap = reaper(kube, bus, workflows=calls)
+    event = due_event(wf)
+    with pytest.raises(RetryLater):
+        await reap.handle(event)  # committed, but lapse cannot know: try again
+    again = await reap.handle(event)
+    assert not await exists(kube, wf)
+    outcomes = [
+        e
+        for e in await bus.stored(STREAMS.audit, "lapse.audit.>")
+        if e.get_type() == EventType.CLEANUP_COMPLETED
+        and parse_payload(e, CleanupCompleted).run.uid == wf["metadata"]["uid"]
+    ]
+    assert len(outcomes) == 1
+    assert outcomes[0].get_id() == again[0].get_id()
+    # A later delivery of the same due event adds no second outcome either.
+    await reap.handle(event)
+    assert (
+        len(
+            [
+                e
+                for e in await bus.stored(STREAMS.audit, "lapse.audit.>")
+                if e.get_type() == EventType.CLEANUP_COMPLETED
+                and parse_payload(e, CleanupCompleted).run.uid == wf["metadata"]["uid"]
+            ]
+        )
+        == 1
+    )
 
 
 # --- step 2: identity and keep ----------------------------------------------------------
