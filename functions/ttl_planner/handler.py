@@ -77,8 +77,11 @@ class Planner:
                     change.run, Target.KUBERNETES, "the run object was deleted"
                 )
                 return await emit_all(self.emitter, [cancelled] if cancelled else [])
-            decisions = plan(change.run, self.policies, self.clock())
-            produced = [await self._apply(change.run, d) for d in decisions.values()]
+            run, first_seen = _with_reference_time(change.run, self.clock())
+            decisions = plan(run, self.policies, self.clock())
+            produced = [
+                await self._apply(run, d, keep_pending=first_seen) for d in decisions.values()
+            ]
             return await emit_all(self.emitter, [e for e in produced if e is not None])
         except InvalidEvent as exc:  # also a uid that cannot be a subject token
             failed = CleanupFailed(reason=exc.reason, stage=STAGE, original=capture_event(event))
@@ -110,7 +113,9 @@ class Planner:
             raise InvalidEvent(f"fetched {ref.kind} {ref.namespace}/{ref.name} is a reference")
         return result
 
-    async def _apply(self, run: RunRef, decision: Decision) -> BaseCloudEvent | None:
+    async def _apply(
+        self, run: RunRef, decision: Decision, *, keep_pending: bool = False
+    ) -> BaseCloudEvent | None:
         if decision.action is Action.CANCEL:
             return await self._cancel(run, decision.target, decision.reason)
         if decision.action is Action.INVALID:
@@ -121,15 +126,23 @@ class Planner:
             )
             return _event(EventType.CLEANUP_FAILED, failed)
         assert decision.deadline is not None
-        return await self._schedule(run, decision.target, decision.deadline, decision.policy)
+        return await self._schedule(
+            run, decision.target, decision.deadline, decision.policy, keep_pending=keep_pending
+        )
 
     async def _schedule(
-        self, run: RunRef, target: Target, deadline: datetime, policy: str
+        self,
+        run: RunRef,
+        target: Target,
+        deadline: datetime,
+        policy: str,
+        *,
+        keep_pending: bool = False,
     ) -> BaseCloudEvent | None:
         attributes = {**_run_attributes(run, target), DEADLINE: format_rfc3339(deadline)}
         with step_span(f"schedule {target.value}", {**attributes, POLICY: policy}) as span:
             pending = await self.schedules.get(target, run.uid)
-            if pending is not None and pending.deadline == deadline:
+            if pending is not None and (pending.deadline == deadline or keep_pending):
                 span.set_attribute(SCHEDULE_ACTION, "unchanged")
                 return None
             due = CleanupDue(
@@ -165,6 +178,16 @@ class Planner:
             failed = CleanupFailed(run=run, target=decision.target, reason=exc.reason, stage=STAGE)
             produced = _event(EventType.CLEANUP_FAILED, failed)
         return await emit_all(self.emitter, [produced] if produced is not None else [])
+
+
+def _with_reference_time(run: RunRef, now: datetime) -> tuple[RunRef, bool]:
+    """A run that finished without saying when (no finishedAt) is timed from when lapse
+    first saw it finished: `now` the first time, and a pending schedule is then never moved
+    by seeing it again (a re-list would otherwise push its deadline on and on). The reaper
+    reads the same reference time back from the due event (verdict.py)."""
+    if run.finished_at is not None:
+        return run, False
+    return run.model_copy(update={"finished_at": now}), True
 
 
 def _event(event_type: EventType, data: ContractModel) -> BaseCloudEvent:

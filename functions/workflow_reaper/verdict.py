@@ -151,6 +151,11 @@ def classify(
         )
     assert isinstance(adapted, RunFinished)  # adapt_workflow(deleted=False) never says deleted
     run = adapted.run
+    if run.finished_at is None and ref.finished_at is not None:
+        # No finishedAt on the object: the clock started when the planner first saw it
+        # finished, and the due event carries that time. Timing from `now` instead would
+        # move the deadline on at every delivery and never delete.
+        run = run.model_copy(update={"finished_at": ref.finished_at})
 
     decision = decide(run, Target.KUBERNETES, policies, now)
     if decision.action is Action.CANCEL:

@@ -239,3 +239,21 @@ async def test_replanning_after_the_deadline_fired_issues_no_second_due(bus: Bus
     # A changed TTL still re-plans.
     moved = r.model_copy(update={"annotations": {"lapse.dev/ttl": "2s"}})
     assert len(await planner.handle(finished(moved))) == 1
+
+
+async def test_a_run_without_finished_at_keeps_its_first_deadline(bus: Bus) -> None:
+    """Seen again (a re-list, an update), a run that has no finishedAt keeps the deadline
+    it got when first seen; it is not pushed on by each sighting."""
+    r = run(annotations={"lapse.dev/ttl": "1h"}).model_copy(update={"finished_at": None})
+    first_seen = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+    planner = bus.planner()
+    first = Planner(planner.schedules, planner.emitter, clock=lambda: first_seen)
+    later = Planner(
+        planner.schedules, planner.emitter, clock=lambda: first_seen + timedelta(minutes=7)
+    )
+    produced = await first.handle(finished(r))
+    scheduled = [parse_payload(e) for e in produced if e.get_type() == EventType.CLEANUP_SCHEDULED]
+    assert [s.deadline for s in scheduled] == [first_seen + timedelta(hours=1)]  # type: ignore[union-attr]
+    assert await later.handle(finished(r)) == []
+    pending = await planner.schedules.get(Target.KUBERNETES, r.uid)
+    assert pending is not None and pending.deadline == first_seen + timedelta(hours=1)

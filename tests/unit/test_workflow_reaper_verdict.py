@@ -356,3 +356,28 @@ def test_never_deletes_early_or_the_wrong_object(
         assert isinstance(verdict, Kept)
     elif deadline > NOW:
         assert isinstance(verdict, Reschedule) and verdict.deadline == deadline
+
+
+def test_a_run_without_finished_at_is_timed_from_when_it_was_first_seen() -> None:
+    # The planner recorded when it first saw the run finished (the due event's run); the
+    # object itself still has no finishedAt. Timed from `now`, the 5s TTL would move the
+    # deadline on at every delivery and the run would never be deleted.
+    body = argo_workflow("no-finish", annotations={"lapse.dev/ttl": "5s"})
+    body["status"].pop("finishedAt", None)
+    obj = as_read(body)
+    first_seen = NOW - timedelta(seconds=6)
+    adapted = adapt_workflow(obj)
+    assert isinstance(adapted, RunFinished) and adapted.run.finished_at is None
+    due = CleanupDue(
+        run=adapted.run.model_copy(update={"finished_at": first_seen}),
+        target=Target.KUBERNETES,
+        deadline=first_seen + timedelta(seconds=5),
+        policy="annotation:lapse.dev/ttl",
+        scheduled_at=first_seen,
+    )
+    verdict = classify(obj, due, (), SafetyConfig(), NOW)
+    assert isinstance(verdict, Delete)
+    assert verdict.deadline == first_seen + timedelta(seconds=5)
+    # Before its time it is rescheduled for that same deadline, not for now + 5s.
+    early = classify(obj, due, (), SafetyConfig(), first_seen + timedelta(seconds=2))
+    assert isinstance(early, Reschedule) and early.deadline == first_seen + timedelta(seconds=5)
