@@ -125,6 +125,17 @@ class EmbeddedKube:
         stop(self.etcd)
         self.apiserver = self.etcd = None
 
+    def kill_apiserver(self) -> None:
+        """SIGKILL the API server (an upgrade or a crash); etcd keeps the data."""
+        if self.apiserver is not None:
+            self.apiserver.kill()
+            self.apiserver.wait(timeout=30)
+            self.apiserver = None
+
+    def restart_apiserver(self, timeout: float = 120.0) -> None:
+        """Start the API server again on the same port, certificates and tokens."""
+        self._start_apiserver(kube_binaries(self.version) / "kube-apiserver", timeout)
+
     def _start_etcd(self, binary: Path, timeout: float) -> None:
         log = self.work_dir / "etcd.log"
         peer = f"http://127.0.0.1:{self.etcd_peer_port}"

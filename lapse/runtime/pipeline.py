@@ -11,6 +11,7 @@ depth) are refreshed every `backlog_interval` seconds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -60,7 +61,19 @@ class Pipeline:
     async def run(self, stop: asyncio.Event) -> None:
         exporting = telemetry.configure()
         try:
-            await self._run(stop)
+            main = asyncio.create_task(self._run(stop), name="pipeline")
+            stopped = asyncio.create_task(stop.wait(), name="stop")
+            await asyncio.wait([main, stopped], return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if not self.ready.is_set() and not main.done():
+                # Stopped while starting (e.g. waiting for the database): nothing is in
+                # flight yet, so there is nothing to finish.
+                main.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await main
+                log.info("lapse stopped before it was running")
+                return
+            await main
         finally:
             exporting.shutdown()
 

@@ -8,6 +8,8 @@ returns runs inside its function span, with its metrics (`InstrumentedHandler`).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,11 +18,14 @@ from functions.row_reaper import RowReaper, targets_for
 from functions.ttl_planner import Planner
 from functions.workflow_reaper import WorkflowReaper
 from lapse.edges.kubernetes import KubeEvents
-from lapse.edges.rows import open_row_store
+from lapse.edges.rows import DatabaseUnavailable, SqlRowStore, open_row_store
+from lapse.runtime.outages import Backoff
 from lapse.runtime.resources import Resources
 from lapse.telemetry import InstrumentedHandler
 
 Factory = Callable[[Resources], Awaitable[Handler | None]]
+
+log = logging.getLogger(__name__)
 
 
 class _ReferencedObjects:
@@ -67,10 +72,25 @@ async def _row_reaper(resources: Resources) -> Handler | None:
     targets = targets_for(resources.config.database.targets)
     if not targets:
         return None
-    store = await open_row_store(resources.database(), targets)
+    store = await _when_reachable(lambda: open_row_store(resources.database(), targets))
     return RowReaper(
         rows=store, emitter=await resources.emitter(), dry_run=resources.config.safety.dry_run
     )
+
+
+async def _when_reachable(open_store: Callable[[], Awaitable[SqlRowStore]]) -> SqlRowStore:
+    """The row store, once the database answers: starting while it is down waits (not
+    ready, retrying with back-off) instead of exiting, which in a pod is a crash loop."""
+    backoff = Backoff(first=1.0, cap=30.0)
+    attempt = 0
+    while True:
+        try:
+            return await open_store()
+        except DatabaseUnavailable as exc:
+            attempt += 1
+            delay = backoff.delay(attempt)
+            log.warning("row-reaper: database unreachable (%s); retrying in %.0fs", exc, delay)
+            await asyncio.sleep(delay)
 
 
 FUNCTIONS: dict[str, Factory] = {

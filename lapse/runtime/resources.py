@@ -6,7 +6,9 @@ Each is opened on first use, so a command or function only connects to what it n
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 
@@ -25,6 +27,10 @@ from lapse.errors import LapseError
 # The official Kubernetes client is synchronous: its calls run on this many threads, which
 # also bounds how many API requests one process has in flight.
 KUBE_THREADS = 16
+# Closing one connection (NATS drain, the database pool) waits no longer than this.
+CLOSE_TIMEOUT = 5.0
+
+log = logging.getLogger(__name__)
 
 
 class MissingSetting(LapseError):
@@ -96,12 +102,23 @@ class Resources:
         return self._engine
 
     async def close(self) -> None:
+        """Close everything, each within CLOSE_TIMEOUT: a graceful close waits on the peer,
+        and after a network fault (a database black-holed, then back) a pooled connection's
+        close could wait a minute, holding the process past its shutdown grace period."""
         if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.drain()
+            try:
+                await asyncio.wait_for(self._nc.drain(), CLOSE_TIMEOUT)
+            except Exception as exc:
+                log.warning("NATS did not drain within %.0fs (%s): closing", CLOSE_TIMEOUT, exc)
+                with contextlib.suppress(Exception):
+                    await self._nc.close()
             self._nc = None
         if self._engine is not None:
-            await self._engine.dispose()
+            try:
+                await asyncio.wait_for(self._engine.dispose(), CLOSE_TIMEOUT)
+            except TimeoutError:
+                log.warning("database connections did not close within %.0fs", CLOSE_TIMEOUT)
+                await self._engine.dispose(close=False)  # let them go without the goodbye
             self._engine = None
         if self._api_client is not None:
             self._api_client.close()

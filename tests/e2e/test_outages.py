@@ -1,0 +1,263 @@
+"""Outages are waited out, never dead-lettered: `lapse up` (a subprocess) against a
+kube-apiserver that is killed with SIGKILL while deletions come due, and a PostgreSQL that
+becomes unreachable while row deletions come due.
+
+Bounded for `make test` (a 25 s outage; the issue's 60 s behaves the same, with longer
+back-off). Each test reports what it measured on stdout (`pytest -s` shows it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from lapse.edges.database import create_engine
+from lapse.embedded.nats import EmbeddedNats
+from lapse.embedded.process import free_port
+from tests.conftest import KubeStack, kube_stack
+from tests.e2e.test_lapse_up import LapseUp, finished_workflow, lapse_json
+from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_counts
+from tests.stack import Database, scratch_database, wait_for
+
+pytestmark = [pytest.mark.kube, pytest.mark.nats, pytest.mark.db]
+
+OUTAGE_SECONDS = 25.0
+
+
+@pytest.fixture
+def own_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    server = EmbeddedNats(tmp_path / "nats").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_kube(tmp_path: Path) -> Iterator[KubeStack]:
+    # Its own API server: this test kills it.
+    with kube_stack(tmp_path / "kube") as stack:
+        yield stack
+
+
+class Blackhole:
+    """A TCP relay between lapse and a real server that can cut the line: open
+    connections are dropped and new ones refused while it is cut. A network partition,
+    injected here because the shared database server must keep serving the other tests."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self.cut = False
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
+
+    async def stop(self) -> None:
+        self.sever()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    def sever(self) -> None:
+        self.cut = True
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+
+    def mend(self) -> None:
+        self.cut = False
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.cut:
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers.update((writer, up_writer))
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(Exception):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._writers.discard(writer)
+        self._writers.discard(up_writer)
+
+
+def config_file(path: Path, nats_url: str, kubeconfig: Path, database_url: str | None) -> Path:
+    database = (
+        f"database: {{url: '{database_url}', targets: {{kfp: {{enabled: true}}}}}}\n"
+        if database_url
+        else ""
+    )
+    path.write_text(
+        f"nats: {{url: '{nats_url}'}}\n"
+        f"kubernetes: {{kubeconfig: '{kubeconfig}'}}\n" + database + "policies:\n"
+        "  - name: kfp-runs\n"
+        "    match: {has_labels: [pipeline/runid]}\n"
+        "    kubernetes: {ttl: 1h}\n"
+        "    database: {ttl: 6s}\n"
+        "safety: {max_deletions_per_second: 500}\n"
+    )
+    return path
+
+
+def outcomes_by_name(history: list[dict[str, Any]], target: str) -> Counter[tuple[str, str]]:
+    return Counter((row["name"], row["outcome"]) for row in history if row["target"] == target)
+
+
+async def test_a_killed_api_server_is_waited_out_and_every_deletion_happens(
+    tmp_path: Path, own_nats: EmbeddedNats, own_kube: KubeStack
+) -> None:
+    config = config_file(tmp_path / "lapse.yaml", own_nats.url, own_kube.kubeconfig, None)
+    ns = own_kube.namespace("outage-api")
+    up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
+    await up.start()
+    count = 20
+    try:
+        for i in range(count):
+            ttl = 6 + (i % 10)  # due 6..15 s from now: all inside the outage below
+            body = finished_workflow(f"wf-{i}", annotations={"lapse.dev/ttl": f"{ttl}s"})
+            await own_kube.workflows.create(ns, body)
+        await asyncio.sleep(3)  # planned (schedules in NATS) before the API server goes
+        own_kube.server.kill_apiserver()
+        down_at = datetime.now(UTC)
+        await asyncio.sleep(OUTAGE_SECONDS)
+        own_kube.server.restart_apiserver()
+        up_at = datetime.now(UTC)
+
+        async def all_gone() -> bool:
+            return not (await own_kube.workflows.list(ns))["items"]
+
+        await wait_for(all_gone, timeout=120, interval=0.5)
+        recovered = (datetime.now(UTC) - up_at).total_seconds()
+        history = lapse_json("history", "-n", ns, "--target", "kubernetes", config=config)
+        status = lapse_json("status", config=config)
+        outcomes = outcomes_by_name(history, "kubernetes")
+        deleted = {name for (name, outcome), n in outcomes.items() if outcome == "deleted"}
+        assert deleted == {f"wf-{i}" for i in range(count)}, outcomes
+        assert all(n == 1 for n in outcomes.values()), "one outcome per due event"
+        assert {outcome for _, outcome in outcomes} == {"deleted"}
+        assert all(row["latencySeconds"] >= 0 for row in history), "none deleted early"
+        assert status["deadLetters"] == 0
+        print(
+            f"\napi-server outage {(up_at - down_at).total_seconds():.0f}s, {count} due in it, "
+            f"lost 0, all deleted {recovered:.1f}s after the restart"
+        )
+    finally:
+        assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
+
+
+@pytest.fixture
+async def kfp_database() -> AsyncIterator[Database]:
+    async with scratch_database("postgresql") as db:
+        engine = create_engine(db.url)
+        await create_kfp_tables(engine)
+        await engine.dispose()
+        yield db
+
+
+async def test_an_unreachable_database_is_waited_out_and_every_row_deletion_happens(
+    tmp_path: Path, own_nats: EmbeddedNats, own_kube: KubeStack, kfp_database: Database
+) -> None:
+    kube = own_kube
+    real = make_url(kfp_database.url)
+    line = Blackhole(real.host or "127.0.0.1", real.port or 5432)
+    await line.start()
+    via_line = real.set(host="127.0.0.1", port=line.port).render_as_string(hide_password=False)
+    config = config_file(tmp_path / "lapse.yaml", own_nats.url, kube.kubeconfig, via_line)
+    ns = kube.namespace(f"outage-db-{uuid.uuid4().hex[:6]}")
+    up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
+    engine = create_engine(kfp_database.url)
+    try:
+        await up.start()
+        run_ids = [str(uuid.uuid4()) for _ in range(12)]
+        async with engine.begin() as conn:
+            await insert_kfp_runs(conn, run_ids)
+        for i, run_id in enumerate(run_ids):
+            labels = {"pipeline/runid": run_id, "pipeline/persistedFinalState": "true"}
+            await kube.workflows.create(ns, finished_workflow(f"kfp-{i}", labels=labels))
+        await asyncio.sleep(2)  # planned; the rows come due 6 s after finishing
+        line.sever()
+        await asyncio.sleep(OUTAGE_SECONDS)
+        line.mend()
+        mended = datetime.now(UTC)
+
+        async def rows_gone() -> bool:
+            async with engine.connect() as conn:
+                counts = [await kfp_counts(conn, r) for r in run_ids]
+            return all(sum(c.values()) == 0 for c in counts)
+
+        await wait_for(rows_gone, timeout=120, interval=0.5)
+        recovered = (datetime.now(UTC) - mended).total_seconds()
+        history = lapse_json("history", "-n", ns, "--target", "database", config=config)
+        outcomes = outcomes_by_name(history, "database")
+        assert {name for name, outcome in outcomes if outcome == "deleted"} == {
+            f"kfp-{i}" for i in range(len(run_ids))
+        }, outcomes
+        assert all(n == 1 for n in outcomes.values()), "one outcome per due event"
+        assert lapse_json("status", config=config)["deadLetters"] == 0
+        print(
+            f"\ndatabase outage {OUTAGE_SECONDS:.0f}s, {len(run_ids)} runs' rows due in it, "
+            f"lost 0, all deleted {recovered:.1f}s after it ended"
+        )
+    finally:
+        assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
+        await engine.dispose()
+        await line.stop()
+
+
+def _contains(path: Path, text: str) -> bool:
+    return path.exists() and text in path.read_text()
+
+
+def logged(path: Path, text: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return _contains(path, text)
+
+    return check
+
+
+async def test_started_while_the_database_is_unreachable_it_waits_then_runs(
+    tmp_path: Path, own_nats: EmbeddedNats, own_kube: KubeStack, kfp_database: Database
+) -> None:
+    real = make_url(kfp_database.url)
+    line = Blackhole(real.host or "127.0.0.1", real.port or 5432)
+    await line.start()
+    line.sever()
+    via_line = real.set(host="127.0.0.1", port=line.port).render_as_string(hide_password=False)
+    config = config_file(tmp_path / "lapse.yaml", own_nats.url, own_kube.kubeconfig, via_line)
+    try:
+        # Stopped while it waits: it exits at once, with 0 (nothing was in flight).
+        waiting = LapseUp(config, tmp_path / "state", tmp_path / "waiting.log")
+        start = asyncio.create_task(waiting.start())
+        await wait_for(logged(waiting.log, "database unreachable"), timeout=60, interval=0.5)
+        assert not start.done(), "it waits instead of exiting or running"
+        start.cancel()
+        assert waiting.stop() == 0, waiting.log.read_text()[-3000:]
+
+        # Started again, the database comes back while it waits: it starts running.
+        up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
+        start = asyncio.create_task(up.start())
+        await wait_for(logged(up.log, "database unreachable"), timeout=60, interval=0.5)
+        line.mend()
+        await start
+        assert up.stop() == 0, up.log.read_text()[-3000:]
+    finally:
+        await line.stop()
