@@ -24,6 +24,7 @@ from events.subjects import SCHEDULE_PREFIX
 from functions.ports import Handler
 from lapse import telemetry
 from lapse.config import LapseConfig, Streams
+from lapse.edges import health
 from lapse.edges.publishing import NatsPublisher
 from lapse.edges.streams import count_messages, ensure_streams, stream_configs
 from lapse.runtime.dispatcher import Dispatcher, Subscription
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 
 # How long in-flight work may take to finish after a stop before it is cut short.
 SHUTDOWN_GRACE = 20.0
+# How often a process that waits out an outage reports it (lapse.edges.health).
+HEALTH_INTERVAL = 5.0
 
 
 class Pipeline:
@@ -94,6 +97,8 @@ class Pipeline:
                     resources.workflows(), NatsPublisher(js, streams).publish, emitter.emit
                 )
                 cancelled.append(asyncio.create_task(watcher.run(stop), name="watcher"))
+            health = _report_health(js, dispatcher, self.config.nats.replicas)
+            cancelled.append(asyncio.create_task(health, name="health"))
             if telemetry.metrics_enabled():
                 poll = _poll_backlog(js, streams, self._backlog_interval)
                 cancelled.append(asyncio.create_task(poll, name="backlog"))
@@ -168,6 +173,25 @@ async def _drain(tasks: list[asyncio.Task[Any]]) -> None:
         for task in busy:
             task.cancel()
         await asyncio.wait(busy, timeout=5)
+
+
+async def _report_health(js: JetStreamContext, dispatcher: Dispatcher, replicas: int) -> None:
+    """While a function waits out an outage, say so where `lapse status` looks (every
+    HEALTH_INTERVAL, and once when it is over)."""
+    key = health.process_key()
+    kv = None
+    was_waiting = False
+    while True:
+        await asyncio.sleep(HEALTH_INTERVAL)
+        waiting = dispatcher.outages.describe(asyncio.get_running_loop().time())
+        if not waiting and not was_waiting:
+            continue
+        try:
+            kv = kv or await health.bucket(js, replicas=replicas)
+            await health.report(kv, key, waiting)
+            was_waiting = bool(waiting)
+        except Exception as exc:  # NATS reconnecting: the next round tries again
+            log.debug("health report failed: %s", exc)
 
 
 async def _poll_backlog(js: JetStreamContext, streams: Streams, interval: float) -> None:
