@@ -20,3 +20,14 @@ async def respond(send: Send, status: int, text: str, *, retry_after: float | No
         headers.append((b"retry-after", str(max(1, round(retry_after))).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": text.encode()})
+
+
+async def lifespan(receive: Receive, send: Send) -> None:
+    """Answer the server's lifespan messages (nothing to set up or tear down)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -18,7 +18,7 @@ from events.adapters import Ignored, adapt_cloudevent
 from events.builder import parse_payload
 from events.errors import InvalidEvent
 from events.types import EventType
-from lapse.runtime.asgi import Receive, Scope, Send, respond
+from lapse.runtime.asgi import Receive, Scope, Send, lifespan, respond
 from lapse.telemetry import server_span
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class Ingress:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
@@ -99,13 +99,3 @@ async def _body(receive: Receive) -> bytes | None:
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

@@ -1,0 +1,57 @@
+"""`lapse bridge`: deliver due events from NATS to an HTTP sink (the Knative Broker)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+
+from lapse.cli.common import UsageError, config_from
+from lapse.runtime.bridge import Bridge
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "bridge",
+        help="deliver due events from NATS to an HTTP sink (Knative Broker)",
+        description=(
+            "Consume the due events NATS fires (lapse.due.>, a durable consumer shared by "
+            "every replica) and POST each, in CloudEvents binary mode, to the sink: the "
+            "Knative Broker the reapers' Triggers listen on. Acked only after a 2xx; what "
+            "the Broker would retry (no answer, 404, 408, 409, 429, 5xx) is retried with "
+            "back-off for as long as it takes. Health on /healthz and /readyz."
+        ),
+    )
+    parser.add_argument(
+        "--sink",
+        default=os.environ.get("K_SINK"),
+        metavar="URL",
+        help="where to POST (default: $K_SINK, as a Knative SinkBinding or ContainerSource "
+        "sets it)",
+    )
+    parser.add_argument(
+        "--listen",
+        default="127.0.0.1:8080",
+        metavar="HOST:PORT",
+        help="health endpoints (default: %(default)s; '' turns them off)",
+    )
+    parser.add_argument("--nats-url", help="NATS server (default: nats.url from the config)")
+    parser.set_defaults(run=run_bridge)
+
+
+def run_bridge(args: argparse.Namespace) -> int:
+    if not args.sink:
+        raise UsageError("no sink: set K_SINK or pass --sink URL")
+    config = config_from(args)
+    bridge = Bridge(config, args.sink, nats_url=args.nats_url, listen=args.listen or None)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await bridge.run(stop)
+
+    asyncio.run(serve())
+    return 0

@@ -1,0 +1,142 @@
+"""The due-event bridge: due events leave NATS for an HTTP sink (the Knative Broker).
+
+On Knative the delay still lives in NATS message schedules; when one fires, its due event
+must reach the Broker so the reapers' Triggers see it. The bridge is the local dispatcher
+with one subscription (`lapse.due.>`, a shared durable consumer, so replicas split the
+work) whose handler POSTs each event to the sink in binary content mode, the way a
+Knative ContainerSource or SinkBinding is given `K_SINK`:
+
+- 2xx: delivered, the message is acked;
+- no answer, 404, 408, 409, 429, 5xx: what the Broker itself retries, so it is waited out
+  with the dispatcher's back-off (`Retry-After` honoured), never dead-lettered;
+- any other 4xx: the sink will refuse it again; after `nats.max_deliver` tries it goes to
+  the dead letters with the sink's answer.
+
+The POST continues the trace: its `traceparent` header is the dispatcher's CONSUMER span,
+which links back to where the deletion was scheduled (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Final
+
+import httpx
+import hypercorn.asyncio
+import hypercorn.config
+from cloudevents.core.base import BaseCloudEvent
+from cloudevents.core.bindings.http import to_binary_event
+from opentelemetry import propagate
+
+from events.types import EventType
+from functions.ports import RetryLater
+from lapse.config import LapseConfig
+from lapse.errors import LapseError
+from lapse.runtime.asgi import Receive, Scope, Send, lifespan, respond
+from lapse.runtime.dispatcher import Dispatcher, Subscription
+from lapse.runtime.resources import Resources
+from lapse.runtime.routing import Route
+
+log = logging.getLogger(__name__)
+
+ROUTE: Final = Route(name="bridge-due", function="bridge", filters={"type": EventType.CLEANUP_DUE})
+# What Knative's Broker retries itself (network errors and 5xx too).
+RETRIED: Final = frozenset({404, 408, 409, 429})
+REQUEST_TIMEOUT: Final = 30.0
+
+
+class SinkRefused(LapseError):
+    """The sink answered with a 4xx it would answer again."""
+
+
+class SinkForwarder:
+    """A handler that delivers each event to an HTTP sink and produces nothing itself."""
+
+    def __init__(self, sink: str, client: httpx.AsyncClient) -> None:
+        self.sink = sink
+        self._client = client
+
+    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
+        message = to_binary_event(event)
+        headers = dict(message.headers)
+        propagate.inject(headers)  # the hop: this delivery's span
+        try:
+            response = await self._client.post(self.sink, headers=headers, content=message.body)
+        except httpx.TransportError as exc:
+            raise RetryLater(f"sink {self.sink} unreachable: {type(exc).__name__}: {exc}") from exc
+        status = response.status_code
+        if 200 <= status < 300:
+            return []
+        text = " ".join(response.text.split())[:200]
+        if status in RETRIED or status >= 500:
+            raise RetryLater(f"sink answered {status}: {text}", _retry_after(response))
+        raise SinkRefused(f"sink refused the event: HTTP {status}: {text}")
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return float(response.headers.get("retry-after", "1"))
+    except ValueError:
+        return 1.0
+
+
+class Bridge:
+    """`lapse bridge`: consume due events, deliver them to `sink`; health on `listen`."""
+
+    def __init__(
+        self, config: LapseConfig, sink: str, *, nats_url: str | None = None, listen: str | None
+    ) -> None:
+        self.config = config
+        self.sink = sink
+        self._nats_url = nats_url
+        self._listen = listen
+        self.ready = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with (
+            Resources(self.config, nats_url=self._nats_url) as resources,
+            httpx.AsyncClient(timeout=REQUEST_TIMEOUT) as client,
+        ):
+            js = await resources.jetstream()
+            forwarder = SinkForwarder(self.sink, client)
+            dispatcher = Dispatcher(
+                js, await resources.emitter(), self.config.nats, [Subscription(ROUTE, forwarder)]
+            )
+            consuming = asyncio.create_task(dispatcher.run(), name="dispatcher")
+            serving = (
+                asyncio.create_task(self._serve_health(stop), name="health")
+                if self._listen
+                else None
+            )
+            self.ready.set()
+            log.info("bridge: delivering %s to %s", ROUTE.subject, self.sink)
+            stopped = asyncio.create_task(stop.wait())
+            await asyncio.wait([stopped, consuming], return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            stop.set()
+            self.ready.clear()
+            dispatcher.stop()
+            await consuming
+            if serving is not None:
+                await serving
+
+    async def _serve_health(self, stop: asyncio.Event) -> None:
+        config = hypercorn.config.Config()
+        config.bind = [self._listen or ""]
+        config.accesslog = None
+        await hypercorn.asyncio.serve(self._health, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/healthz":
+            await respond(send, 200, "ok")
+        elif scope["path"] == "/readyz":
+            ready = self.ready.is_set()
+            await respond(send, 200 if ready else 503, "ready" if ready else "starting")
+        else:
+            await respond(send, 404, "health: /healthz, /readyz")

@@ -1,0 +1,230 @@
+"""The due-event bridge against real NATS and a real HTTP sink (Hypercorn on loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import hypercorn.asyncio
+import hypercorn.config
+import pytest
+from cloudevents.core.bindings.http import HTTPMessage, from_http_event
+from nats.js import JetStreamContext
+from opentelemetry.trace import SpanKind
+
+from events.builder import build_event, parse_payload
+from events.models import CleanupDue, CleanupFailed
+from events.nats_binding import to_nats
+from events.run import Engine, RunRef, Target
+from events.subjects import dlq_subject, due_subject
+from events.types import EventType
+from lapse import telemetry
+from lapse.config import LapseConfig, Streams
+from lapse.embedded.nats import EmbeddedNats
+from lapse.embedded.process import free_port
+from lapse.runtime.bridge import Bridge
+from tests.stack import wait_for
+
+pytestmark = [pytest.mark.nats]
+
+STREAMS = Streams()
+
+
+class Sink:
+    """An HTTP sink that records what it receives; `answers` are used up first, then 202."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.answers: list[int] = []
+        self.always: int | None = None
+        self.delay = 0.0
+        self.serial = False  # one request at a time, as a slow Broker would
+        self._one = asyncio.Lock()
+        self.received: list[tuple[dict[str, str], Any]] = []
+        self.by_replica: Counter[str] = Counter()
+        self.posts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        async with self._one if self.serial else contextlib.nullcontext():
+            self.posts += 1
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            status = self.always or (self.answers.pop(0) if self.answers else 202)
+        if status == 202:
+            headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+            self.received.append((headers, from_http_event(HTTPMessage(headers, body))))
+            self.by_replica[scope["query_string"].decode()] += 1
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    def uids(self) -> Counter[str]:
+        return Counter(parse_payload(event, CleanupDue).run.uid for _, event in self.received)
+
+
+@pytest.fixture
+async def sink() -> AsyncIterator[Sink]:
+    app = Sink()
+    config = hypercorn.config.Config()
+    config.bind = [f"127.0.0.1:{app.port}"]
+    config.accesslog = None
+    stop = asyncio.Event()
+    serving = asyncio.create_task(hypercorn.asyncio.serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+    await asyncio.sleep(0.5)
+    yield app
+    stop.set()
+    await serving
+
+
+def due_event(uid: str | None = None) -> Any:
+    run = RunRef(
+        engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+        namespace="team-a", name=f"wf-{uuid.uuid4().hex[:6]}", uid=uid or str(uuid.uuid4()),
+        phase="Succeeded", finished_at=datetime.now(UTC),
+    )  # fmt: skip
+    due = CleanupDue(
+        run=run, target=Target.KUBERNETES, deadline=datetime.now(UTC), policy="p",
+        scheduled_at=datetime.now(UTC),
+    )  # fmt: skip
+    return build_event(EventType.CLEANUP_DUE, source="/test", data=due)
+
+
+async def fire(js: JetStreamContext, count: int) -> list[str]:
+    """Due events as the NATS scheduler stores them when schedules fire."""
+    uids = []
+    for _ in range(count):
+        event = due_event()
+        uid = parse_payload(event, CleanupDue).run.uid
+        message = to_nats(event)
+        await js.publish(due_subject(Target.KUBERNETES, uid), message.body, headers=message.headers)
+        uids.append(uid)
+    return uids
+
+
+@contextlib.asynccontextmanager
+async def bridge(
+    nats_url: str, sink: Sink, replica: str = "", **nats: Any
+) -> AsyncIterator[Bridge]:
+    config = LapseConfig.model_validate({"nats": {"url": nats_url, **nats}})
+    running = Bridge(config, f"{sink.url}?{replica}", listen=None)
+    stop = asyncio.Event()
+    task = asyncio.create_task(running.run(stop))
+    await wait_for(lambda: asyncio.sleep(0, running.ready.is_set()), timeout=30)  # type: ignore[arg-type]
+    try:
+        yield running
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+async def settled(js: JetStreamContext) -> bool:
+    info = await js.consumer_info(STREAMS.schedule, "lapse-bridge-due")
+    return not info.num_pending and not info.num_ack_pending
+
+
+async def test_delivered_after_a_2xx_and_retried_after_5xx_never_dead_lettered(
+    nats_server: EmbeddedNats, lapse_streams: JetStreamContext, sink: Sink
+) -> None:
+    sink.answers = [503, 503, 500]
+    async with bridge(nats_server.url, sink):
+        (uid,) = await fire(lapse_streams, 1)
+        await wait_for(lambda: settled(lapse_streams), timeout=60, interval=0.2)
+    assert sink.posts == 4
+    assert sink.uids() == Counter({uid: 1})
+    headers, event = sink.received[0]
+    assert headers["ce-type"] == EventType.CLEANUP_DUE  # binary content mode
+    assert event.get_type() == EventType.CLEANUP_DUE
+    assert (await lapse_streams.stream_info(STREAMS.dlq)).state.messages == 0
+
+
+async def test_a_refusal_is_dead_lettered_with_the_sinks_answer(
+    nats_server: EmbeddedNats, lapse_streams: JetStreamContext, sink: Sink
+) -> None:
+    sink.always = 400
+    async with bridge(nats_server.url, sink, max_deliver=2):
+        (uid,) = await fire(lapse_streams, 1)
+        await wait_for(lambda: settled(lapse_streams), timeout=60, interval=0.2)
+    message = await lapse_streams.get_last_msg(STREAMS.dlq, dlq_subject(EventType.CLEANUP_FAILED))
+    from events.nats_binding import from_nats
+
+    failed = parse_payload(from_nats(message.headers, message.data), CleanupFailed)
+    assert failed.run is not None and failed.run.uid == uid
+    assert "HTTP 400" in failed.reason and failed.stage == "bridge"
+
+
+async def test_the_post_continues_the_deliverys_trace(
+    nats_server: EmbeddedNats, lapse_streams: JetStreamContext, sink: Sink
+) -> None:
+    memory = telemetry.install_in_memory()
+    try:
+        async with bridge(nats_server.url, sink):
+            await fire(lapse_streams, 1)
+            await wait_for(lambda: settled(lapse_streams), timeout=60, interval=0.2)
+        (consumer,) = [s for s in memory.spans() if s.kind is SpanKind.CONSUMER]
+    finally:
+        telemetry.reset()
+    headers, _ = sink.received[0]
+    trace_id, span_id = headers["traceparent"].split("-")[1:3]
+    assert consumer.context is not None
+    assert trace_id == f"{consumer.context.trace_id:032x}"
+    assert span_id == f"{consumer.context.span_id:016x}"
+
+
+async def test_replicas_share_the_work(
+    nats_server: EmbeddedNats, lapse_streams: JetStreamContext, sink: Sink
+) -> None:
+    async with bridge(nats_server.url, sink, "one"), bridge(nats_server.url, sink, "two"):
+        uids = []
+        for _ in range(20):  # in waves, each taken by whichever replica asks first
+            uids += await fire(lapse_streams, 3)
+            await asyncio.sleep(0.2)
+        await wait_for(lambda: settled(lapse_streams), timeout=120, interval=0.2)
+    assert sink.uids() == Counter(dict.fromkeys(uids, 1)), "each delivered once"
+    assert sink.by_replica["one"] > 0 and sink.by_replica["two"] > 0, sink.by_replica
+
+
+async def test_a_killed_bridge_loses_nothing(
+    tmp_path: Path, nats_server: EmbeddedNats, lapse_streams: JetStreamContext, sink: Sink
+) -> None:
+    sink.delay, sink.serial = 0.1, True  # 4 s of work, so the kill lands mid-way
+    config = tmp_path / "lapse.yaml"
+    config.write_text(f"nats: {{url: '{nats_server.url}'}}\n")
+    args = [sys.executable, "-m", "lapse.cli", "--config", str(config), "bridge",
+            "--sink", sink.url, "--listen", ""]  # fmt: skip
+    log = (tmp_path / "bridge.log").open("ab")
+    first = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)  # noqa: ASYNC220
+    uids = await fire(lapse_streams, 40)
+    await wait_for(lambda: asyncio.sleep(0, len(sink.received) >= 5), timeout=60)  # type: ignore[arg-type]
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    delivered_before = len(sink.received)
+    second = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)  # noqa: ASYNC220
+    try:
+        await wait_for(lambda: settled(lapse_streams), timeout=120, interval=0.5)
+    finally:
+        second.send_signal(signal.SIGINT)
+        assert second.wait(timeout=60) == 0
+    assert delivered_before < len(uids), "the kill must land mid-work"
+    assert set(sink.uids()) == set(uids), "no due event is lost"
+    duplicates = sum(n - 1 for n in sink.uids().values())
+    print(f"\nbridge kill -9: {len(uids)} due, 0 lost, {duplicates} delivered twice")
