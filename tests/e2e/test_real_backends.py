@@ -26,6 +26,7 @@ import os
 import re
 import subprocess
 import time
+import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -523,6 +524,29 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
             assert seconds[(target,)] == pytest.approx(sum(observed), abs=0.01 * len(observed))
     for (job, title, ref), values in returned.items():
         print(f"{job:12} {title} [{ref}]: {values}")
+
+    # --- exemplars: a lateness bucket links to the deletion's trace ------------------------
+    # Through the Collector only: it serves OpenMetrics with the SDK's exemplars (recorded
+    # inside the reaper's span); lapse's own /metrics carries none.
+    params = urllib.parse.urlencode(
+        {
+            "query": f'lapse_deletion_lateness_seconds_bucket{{job="{VIA_COLLECTOR}"}}',
+            "start": f"{started - 60:.3f}",
+            "end": f"{finished + 60:.3f}",
+        }
+    )
+    exemplars = [
+        (exemplar["labels"], float(exemplar["value"]))
+        for series in prometheus.get(f"/api/v1/query_exemplars?{params}")["data"]
+        for exemplar in series["exemplars"]
+    ]
+    assert exemplars, "no exemplar on the lateness histogram"
+    reapers = {s.span_id: s for s in picture.spans if s.name in {"workflow-reaper", "row-reaper"}}
+    for labels, value in exemplars:
+        reaper = reapers[labels["span_id"]]
+        assert reaper.trace_id == labels["trace_id"]
+        assert reaper.attributes["lapse.outcome"] == "deleted"
+        assert value == pytest.approx(reaper.attributes["lapse.lateness_seconds"])
 
     # --- the alert rules ran on this Prometheus, and none fires on a healthy run -----------
     rules = prometheus.get("/api/v1/rules")["data"]["groups"]
