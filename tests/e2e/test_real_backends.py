@@ -298,7 +298,9 @@ def bucket_bound(seconds: float) -> float:
 # --- the test ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
+    protocol: str,
     tmp_path: Path,
     own_nats: EmbeddedNats,
     kube: KubeStack,
@@ -309,7 +311,10 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
     config = write_config(tmp_path / "lapse.yaml", own_nats.url, kube, kfp_database)
     env = {
         **os.environ,
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{loopback(collector.otlp_http)}",
+        # OTLP over HTTP/protobuf (the default) or gRPC: the Collector's two receivers.
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://"
+        + loopback(collector.otlp_grpc if protocol == "grpc" else collector.otlp_http),
         "OTEL_SERVICE_NAME": "lapse",
         "OTEL_METRIC_EXPORT_INTERVAL": "1000",
         "OTEL_BSP_SCHEDULE_DELAY": "200",
