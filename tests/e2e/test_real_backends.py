@@ -1,8 +1,8 @@
 """`lapse up` seen through a real OpenTelemetry Collector, Prometheus and Jaeger.
 
 lapse runs as users run it (a subprocess) with OTEL_EXPORTER_OTLP_ENDPOINT pointing at the
-Collector (infra/otel/collector.yaml), which sends traces to Jaeger v2 and serves metrics
-to Prometheus; Prometheus also scrapes lapse's own /metrics (LAPSE_PROMETHEUS_PORT). Real
+Collector (infra/otel/collector.yaml; once over OTLP/HTTP, once over OTLP/gRPC), which
+sends traces to Jaeger v2 and serves metrics to Prometheus; Prometheus also scrapes lapse's own /metrics (LAPSE_PROMETHEUS_PORT). Real
 NATS, kube-apiserver and PostgreSQL underneath.
 
 Two waves of Workflows (each with a KFP run and its rows) are deleted; in the second, a
@@ -14,6 +14,8 @@ row lock held by the test makes the row-reaper retry twice. Then:
   metrics took (job "lapse" through the Collector, job "lapse-scrape" scraped directly),
   and returns data that agrees with the ground truth: the audit trail (`lapse history`),
   `lapse status`, lapse's log and the traces in Jaeger;
+- the lateness exemplars Prometheus scraped from the Collector name the reaper span of the
+  deletion they measured;
 - the alert rules load into that Prometheus and none fires.
 """
 
