@@ -2,8 +2,9 @@
 
 lapse runs as users run it (a subprocess) with OTEL_EXPORTER_OTLP_ENDPOINT pointing at the
 Collector (infra/otel/collector.yaml; once over OTLP/HTTP, once over OTLP/gRPC), which
-sends traces to Jaeger v2 and serves metrics to Prometheus; Prometheus also scrapes lapse's own /metrics (LAPSE_PROMETHEUS_PORT). Real
-NATS, kube-apiserver and PostgreSQL underneath.
+sends traces to Jaeger v2 and serves metrics to Prometheus; Prometheus also scrapes
+lapse's own /metrics (LAPSE_PROMETHEUS_PORT). Real NATS, kube-apiserver and PostgreSQL
+underneath.
 
 Two waves of Workflows (each with a KFP run and its rows) are deleted; in the second, a
 row lock held by the test makes the row-reaper retry twice. Then:
