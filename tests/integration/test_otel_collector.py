@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.observability import COLLECTOR_CONFIG, Binaries, Collector, binaries, http_get, loopback
 
@@ -51,3 +52,17 @@ def test_the_collector_runs_the_shipped_configuration(tools: Binaries, tmp_path:
     finally:
         collector.stop()
     assert "Everything is ready" in collector.log(), collector.log()[-2000:]
+
+
+def test_the_built_collector_has_exactly_the_components_the_configuration_uses(
+    tools: Binaries,
+) -> None:
+    result = subprocess.run(
+        [str(tools.otelcol), "components"], capture_output=True, text=True, timeout=60, check=True
+    )
+    built = yaml.safe_load(result.stdout)
+    config = yaml.safe_load(COLLECTOR_CONFIG.read_text())
+    for section in ("receivers", "processors", "exporters", "extensions"):
+        have = {component["name"] for component in built.get(section) or []}
+        used = {component_id.split("/")[0] for component_id in config.get(section) or {}}
+        assert have == used, f"{section}: built {sorted(have)}, collector.yaml uses {sorted(used)}"
