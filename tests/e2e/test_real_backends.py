@@ -50,7 +50,7 @@ from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_counts, run
 from tests.observability import Binaries, Collector, Jaeger, Prometheus, binaries, loopback
 from tests.stack import Database, scratch_database, wait_for
 
-pytestmark = [pytest.mark.kube, pytest.mark.nats, pytest.mark.db]
+pytestmark = [pytest.mark.kube, pytest.mark.nats, pytest.mark.db, pytest.mark.observability]
 
 DASHBOARD = json.loads(infra.read_text("otel/grafana-dashboard.json"))
 # The two paths lapse's metrics take into Prometheus, by the job label they arrive with.

@@ -10,6 +10,8 @@ import pytest
 
 from tests.observability import ALERT_RULES, ALERT_TESTS, Binaries, binaries
 
+pytestmark = pytest.mark.observability
+
 
 @pytest.fixture(scope="module")
 def tools() -> Binaries:

@@ -11,6 +11,8 @@ import yaml
 
 from tests.observability import COLLECTOR_CONFIG, Binaries, Collector, binaries, http_get, loopback
 
+pytestmark = pytest.mark.observability
+
 
 @pytest.fixture(scope="module")
 def tools() -> Binaries:
