@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install databases kube stack test test-unit lint format run demo functions bench clean
+.PHONY: help install databases kube observability stack test test-unit lint format run demo functions bench clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -24,7 +24,10 @@ databases: ## Install (Debian packages) and start PostgreSQL and MariaDB on loop
 kube: ## Build etcd + kube-apiserver from the Go module proxy (cached by version)
 	bash lapse/embedded/build-kube.sh >/dev/null
 
-stack: databases kube ## Everything the integration tests need (NATS is started by the tests)
+observability: ## Build Prometheus, an OpenTelemetry Collector and Jaeger from the Go module proxy (cached)
+	bash scripts/build-observability.sh >/dev/null
+
+stack: databases kube observability ## Everything the integration tests need (NATS is started by the tests)
 
 test: install stack ## Run the whole test suite against real servers
 	$(BIN)/pytest

@@ -2,7 +2,8 @@
 
 OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER(_ARG),
 OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]ENDPOINT/HEADERS/TIMEOUT/..., OTEL_BSP_*,
-OTEL_METRIC_EXPORT_INTERVAL and OTEL_SDK_DISABLED mean what the SDK says.
+OTEL_METRIC_EXPORT_INTERVAL and OTEL_SDK_DISABLED mean what the SDK says;
+OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]PROTOCOL is http/protobuf (the default) or grpc.
 OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER take otlp, console or none (metrics also
 prometheus, on OTEL_EXPORTER_PROMETHEUS_HOST/PORT). Unlike the SDK's own default, OTLP is
 used only when an endpoint or the exporter is named: with nothing configured no SDK is
@@ -258,22 +259,27 @@ def _exporter_names(env: Mapping[str, str], variable: str, signal: str) -> list[
     return [] if "none" in names else names
 
 
-def _check_protocol(env: Mapping[str, str], signal: str) -> None:
+def _grpc(env: Mapping[str, str], signal: str) -> bool:
+    """Whether OTLP goes over gRPC (a Collector's port 4317) rather than HTTP (4318)."""
     protocol = env.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL") or env.get(
         "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
     )
-    if protocol != "http/protobuf":
+    if protocol not in ("http/protobuf", "grpc"):
         raise TelemetryError(
             f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: lapse exports OTLP over http/protobuf "
-            "only (a Collector listens for it on port 4318)"
+            "(a Collector listens for it on port 4318) or grpc (port 4317)"
         )
+    return protocol == "grpc"
 
 
 def _span_exporters(env: Mapping[str, str]) -> list[SpanExporter]:
     exporters: list[SpanExporter] = []
     for name in _exporter_names(env, "OTEL_TRACES_EXPORTER", "TRACES"):
-        if name == "otlp":
-            _check_protocol(env, "TRACES")
+        if name == "otlp" and _grpc(env, "TRACES"):
+            from opentelemetry.exporter.otlp.proto.grpc import trace_exporter as grpc_traces
+
+            exporters.append(grpc_traces.OTLPSpanExporter())
+        elif name == "otlp":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             exporters.append(OTLPSpanExporter())
@@ -293,8 +299,11 @@ def _metric_readers(
         host = env.get("LAPSE_PROMETHEUS_HOST", "0.0.0.0")
         scrape = (host, _port("LAPSE_PROMETHEUS_PORT", port))
     for name in _exporter_names(env, "OTEL_METRICS_EXPORTER", "METRICS"):
-        if name == "otlp":
-            _check_protocol(env, "METRICS")
+        if name == "otlp" and _grpc(env, "METRICS"):
+            from opentelemetry.exporter.otlp.proto.grpc import metric_exporter as grpc_metrics
+
+            readers.append(PeriodicExportingMetricReader(grpc_metrics.OTLPMetricExporter()))
+        elif name == "otlp":
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
                 OTLPMetricExporter,
             )

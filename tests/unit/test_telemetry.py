@@ -343,8 +343,11 @@ def test_nothing_configured_installs_nothing() -> None:
         ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER: unknown exporter 'zipkin'"),
         ({"OTEL_METRICS_EXPORTER": "statsd"}, "OTEL_METRICS_EXPORTER: unknown exporter"),
         (
-            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
-            "http/protobuf only",
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
+            },
+            "over http/protobuf .* or grpc",
         ),
         ({"LAPSE_PROMETHEUS_PORT": "ninety"}, "LAPSE_PROMETHEUS_PORT='ninety' is not a TCP port"),
     ],

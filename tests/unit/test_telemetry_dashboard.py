@@ -74,6 +74,9 @@ def test_the_documented_names_map_as_the_dashboard_expects(emitted: dict[str, se
 DASHBOARD = json.loads(infra.read_text("otel/grafana-dashboard.json"))
 PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool",
                    "offset", "and", "or", "unless", "inf", "nan"}  # fmt: skip
+# Labels Prometheus adds to every scraped series (the Collector's exporter sets them from
+# service.name and service.instance.id).
+TARGET_LABELS = {"job", "instance"}
 REQUIRED_PANELS = {
     "Deletions per second by outcome",
     "Deletion lateness p50 / p99",
@@ -137,8 +140,23 @@ def test_the_dashboard_has_the_panels_operators_need() -> None:
     assert titles >= REQUIRED_PANELS
     ids = [panel["id"] for panel in panels(DASHBOARD["panels"])]
     assert len(ids) == len(set(ids))
-    variables = {v["name"]: v["query"] for v in DASHBOARD["templating"]["list"]}
-    assert variables == {"prometheus": "prometheus", "tempo": "tempo"}
+    variables = {v["name"]: v for v in DASHBOARD["templating"]["list"]}
+    assert set(variables) == {"prometheus", "tempo", "job", "instance"}
+    assert (variables["prometheus"]["type"], variables["prometheus"]["query"]) == (
+        "datasource",
+        "prometheus",
+    )
+    assert (variables["tempo"]["type"], variables["tempo"]["query"]) == ("datasource", "tempo")
+    # job and instance list what Prometheus holds of lapse's metrics; every query filters
+    # on both, so two lapse installations (or two paths, scrape and Collector) never add up.
+    for name in ("job", "instance"):
+        assert variables[name]["type"] == "query"
+        assert variables[name]["datasource"]["uid"] == "${prometheus}"
+        assert variables[name]["definition"].startswith('label_values({__name__=~"lapse_.+"')
+    assert variables["instance"]["includeAll"] and variables["instance"]["allValue"] == ".*"
+    for title, target in targets("prometheus"):
+        for metric, labels in selectors(target["expr"]):
+            assert {"job", "instance"} <= labels, f"{title}: {metric} is not filtered by job"
 
 
 def test_every_metric_the_dashboard_queries_is_one_lapse_emits(
@@ -150,7 +168,7 @@ def test_every_metric_the_dashboard_queries_is_one_lapse_emits(
     for title, target in queries:
         for metric, labels in selectors(target["expr"]):
             assert metric in emitted, f"{title}: lapse emits no {metric}"
-            unknown = labels - emitted[metric]
+            unknown = labels - emitted[metric] - TARGET_LABELS
             assert not unknown, f"{title}: {metric} has no label {sorted(unknown)}"
             read.add(metric)
     # Every documented metric is on the dashboard in some form.
