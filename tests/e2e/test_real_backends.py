@@ -41,7 +41,7 @@ import pytest
 from sqlalchemy import select, text
 
 import infra
-from lapse.clients.database import create_engine
+from lapse.edges.database import create_engine
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
 from tests.conftest import KubeStack, kube_stack
