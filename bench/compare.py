@@ -499,8 +499,9 @@ class Bench:
             "requests_per_deletion": requests_per_deletion(counts, late.deleted),
         }
         self.say(
-            f"{tool.name}: steady {late.deleted:,}/{late.count:,} deleted, p50 {late.p50_s} "
-            f"p99 {late.p99_s}, {phases['steady']['requests_per_deletion']} requests/deletion"
+            f"{tool.name}: steady {late.deleted:,}/{late.count:,} deleted, lateness "
+            f"p50 {late.p50_s or 0:.3f}s p99 {late.p99_s or 0:.3f}s, "
+            f"{phases['steady']['requests_per_deletion']} requests/deletion"
         )
         delete_set(self.admin, "steady")
 
@@ -528,20 +529,23 @@ class Bench:
         count = int(s.kill_rate * s.kill_seconds)
         kill_start = time.time()
         kill_at = kill_start + s.kill_ttl_s + s.kill_seconds / 2
-        restart: dict[str, float] = {}
-
-        def kill_and_restart() -> None:
-            time.sleep(max(0.0, kill_at - time.time()))
-            restart["killed"] = tool.kill9()
-            since = tool.log_size()
-            restart["restarted"] = tool.start()
-            tool.wait_ready(since)
-            restart["ready"] = time.time()
-
-        killer = threading.Thread(target=kill_and_restart)
-        killer.start()
-        due = create_paced(self.admin, f"kill-{index}", "kill", count, s.kill_rate, s.kill_ttl_s)
-        killer.join()
+        made: dict[Key, float] = {}
+        creator = threading.Thread(
+            target=lambda: made.update(
+                create_paced(self.admin, f"kill-{index}", "kill", count, s.kill_rate, s.kill_ttl_s)
+            )
+        )
+        creator.start()
+        # The tool is (re)started from this thread: a child's parent-death signal follows
+        # the thread that started it.
+        time.sleep(max(0.0, kill_at - time.time()))
+        restart = {"killed": tool.kill9()}
+        since = tool.log_size()
+        restart["restarted"] = tool.start()
+        tool.wait_ready(since)
+        restart["ready"] = time.time()
+        creator.join()
+        due = made
         end = self.wait_deleted(tool, due, s.tail_cap_s)
         requests = self.audit.read()
         before_kill = {
@@ -565,8 +569,9 @@ class Bench:
             "requests": dict(count_requests(requests, tool.user, kill_start, end)),
         }
         self.say(
-            f"{tool.name}: kill -9: {late_inflight.count} in flight, max {late_inflight.max_s} s "
-            f"late, {whole.duplicate_deletes} duplicate DELETEs, {whole.lost} lost"
+            f"{tool.name}: kill -9: {late_inflight.count} in flight, the latest "
+            f"{late_inflight.max_s or 0:.2f}s late, {whole.duplicate_deletes} duplicate DELETEs, "
+            f"{whole.lost} lost"
         )
         tool.stop()
         delete_set(self.admin, "kill")

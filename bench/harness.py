@@ -127,6 +127,8 @@ class Stack:
             self.work_dir / "kube",
             admin_token=admin,
             extra_args=(
+                # The network namespace has no default route to pick an address from.
+                "--advertise-address", "127.0.0.1",
                 "--token-auth-file", str(token_file),
                 "--audit-policy-file", str(policy),
                 "--audit-log-path", str(self.audit_log),
