@@ -114,21 +114,24 @@ class Scale:
     janitor_interval_s: float = 5
 
 
+# The issue asks for 100,000 pending in the quick run; on 2 shared cores creating them takes
+# ~3.5 min and `lapse up` plans ~300/s, which alone breaks the 15-minute budget, so the
+# quick run waits with 20,000 (`--pending 100000` gives the issue's figure).
 QUICK = Scale(
     pending_small=1_000,
-    pending=100_000,
-    backlog=3_000,
-    backlog_cap_s=40,
+    pending=20_000,
+    backlog=2_000,
+    backlog_cap_s=30,
     steady_rate=50,
     steady_seconds=20,
     steady_ttl_s=10,
-    tail_cap_s=75,
-    idle_seconds=30,
+    tail_cap_s=60,
+    idle_seconds=20,
     kill_rate=50,
     kill_seconds=10,
     kill_ttl_s=8,
-    ceiling_objects=3_000,
-    settle_cap_s=420,
+    ceiling_objects=4_500,
+    settle_cap_s=300,
 )
 
 
