@@ -26,8 +26,8 @@ the server completed the DELETE. Phases, per tool:
   window, while `pending` objects are waiting (not due for days): lateness, early, lost,
   every request the tool made per deletion;
 - idle: nothing comes due for a while: requests per minute;
-- kill: another window; the tool is killed (-9) mid-way and restarted at once:
-  lateness of the deletions that were in flight (due before the restart, not deleted
+- kill: another window; the tool is killed (-9) mid-way and restarted at once: lateness of
+  the deletions that were in flight (due before the new process was ready, not deleted
   before the kill) and duplicate DELETEs;
 - memory: RSS of each tool (peak and at the end of the idle phase), of nats-server,
   and lapse's planner rate when it first plans the pending objects.
@@ -42,9 +42,12 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import io
 import json
+import math
 import os
 import platform
+import pstats
 import shutil
 import signal
 import subprocess
@@ -156,6 +159,7 @@ class Tool:
     log: Path = Path()
     process: subprocess.Popen[bytes] | None = None
     peak_rss: float = 0.0
+    starts: int = 0
 
     def start(self) -> float:
         """Start it; return the wall time it was started at."""
@@ -163,8 +167,9 @@ class Tool:
         with self.log.open("ab") as out:
             out.write(f"\n=== start {datetime.now(UTC).isoformat()}\n".encode())
             out.flush()
+            self.starts += 1
             self.process = subprocess.Popen(
-                self.command,
+                [arg.replace("{start}", str(self.starts)) for arg in self.command],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env},
@@ -412,6 +417,16 @@ class Bench:
     tools: list[Tool]
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    profile: bool = False  # lapse runs under cProfile; a summary per lapse process
+
+    def collect_profiles(self, name: str) -> None:
+        """Summarise each profile lapse wrote when it stopped (a process killed -9 writes
+        none) into bench/out/<name>-lapse-<n>.txt and the JSON."""
+        for prof in sorted(self.work.glob("lapse-*.prof")):
+            text, summary = profile_summary(prof)
+            OUT_DIR.mkdir(parents=True, exist_ok=True)
+            (OUT_DIR / f"{name}-{prof.stem}.txt").write_text(text)
+            self.phases["lapse"].setdefault("profile", {})[prof.stem] = summary
 
     def say(self, text: str) -> None:
         print(f"[{datetime.now(UTC).strftime('%H:%M:%S')}] {text}", flush=True)
@@ -531,7 +546,9 @@ class Bench:
         # kill -9 mid-window, restart at once
         count = int(s.kill_rate * s.kill_seconds)
         kill_start = time.time()
-        kill_at = kill_start + s.kill_ttl_s + s.kill_seconds / 2
+        # Mid-window, 0.1 s after a whole second: a second's worth of deadlines (they fall on
+        # whole seconds, like Argo's finishedAt) has just come due and is being worked on.
+        kill_at = math.floor(kill_start + s.kill_ttl_s + s.kill_seconds / 2) + 0.1
         made: dict[Key, float] = {}
         creator = threading.Thread(
             target=lambda: made.update(
@@ -554,9 +571,8 @@ class Bench:
         before_kill = {
             k for k, t in deletions(requests, tool.user).items() if t < restart["killed"]
         }
-        inflight = {
-            k: d for k, d in due.items() if d <= restart["restarted"] and k not in before_kill
-        }
+        # In flight: due before the new process was ready, not deleted before the kill.
+        inflight = {k: d for k, d in due.items() if d <= restart["ready"] and k not in before_kill}
         whole = lateness(due, requests, tool.user)
         late_inflight = lateness(inflight, requests, tool.user)
         done = deletions(requests, tool.user)
@@ -607,6 +623,26 @@ class Bench:
             figures["rss_mib_at_small_pending"] = _round(small.get("rss_mib"), 1)
             figures["nats_rss_mib_at_small_pending"] = _round(small.get("nats_rss_mib"), 1)
         return figures
+
+
+def profile_summary(path: Path, top: int = 25) -> tuple[str, dict[str, Any]]:
+    """cProfile's view of one lapse process (its event-loop thread only: the Kubernetes
+    client's calls run on executor threads, which cProfile does not see)."""
+    out = io.StringIO()
+    stats = pstats.Stats(str(path), stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    total = sum(entry[2] for entry in raw.values())
+    own = sorted(raw.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    summary = {
+        "seconds_profiled_cpu": round(total, 2),
+        "top_tottime": {
+            f"{Path(file).name}:{line}({func})": round(entry[2], 3)
+            for (file, line, func), entry in own
+        },
+    }
+    return out.getvalue(), summary
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
@@ -704,7 +740,9 @@ def machine() -> dict[str, Any]:
     }
 
 
-def make_tools(stack: Stack, work: Path, scale: Scale, argo: Path, only: set[str]) -> list[Tool]:
+def make_tools(
+    stack: Stack, work: Path, scale: Scale, argo: Path, only: set[str], profile: bool
+) -> list[Tool]:
     lapse_dir = work / "lapse"
     lapse_dir.mkdir()
     config = lapse_dir / "lapse.yaml"
@@ -717,10 +755,14 @@ def make_tools(stack: Stack, work: Path, scale: Scale, argo: Path, only: set[str
         "  mass_deletion_brake: {enabled: false}\n"
     )
     env = {"OTEL_SDK_DISABLED": "true"}
+    lapse = LAPSE_CLI
+    if profile:  # one profile per process start ({start}), written when it stops
+        lapse = [sys.executable, "-m", "cProfile", "-o", str(work / "lapse-{start}.prof"),
+                 *LAPSE_CLI[1:]]  # fmt: skip
     tools = [
         Tool(
             "lapse", "lapse",
-            [*LAPSE_CLI, "--config", str(config), "up", "--state-dir", str(lapse_dir / "state"),
+            [*lapse, "--config", str(config), "up", "--state-dir", str(lapse_dir / "state"),
              "--listen", ""],
             "lapse is running", env=env, stop_signal=signal.SIGINT,
         ),
@@ -795,6 +837,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     crds = json.loads((work / "argo-crds.json").read_text())
     argo = Path(args.argo_binary)
     began = time.time()
+    host = machine()
     print(f"bench {args.name}: work dir {work}", flush=True)
     users = ("lapse", "argo", "argo-qps50", "janitor", "ceiling")
     stack = Stack(work / "stack", users)
@@ -804,8 +847,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         admin = stack.api()
         audit = AuditLog(stack.audit_log)
         setup_cluster(admin, crds)
-        tools = make_tools(stack, work, scale, argo, only)
-        bench = Bench(scale, work, stack, audit, admin, tools)
+        tools = make_tools(stack, work, scale, argo, only, args.profile)
+        bench = Bench(scale, work, stack, audit, admin, tools, profile=args.profile)
         for tool in tools:
             bench.phases[tool.name] = {}
         bench.say("DELETE ceiling (uid preconditions, plain threads) ...")
@@ -825,6 +868,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             bench.say(f"  {len(names):,} in {took:.0f}s ({create_rate or 0:,.0f}/s)")
             for index, tool in enumerate(tools):
                 bench.session(tool, index)
+        bench.collect_profiles(args.name)
         results = {tool.name: bench.summarise(tool) for tool in tools}
     finally:
         for tool in tools:
@@ -835,7 +879,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "quick": args.quick,
         "started": datetime.fromtimestamp(began, UTC).isoformat(),
         "seconds": round(time.time() - began, 1),
-        "machine": machine(),
+        "machine": {**host, "load_average_at_end": os.getloadavg()},
         "versions": versions(argo),
         "parameters": {
             **asdict(scale),
@@ -881,6 +925,9 @@ def main() -> int:
     parser.add_argument("--pending", type=int, help="override the number of pending objects")
     parser.add_argument("--tools", help="comma-separated subset: lapse,argo,argo-qps50,janitor")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--profile", action="store_true", help="run lapse under cProfile (slower; summaries)"
+    )
     parser.add_argument("--in-netns", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     parser.add_argument("--argo-binary", help=argparse.SUPPRESS)
