@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install databases kube observability stack test test-unit lint format run demo functions bench clean
+.PHONY: help install databases kube observability stack test test-unit lint format run demo functions bench bench-quick clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -51,9 +51,13 @@ run: install ## Run lapse (lapse up) on embedded defaults where nothing is confi
 demo: install ## A self-contained tour on embedded servers (about a minute)
 	$(BIN)/lapse demo
 
-bench: install databases ## Benchmarks (printed figures; see bench/)
+bench: install databases kube ## Benchmarks (printed figures; see bench/), ending with bench-quick's full-size run
 	$(BIN)/python bench/bench_planner.py
 	$(BIN)/python bench/bench_row_reaper.py
+	$(BIN)/python -m bench.compare
+
+bench-quick: install kube ## lapse vs Argo's controller vs a janitor sweep, scaled down (bench/out/bench-quick.json)
+	$(BIN)/python -m bench.compare --quick
 
 functions: install ## Prepare functions/*/ for `func build` (vendors lapse, writes pyproject.toml)
 	$(BIN)/python scripts/package-functions.py

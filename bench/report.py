@@ -1,0 +1,202 @@
+"""The pure half of the comparison benchmark: audit records in, figures and a table out.
+
+Nothing here talks to a server. `bench/compare.py` feeds it the API server's own audit log
+(one line per request, one user per tool) and the deadlines it gave the objects it made.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class Request:
+    """One API request as the API server's audit log records it (stage ResponseComplete)."""
+
+    user: str
+    verb: str  # the audit verb: get, list, watch, create, update, patch, delete, ...
+    resource: str
+    namespace: str
+    name: str
+    code: int
+    at: float  # the server's requestReceivedTimestamp, seconds since the epoch
+    done: float  # the server's stageTimestamp (the response was complete)
+
+
+def parse_timestamp(text: str) -> float:
+    """An RFC 3339 timestamp from the audit log ("...T12:00:00.123456Z") as epoch seconds."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def parse_audit_line(line: str) -> Request | None:
+    """A `Request` from one JSON line of the audit log; None for other stages or junk."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if event.get("stage") != "ResponseComplete":
+        return None
+    ref = event.get("objectRef") or {}
+    return Request(
+        user=str(event.get("user", {}).get("username", "")),
+        verb=str(event.get("verb", "")),
+        resource=str(ref.get("resource", "")),
+        namespace=str(ref.get("namespace", "")),
+        name=str(ref.get("name", "")),
+        code=int((event.get("responseStatus") or {}).get("code", 0)),
+        at=parse_timestamp(event["requestReceivedTimestamp"]),
+        done=parse_timestamp(event["stageTimestamp"]),
+    )
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100) by linear interpolation between closest ranks; None if
+    there are no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def deletions(requests: Iterable[Request], user: str) -> dict[tuple[str, str], float]:
+    """(namespace, name) -> when the first successful DELETE of that object by `user`
+    completed, by the server's clock."""
+    first: dict[tuple[str, str], float] = {}
+    for r in requests:
+        if r.user == user and r.verb == "delete" and r.name and 200 <= r.code < 300:
+            key = (r.namespace, r.name)
+            if key not in first or r.done < first[key]:
+                first[key] = r.done
+    return first
+
+
+@dataclass(frozen=True)
+class Lateness:
+    """How a tool met the deadlines of one set of objects."""
+
+    count: int  # objects that came due
+    deleted: int
+    early: int  # deleted before their deadline
+    lost: int  # due but not deleted by the end of the observation
+    p50_s: float | None
+    p99_s: float | None
+    max_s: float | None
+    duplicate_deletes: int  # DELETE requests beyond the first per object (any response)
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {
+            "count": self.count,
+            "deleted": self.deleted,
+            "early": self.early,
+            "lost": self.lost,
+            "lateness_p50_s": _round(self.p50_s),
+            "lateness_p99_s": _round(self.p99_s),
+            "lateness_max_s": _round(self.max_s),
+            "duplicate_deletes": self.duplicate_deletes,
+        }
+
+
+def lateness(
+    due: Mapping[tuple[str, str], float], requests: Sequence[Request], user: str
+) -> Lateness:
+    """Lateness of each object's deletion (deleted - due) over the objects in `due`."""
+    deleted = deletions(requests, user)
+    late = [deleted[key] - at for key, at in due.items() if key in deleted]
+    attempts = Counter(
+        (r.namespace, r.name)
+        for r in requests
+        if r.user == user and r.verb == "delete" and (r.namespace, r.name) in due
+    )
+    return Lateness(
+        count=len(due),
+        deleted=len(late),
+        early=sum(1 for x in late if x < 0),
+        lost=len(due) - len(late),
+        p50_s=percentile(late, 50),
+        p99_s=percentile(late, 99),
+        max_s=max(late) if late else None,
+        duplicate_deletes=sum(n - 1 for n in attempts.values() if n > 1),
+    )
+
+
+def count_requests(
+    requests: Iterable[Request], user: str, start: float, end: float
+) -> Counter[str]:
+    """Requests by `user` received in [start, end), by "verb resource"."""
+    return Counter(
+        f"{r.verb} {r.resource}" for r in requests if r.user == user and start <= r.at < end
+    )
+
+
+def requests_per_deletion(counts: Counter[str], deleted: int) -> float | None:
+    """Every request the tool made in a window, per object it deleted in that window."""
+    if deleted == 0:
+        return None
+    return round(sum(counts.values()) / deleted, 3)
+
+
+def per_minute(count: int, seconds: float) -> float:
+    return round(count * 60 / seconds, 1) if seconds > 0 else 0.0
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+# --- the table ------------------------------------------------------------------------------
+
+# (key in each tool's figures, row label, format)
+ROWS: tuple[tuple[str, str, str], ...] = (
+    ("lateness_p50_s", "lateness p50 (s)", "{:.3f}"),
+    ("lateness_p99_s", "lateness p99 (s)", "{:.3f}"),
+    ("early", "deleted early", "{:d}"),
+    ("lost", "lost (due, not deleted)", "{:d}"),
+    ("requests_per_deletion", "API requests per deletion", "{:.2f}"),
+    ("idle_requests_per_min", "idle API requests per min", "{:.1f}"),
+    ("drain_per_s", "backlog drain (deletions/s)", "{:.1f}"),
+    ("restart_inflight_max_late_s", "after kill -9: in-flight max late (s)", "{:.1f}"),
+    ("restart_duplicate_deletes", "after kill -9: duplicate DELETEs", "{:d}"),
+    ("rss_mib", "RSS (MiB)", "{:.0f}"),
+    ("planner_events_per_s", "planner (events/s)", "{:.0f}"),
+    ("nats_rss_mib", "nats-server RSS (MiB)", "{:.0f}"),
+)
+
+
+def render_table(
+    tools: Mapping[str, Mapping[str, object]], rows: Sequence[tuple[str, str, str]] = ROWS
+) -> str:
+    """A plain-text table: one column per tool, one row per figure ("-" where not measured)."""
+    names = list(tools)
+    cells = [["", *names]]
+    for key, label, fmt in rows:
+        line = [label]
+        for name in names:
+            value = tools[name].get(key)
+            line.append("-" if value is None else _format(fmt, value))
+        if any(cell != "-" for cell in line[1:]):
+            cells.append(line)
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    out = []
+    for i, row in enumerate(cells):
+        padded = [
+            cell.ljust(width) if j == 0 else cell.rjust(width)
+            for j, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        out.append("  ".join(padded))
+        if i == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def _format(fmt: str, value: object) -> str:
+    try:
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
