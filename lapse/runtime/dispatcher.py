@@ -205,6 +205,10 @@ class Dispatcher:
                 loop = asyncio.get_running_loop()
                 self.outages.waiting(route.function, key, exc.reason, loop.time())
                 delay = self._backoff.delay(attempt, exc.delay)
+                log.info(
+                    "%s: try %d failed (%s); again in %.0fs",
+                    route.function, attempt, exc.reason, delay,
+                )  # fmt: skip
                 span.add_event("nak", {RETRY_REASON: exc.reason[:256], RETRY_DELAY: delay})
                 record_retry(route.function, "RetryLater")
                 with contextlib.suppress(Exception):
