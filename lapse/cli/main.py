@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable
 from importlib.metadata import version
 
-from lapse.cli import demo, history, infra, plan, reconcile, serve, status, up
+from lapse.cli import demo, dlq, history, infra, plan, reconcile, serve, status, up
 from lapse.cli.common import UsageError
 from lapse.runtime.resources import MissingSetting
 from lapse.telemetry import TelemetryError
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="verbose logs and full tracebacks")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in (up, demo, plan, reconcile, history, status, serve, infra):
+    for command in (up, demo, plan, reconcile, history, status, dlq, serve, infra):
         command.register(subparsers)
     return parser
 
