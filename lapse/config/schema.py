@@ -178,9 +178,26 @@ class KubernetesConfig(_Section):
         return self
 
 
+# Below NATS's default max_payload (1 MiB): the stored message is the event re-encoded plus
+# its headers, so the body needs room beside them.
+DEFAULT_MAX_BODY_BYTES = 768 * 1024
+
+
+class IngressConfig(_Section):
+    """The HTTP ingress of `lapse up --listen` (pushed CloudEvents)."""
+
+    # Larger bodies are refused with 413 (recorded). Must not exceed the NATS server's
+    # max_payload, checked at start-up.
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
+    # Refusals recorded on the DLQ (and audit trail) per minute; beyond it they are only
+    # counted (metric lapse.ingress.rejections), so a flood cannot fill the streams.
+    max_records_per_minute: int = Field(default=60, ge=1)
+
+
 class LapseConfig(_Section):
     nats: NatsConfig = NatsConfig()
     database: DatabaseConfig = DatabaseConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     policies: Policies = ()
     safety: SafetyConfig = SafetyConfig()
+    ingress: IngressConfig = IngressConfig()
