@@ -15,6 +15,7 @@ from importlib.metadata import version
 
 from lapse.cli import demo, dlq, history, infra, plan, reconcile, serve, status, up
 from lapse.cli.common import UsageError
+from lapse.config import ConfigError
 from lapse.runtime.resources import MissingSetting
 from lapse.telemetry import TelemetryError
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE if args.command is None and argv else EXIT_OK
     try:
         return run(args)
-    except (UsageError, MissingSetting, TelemetryError) as exc:
+    except (UsageError, ConfigError, MissingSetting, TelemetryError) as exc:
         print(f"lapse: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
