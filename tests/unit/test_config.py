@@ -231,7 +231,8 @@ def test_lapse_variables_without_a_double_underscore_are_not_overrides() -> None
         (
             "nats:\n  url: nats://x\n  urll: nats://y\n",
             "lapse.yaml: nats.urll: unknown key (expected one of: url, streams, replicas, "
-            "audit_max_age, max_deliver, ack_wait)",
+            "audit_max_age, max_deliver, ack_wait, user, password, password_file, token, "
+            "token_file, nkey_file, creds_file, tls)",
         ),
         (
             "natz: {}\n",
@@ -359,7 +360,8 @@ def test_file_errors_name_the_key(tmp_path: Path, text: str, message: str) -> No
         (
             {"LAPSE_NATS__URLL": "x"},
             "LAPSE_NATS__URLL: unknown setting 'nats.urll' (expected one of: url, streams, "
-            "replicas, audit_max_age, max_deliver, ack_wait)",
+            "replicas, audit_max_age, max_deliver, ack_wait, user, password, password_file, "
+            "token, token_file, nkey_file, creds_file, tls)",
         ),
         (
             {"LAPSE_NATZ__URL": "x"},
