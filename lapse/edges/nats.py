@@ -46,11 +46,15 @@ async def connect(url: str, *, name: str = "lapse", config: NatsConfig | None = 
 
     async def on_error(exc: Exception) -> None:
         problem = refusal(exc, config)
-        if problem is not None and not connected and not refused.done():
-            refused.set_result(problem)
+        if problem is not None and not connected:
+            if not refused.done():  # the same refusal may be reported again before we stop
+                refused.set_result(problem)
             return
         # One line, without the traceback nats-py's default handler prints for each retry.
-        log.warning("nats: %s", _one_line(exc))
+        # A reset while connecting is how a server that refuses us often hangs up before
+        # its reason is read; the reason comes with the next try, so it is not news yet.
+        quiet = not connected and isinstance(exc, ConnectionResetError)
+        log.log(logging.DEBUG if quiet else logging.WARNING, "nats: %s", _one_line(exc))
 
     settings: dict[str, Any] = {
         "name": name,

@@ -101,6 +101,7 @@ def refused(result: subprocess.CompletedProcess[str], key: str, *secret: str) ->
     """Exit 2 and one line naming the key; no secret shown."""
     assert result.returncode == 2, (result.returncode, result.stderr)
     lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr  # one line, no traceback, no retry noise
     assert lines[-1].startswith(f"lapse: {key}: "), result.stderr
     for value in secret:
         assert value not in result.stderr
