@@ -29,6 +29,7 @@ from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
+from nats.js.errors import APIError
 
 from events.adapters import Ignored, adapt_cloudevent
 from events.builder import build_event, parse_payload
@@ -57,8 +58,8 @@ HEADER_ROOM: Final = 1024
 DRAIN_FACTOR: Final = 16
 # How long writing one record may take after the answer was sent.
 RECORD_TIMEOUT: Final = 5.0
-# Kept for callers of the old name: the default limit.
-MAX_BODY = DEFAULT_MAX_BODY_BYTES
+# JetStream's error code for a message over the stream's max_msg_size.
+MESSAGE_TOO_LARGE: Final = 10054
 
 Publish = Callable[[BaseCloudEvent], Awaitable[None]]
 Record = Callable[[BaseCloudEvent], Awaitable[None]]
@@ -140,7 +141,11 @@ class Ingress:
         with server_span(event, scope["headers"], method="POST", path=scope["path"]):
             try:
                 await self._publish(event)
-            except MaxPayloadError:
+            except (MaxPayloadError, APIError) as exc:
+                if isinstance(exc, APIError) and exc.err_code != MESSAGE_TOO_LARGE:
+                    log.warning("ingress: could not store %s: %s", event.get_id(), exc)
+                    await respond(send, 503, "event store unavailable, retry later")
+                    return
                 too_large = _Refused(
                     413, "too_large", self._too_large_for_nats(), capture_event(event)
                 )

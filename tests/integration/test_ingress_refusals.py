@@ -256,3 +256,22 @@ def _lapse(config: dict[str, Any], tmp: Path, *args: str) -> subprocess.Complete
         timeout=60,
         env={k: v for k, v in os.environ.items() if not k.startswith(("LAPSE_", "OTEL_"))},
     )
+
+
+async def test_a_stream_size_limit_is_413_too(lapse_streams: JetStreamContext) -> None:
+    """A stream whose max_msg_size an operator lowered refuses the message in JetStream
+    (error 10054): still the sender's size, still 413."""
+    js = lapse_streams
+    info = await js.stream_info(STREAMS.events)
+    info.config.max_msg_size = 4096
+    await js.update_stream(info.config)
+    app = Ingress(NatsPublisher(js, STREAMS).publish, record=NatsEmitter(js, STREAMS).emit)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://ingress"
+    ) as http:
+        response = await http.post("/", headers=STRUCTURED, content=structured(8192))
+        await app.flush()
+    assert response.status_code == 413, response.text
+    [letter] = await recorded(js, 1)
+    assert letter.failed is not None and letter.failed.reason.startswith("413: ")
+    assert await stored_events(js) == 0
