@@ -13,8 +13,9 @@ import traceback
 from collections.abc import Callable
 from importlib.metadata import version
 
-from lapse.cli import bridge, demo, history, infra, plan, reconcile, serve, status, up
+from lapse.cli import bridge, demo, dlq, history, infra, plan, reconcile, serve, status, up
 from lapse.cli.common import UsageError
+from lapse.config import ConfigError
 from lapse.runtime.resources import MissingSetting
 from lapse.telemetry import TelemetryError
 
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="verbose logs and full tracebacks")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in (up, demo, plan, reconcile, history, status, serve, bridge, infra):
+    for command in (up, demo, plan, reconcile, history, status, dlq, serve, bridge, infra):
         command.register(subparsers)
     return parser
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE if args.command is None and argv else EXIT_OK
     try:
         return run(args)
-    except (UsageError, MissingSetting, TelemetryError) as exc:
+    except (UsageError, ConfigError, MissingSetting, TelemetryError) as exc:
         print(f"lapse: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

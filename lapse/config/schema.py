@@ -11,7 +11,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    model_validator,
+)
 from sqlalchemy.engine import make_url
 
 from functions.durations import PositiveDuration
@@ -94,6 +102,45 @@ class Streams(_Section):
         return self
 
 
+def _secret_text(value: object) -> object:
+    # A secret is never echoed, not even in an error: YAML turns an unquoted 12345 or yes
+    # into a number or a boolean, and the generic messages show the value they got.
+    if isinstance(value, str | SecretStr):
+        return value
+    raise ValueError("must be text: quote it in YAML (the value is not shown)")
+
+
+# Shown as '**********' by repr and str; the text only through get_secret_value().
+Secret = Annotated[SecretStr, BeforeValidator(_secret_text)]
+
+
+class NatsTls(_Section):
+    """TLS to the NATS server (tls:// URLs, or a server that requires it)."""
+
+    # PEM bundle of the CA that signed the server's certificate (default: the system's).
+    ca_file: Path | None = None
+    # A client certificate and its key (PEM), for a server that verifies clients.
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> NatsTls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError(
+                "cert_file and key_file go together (a client certificate and its key)"
+            )
+        return self
+
+
+# The ways to authenticate, each with the keys that configure it (at most one way).
+NATS_AUTH_KEYS = {
+    "user/password": ("user", "password", "password_file"),
+    "token": ("token", "token_file"),
+    "nkey": ("nkey_file",),
+    "creds": ("creds_file",),
+}
+
+
 class NatsConfig(_Section):
     # Absent: `lapse up` / `lapse demo` start an embedded nats-server.
     url: Annotated[str, AfterValidator(_nats_url)] | None = Field(default=None, repr=False)
@@ -104,6 +151,43 @@ class NatsConfig(_Section):
     # Short: it only decides how soon a dead process's work is delivered again; live work is
     # marked in progress by the dispatcher's heartbeats.
     ack_wait: PositiveDuration = timedelta(seconds=5)
+    # Authentication: one way at most. Secrets come from a file (`*_file`, read when
+    # connecting) or from the environment (LAPSE_NATS__PASSWORD, LAPSE_NATS__TOKEN); they
+    # are never logged and never shown by repr.
+    user: str | None = Field(default=None, min_length=1)
+    password: Secret | None = Field(default=None, repr=False)
+    password_file: Path | None = None
+    token: Secret | None = Field(default=None, repr=False)
+    token_file: Path | None = None
+    nkey_file: Path | None = None  # an nkey seed (SU...), as `nk -gen user` writes it
+    creds_file: Path | None = None  # a .creds file: user JWT and nkey seed
+    tls: NatsTls = NatsTls()
+
+    @model_validator(mode="after")
+    def _one_way_to_authenticate(self) -> NatsConfig:
+        if self.password is not None and self.password_file is not None:
+            raise ValueError("password and password_file: set one")
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("token and token_file: set one")
+        has_password = self.password is not None or self.password_file is not None
+        if (self.user is None) != (not has_password):
+            raise ValueError("user and password (or password_file) go together")
+        used = [way for way, keys in NATS_AUTH_KEYS.items() if self._set(keys)]
+        if len(used) > 1:
+            raise ValueError(f"one way to authenticate, not {' and '.join(used)}")
+        return self
+
+    def _set(self, keys: tuple[str, ...]) -> bool:
+        return any(getattr(self, key) is not None for key in keys)
+
+    @property
+    def auth_key(self) -> str | None:
+        """The key a refused credential is reported under (nats.password_file, ...)."""
+        for keys in NATS_AUTH_KEYS.values():
+            for key in reversed(keys):
+                if getattr(self, key) is not None:
+                    return f"nats.{key}"
+        return None
 
 
 class KfpTarget(_Section):
@@ -180,9 +264,26 @@ class KubernetesConfig(_Section):
         return self
 
 
+# Below NATS's default max_payload (1 MiB): the stored message is the event re-encoded plus
+# its headers, so the body needs room beside them.
+DEFAULT_MAX_BODY_BYTES = 768 * 1024
+
+
+class IngressConfig(_Section):
+    """The HTTP ingress of `lapse up --listen` (pushed CloudEvents)."""
+
+    # Larger bodies are refused with 413 (recorded). Must not exceed the NATS server's
+    # max_payload, checked at start-up.
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
+    # Refusals recorded on the DLQ (and audit trail) per minute; beyond it they are only
+    # counted (metric lapse.ingress.rejections), so a flood cannot fill the streams.
+    max_records_per_minute: int = Field(default=60, ge=1)
+
+
 class LapseConfig(_Section):
     nats: NatsConfig = NatsConfig()
     database: DatabaseConfig = DatabaseConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     policies: Policies = ()
     safety: SafetyConfig = SafetyConfig()
+    ingress: IngressConfig = IngressConfig()

@@ -1,17 +1,186 @@
-"""The one NATS connection helper."""
+"""The one NATS connection helper: reconnects that never give up, and the security the
+configuration asks for (user/password, token, nkey seed, creds file; TLS with a CA and an
+optional client certificate).
+
+Secrets are read from their files when connecting (a rotated file is picked up by the next
+start) and handed to nats-py only; they are never logged. A server that refuses lapse (a
+wrong credential, a certificate it does not trust or lapse does not) is not an outage to
+wait out: the first refusal ends the attempt with a `NatsRefused`, one line naming the key
+to fix, which the command line reports with exit code 2. Anything else (the server not up
+yet, the network) is retried for as long as it takes.
+"""
 
 from __future__ import annotations
 
-import nats
+import asyncio
+import contextlib
+import logging
+import ssl
+from pathlib import Path
+from typing import Any
+
 from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from lapse.config import ConfigError, NatsConfig
+
+log = logging.getLogger(__name__)
 
 
-async def connect(url: str, *, name: str = "lapse") -> NATS:
-    """Connect with reconnects that never give up: a NATS restart must not end lapse."""
-    return await nats.connect(
-        url,
-        name=name,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        connect_timeout=5,
-    )
+class NatsRefused(ConfigError):
+    """The NATS server refused lapse's credentials or TLS, or a secret file is unreadable:
+    the configuration must change. `str()` is one line naming the key."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__([problem])
+
+
+async def connect(url: str, *, name: str = "lapse", config: NatsConfig | None = None) -> NATS:
+    """Connect with reconnects that never give up: a NATS restart must not end lapse. With
+    `config`, authenticate and use TLS as it says; a refusal raises `NatsRefused`."""
+    options = security_options(config) if config is not None else {}
+    client = NATS()
+    loop = asyncio.get_running_loop()
+    refused: asyncio.Future[str] = loop.create_future()
+    connected = False
+
+    async def on_error(exc: Exception) -> None:
+        problem = refusal(exc, config)
+        if problem is not None and not connected:
+            if not refused.done():  # the same refusal may be reported again before we stop
+                refused.set_result(problem)
+            return
+        # One line, without the traceback nats-py's default handler prints for each retry.
+        # A reset while connecting is how a server that refuses us often hangs up before
+        # its reason is read; the reason comes with the next try, so it is not news yet.
+        quiet = not connected and isinstance(exc, ConnectionResetError)
+        log.log(logging.DEBUG if quiet else logging.WARNING, "nats: %s", _one_line(exc))
+
+    settings: dict[str, Any] = {
+        "name": name,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "connect_timeout": 5,
+        "error_cb": on_error,
+        **options,
+    }
+    attempt = asyncio.ensure_future(client.connect(url, **settings))
+    racing: set[asyncio.Future[Any]] = {attempt, refused}
+    await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+    if attempt.done() and attempt.exception() is None:
+        connected = True
+        refused.cancel()
+        return client
+    attempt.cancel()
+    with contextlib.suppress(BaseException):
+        await attempt
+    with contextlib.suppress(Exception):
+        await client.close()
+    if refused.done() and not refused.cancelled():
+        raise NatsRefused(refused.result())
+    raise attempt.exception() or RuntimeError("NATS connection attempt ended without a result")
+
+
+def security_options(config: NatsConfig) -> dict[str, Any]:
+    """nats-py's connect options for the configured authentication and TLS. Reads the
+    secret files; an unreadable one raises `NatsRefused` naming its key."""
+    options: dict[str, Any] = {}
+    if config.user is not None:
+        options["user"] = config.user
+        if config.password is not None:
+            options["password"] = config.password.get_secret_value()
+        elif config.password_file is not None:
+            options["password"] = _secret_file(config.password_file, "nats.password_file")
+    if config.token is not None:
+        options["token"] = config.token.get_secret_value()
+    elif config.token_file is not None:
+        options["token"] = _secret_file(config.token_file, "nats.token_file")
+    if config.nkey_file is not None:
+        # Read here so a missing file is this key's error, not a signing failure later;
+        # nats-py takes the seed as text.
+        options["nkeys_seed_str"] = _secret_file(config.nkey_file, "nats.nkey_file")
+    if config.creds_file is not None:
+        _secret_file(config.creds_file, "nats.creds_file")  # readable now; nats-py reads it
+        options["user_credentials"] = str(config.creds_file)
+    tls = config.tls
+    if tls.ca_file is not None or tls.cert_file is not None:
+        options["tls"] = tls_context(config)
+    return options
+
+
+def tls_context(config: NatsConfig) -> ssl.SSLContext:
+    tls = config.tls
+    try:
+        context = ssl.create_default_context(
+            cafile=str(tls.ca_file) if tls.ca_file is not None else None
+        )
+    except (OSError, ssl.SSLError) as exc:
+        raise NatsRefused(f"nats.tls.ca_file: cannot use {tls.ca_file}: {_reason(exc)}") from None
+    if tls.cert_file is not None and tls.key_file is not None:
+        try:
+            context.load_cert_chain(str(tls.cert_file), str(tls.key_file))
+        except (OSError, ssl.SSLError) as exc:
+            raise NatsRefused(
+                f"nats.tls.cert_file: cannot use {tls.cert_file} with nats.tls.key_file "
+                f"{tls.key_file}: {_reason(exc)}"
+            ) from None
+    return context
+
+
+def refusal(exc: BaseException, config: NatsConfig | None) -> str | None:
+    """The one-line problem when `exc` means the server refused lapse's credentials or TLS
+    (configuration to fix); None for anything worth retrying."""
+    text = str(exc).lower()
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        ca = config.tls.ca_file if config is not None else None
+        trusted = f"signed by nats.tls.ca_file ({ca})" if ca else "trusted by the system"
+        return (
+            f"nats.tls.ca_file: the NATS server's certificate is not {trusted}: "
+            f"{exc.verify_message or _reason(exc)}"
+        )
+    if isinstance(exc, ssl.SSLError):
+        has_cert = config is not None and config.tls.cert_file is not None
+        key = "nats.tls.cert_file" if has_cert else "nats.tls"
+        hint = "" if has_cert else " (the server may require a client certificate)"
+        return f"{key}: the TLS handshake with the NATS server failed{hint}: {_reason(exc)}"
+    if "authorization violation" in text or "authentication" in text:
+        auth_key = config.auth_key if config is not None else None
+        if auth_key is None:
+            return (
+                "nats.url: the NATS server requires authentication; set nats.user and "
+                "nats.password_file, nats.token_file, nats.nkey_file or nats.creds_file"
+            )
+        return f"{auth_key}: the NATS server refused the credentials ({_one_line(exc)})"
+    if "secure connection" in text and "required" in text:
+        return f"nats.tls: {_one_line(exc)}"
+    return None
+
+
+def _secret_file(path: Path, key: str) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise NatsRefused(f"{key}: cannot read {path}: {_reason(exc)}") from None
+    value = text.strip()
+    if not value:
+        raise NatsRefused(f"{key}: {path} is empty")
+    return value
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return _one_line(exc)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text.removeprefix("nats: ").strip("'")
+
+
+def max_payload(js: JetStreamContext) -> int | None:
+    """The server's max_payload (headers and body of one message) from its INFO, or None
+    when the context is not backed by a connected client."""
+    client = getattr(js, "_nc", None)
+    limit = getattr(client, "max_payload", None)
+    return limit if isinstance(limit, int) and limit > 0 else None

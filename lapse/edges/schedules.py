@@ -9,10 +9,12 @@ both trace contexts (see lapse.edges.publishing).
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 
 from cloudevents.core.base import BaseCloudEvent
 from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerInfo
 from nats.js.errors import NotFoundError
 
 from events.builder import parse_payload
@@ -42,14 +44,35 @@ def schedule_headers(deadline: datetime, target_subject: str) -> dict[str, str]:
     }
 
 
+# How long one snapshot of the schedule stream's consumers answers `_handled`. A consumer's
+# ack floor only moves forward, so an older snapshot can only call a handled message "in
+# hand" (nothing re-issued), never the reverse.
+CONSUMERS_SNAPSHOT_SECONDS = 1.0
+
+
 class NatsScheduleStore:
     """Schedules on JetStream. `get` also answers with a deadline that has already fired
-    while its due message is still kept (Nats-Schedule-TTL): the reapers have it, so a
-    re-list or a reconcile that re-plans the same run must not issue a second one."""
+    while its due message is still kept (Nats-Schedule-TTL).
 
-    def __init__(self, js: JetStreamContext, streams: Streams) -> None:
+    What a fired deadline counts as depends on who asks:
+    - by default (the planner in `lapse up`, fed by the watcher's re-lists and updates) it
+      counts as scheduled as long as its due message is kept: a re-list must not issue a
+      second due event for a deadline the reapers have, nor repeat an outcome that was
+      meant (kept, skipped, dry_run) or a refusal (403) on every re-list;
+    - with `rederive_handled` (`lapse reconcile`, an operator's repair) it counts only while
+      its due message is still in hand: not yet acknowledged by every durable consumer of
+      its subject (the reapers ack once the handler returned, dead-lettered it, or the
+      server gave up redelivering). A due message that was handled and whose object still
+      exists is the lost deletion reconcile is for: its deadline is issued again.
+    """
+
+    def __init__(
+        self, js: JetStreamContext, streams: Streams, *, rederive_handled: bool = False
+    ) -> None:
         self._js = js
         self._stream = streams.schedule
+        self._rederive_handled = rederive_handled
+        self._consumers: tuple[float, list[ConsumerInfo]] | None = None
 
     async def get(self, target: Target, uid: str) -> PendingSchedule | None:
         pending = await self._pending(target, uid)
@@ -74,7 +97,32 @@ class NatsScheduleStore:
             due = parse_payload(from_nats(msg.headers, msg.data or b""), CleanupDue)
         except InvalidEvent:
             return None
+        subject = msg.subject or due_subject(target, uid)
+        if self._rederive_handled and await self._handled(subject, msg.seq or 0):
+            return None
         return PendingSchedule(target, uid, due.deadline)
+
+    async def _handled(self, subject: str, seq: int) -> bool:
+        """Whether every durable consumer that takes `subject` has acknowledged stream
+        message `seq`. No such consumer: the message waits for one, so it is in hand."""
+        if seq <= 0:
+            return False
+        takers = [c for c in await self._durable_consumers() if _takes(c, subject)]
+        return bool(takers) and all(_acknowledged(c, seq) for c in takers)
+
+    async def _durable_consumers(self) -> list[ConsumerInfo]:
+        now = time.monotonic()
+        if self._consumers is None or now - self._consumers[0] > CONSUMERS_SNAPSHOT_SECONDS:
+            infos = await self._js.consumers_info(self._stream)
+            # Readers (lapse status, history) are ephemeral and acknowledge nothing: they
+            # say nothing about whether a due message was handled.
+            durable = [
+                c
+                for c in infos
+                if c.config.durable_name and c.config.ack_policy is not AckPolicy.NONE
+            ]
+            self._consumers = (now, durable)
+        return self._consumers[1]
 
     async def put(
         self, target: Target, uid: str, deadline: datetime, due_event: BaseCloudEvent
@@ -93,3 +141,29 @@ class NatsScheduleStore:
             return False
         await self._js.purge_stream(self._stream, subject=schedule_subject(target, uid))
         return True
+
+
+def _takes(consumer: ConsumerInfo, subject: str) -> bool:
+    filters = list(consumer.config.filter_subjects or [])
+    if consumer.config.filter_subject:
+        filters.append(consumer.config.filter_subject)
+    return not filters or any(subject_matches(f, subject) for f in filters)
+
+
+def _acknowledged(consumer: ConsumerInfo, seq: int) -> bool:
+    floor = consumer.ack_floor.stream_seq if consumer.ack_floor else 0
+    delivered = consumer.delivered.stream_seq if consumer.delivered else 0
+    # Above the floor a message may be acked out of order or still pending; only "nothing
+    # pending at all" settles it. Uncertain counts as in hand: nothing is issued twice.
+    return (floor or 0) >= seq or (consumer.num_ack_pending == 0 and (delivered or 0) >= seq)
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` is one token, a final `>` one or more."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(want) == len(have)

@@ -28,7 +28,7 @@ from lapse.edges import health
 from lapse.edges.publishing import NatsPublisher
 from lapse.edges.streams import count_messages, ensure_streams, stream_configs
 from lapse.runtime.dispatcher import Dispatcher, Subscription
-from lapse.runtime.ingress import Ingress
+from lapse.runtime.ingress import Ingress, nats_ingress
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
 from lapse.runtime.routing import Route, load_routes
@@ -85,6 +85,8 @@ class Pipeline:
             js = await resources.jetstream()
             await self._ensure_streams(js)
             emitter = await resources.emitter()
+            # Before anything starts: a limit NATS cannot honour is a configuration error.
+            ingress = await nats_ingress(js, self.config) if self._listen else None
             subscriptions = await self._subscribe(resources)
             dispatcher = Dispatcher(js, emitter, self.config.nats, subscriptions)
             # The dispatcher and the ingress finish their in-flight work when stopped; the
@@ -102,8 +104,8 @@ class Pipeline:
             if telemetry.metrics_enabled():
                 poll = _poll_backlog(js, streams, self._backlog_interval)
                 cancelled.append(asyncio.create_task(poll, name="backlog"))
-            if self._listen:
-                serve = _serve_ingress(NatsPublisher(js, streams), self._listen, stop)
+            if self._listen and ingress is not None:
+                serve = _serve_ingress(ingress, self._listen, stop)
                 draining.append(asyncio.create_task(serve, name="ingress"))
                 log.info("ingress: accepting CloudEvents on http://%s/", self._listen)
             running = sorted({s.route.function for s in subscriptions})
@@ -211,8 +213,9 @@ async def _poll_backlog(js: JetStreamContext, streams: Streams, interval: float)
         await asyncio.sleep(interval)
 
 
-async def _serve_ingress(publisher: NatsPublisher, listen: str, stop: asyncio.Event) -> None:
+async def _serve_ingress(ingress: Ingress, listen: str, stop: asyncio.Event) -> None:
     config = hypercorn.config.Config()
     config.bind = [listen]
     config.accesslog = None
-    await hypercorn.asyncio.serve(Ingress(publisher.publish), config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+    await hypercorn.asyncio.serve(ingress, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+    await ingress.flush()

@@ -63,7 +63,7 @@ class Resources:
                 raise MissingSetting(
                     "nats.url is not set (LAPSE_NATS__URL); `lapse up` starts an embedded server"
                 )
-            self._nc = await nats.connect(self._nats_url)
+            self._nc = await nats.connect(self._nats_url, config=self.config.nats)
         return self._nc.jetstream()
 
     async def schedules(self) -> NatsScheduleStore:

@@ -14,6 +14,7 @@ from lapse.telemetry.names import (
     DLQ_DEPTH,
     FUNCTION,
     HANDLER_DURATION,
+    INGRESS_REJECTIONS,
     KUBERNETES_REQUESTS,
     LATENESS_SECONDS,
     OUTAGE_SECONDS,
@@ -88,6 +89,7 @@ class Instruments:
         self.kubernetes_requests = counter(KUBERNETES_REQUESTS)
         self.database_statements = counter(DATABASE_STATEMENTS)
         self.handler_duration = histogram(HANDLER_DURATION)
+        self.ingress_rejections = counter(INGRESS_REJECTIONS)
         meter.create_observable_gauge(PENDING.name, [_pending], PENDING.unit, PENDING.description)
         meter.create_observable_gauge(DLQ_DEPTH.name, [_dlq], DLQ_DEPTH.unit, DLQ_DEPTH.description)
         meter.create_observable_gauge(WAITING.name, [_waiting], WAITING.unit, WAITING.description)

@@ -77,6 +77,8 @@ RETRY_DELAY: Final = "lapse.retry.delay_seconds"
 LINK_KIND: Final = "lapse.link"  # on links: creation | hop
 API: Final = "lapse.api"  # kubernetes | database
 HANDLER_RESULT: Final = "lapse.handler.result"  # ok | retry | error
+INGRESS_REJECTION: Final = "lapse.ingress.rejection"  # too_large | not_cloudevent | invalid
+INGRESS_RECORDED: Final = "lapse.ingress.recorded"  # false: beyond max_records_per_minute
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,12 @@ HANDLER_DURATION: Final = MetricSpec(
     (FUNCTION, CE_TYPE, HANDLER_RESULT),
     (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )  # fmt: skip
+INGRESS_REJECTIONS: Final = MetricSpec(
+    "lapse.ingress.rejections", "counter", "{request}",
+    "Pushed CloudEvents the ingress refused (4xx), by status and why; recorded=false when "
+    "the cleanup.failed record was skipped by ingress.max_records_per_minute",
+    (HTTP_STATUS, INGRESS_REJECTION, INGRESS_RECORDED),
+)  # fmt: skip
 
 WAITING: Final = MetricSpec(
     "lapse.waiting", "gauge", "{event}",
@@ -169,4 +177,5 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     HANDLER_DURATION,
     WAITING,
     OUTAGE_SECONDS,
+    INGRESS_REJECTIONS,
 )

@@ -231,12 +231,13 @@ def test_lapse_variables_without_a_double_underscore_are_not_overrides() -> None
         (
             "nats:\n  url: nats://x\n  urll: nats://y\n",
             "lapse.yaml: nats.urll: unknown key (expected one of: url, streams, replicas, "
-            "audit_max_age, max_deliver, ack_wait)",
+            "audit_max_age, max_deliver, ack_wait, user, password, password_file, token, "
+            "token_file, nkey_file, creds_file, tls)",
         ),
         (
             "natz: {}\n",
             "lapse.yaml: natz: unknown key (expected one of: nats, database, "
-            "kubernetes, policies, safety)",
+            "kubernetes, policies, safety, ingress)",
         ),
         (
             "policies:\n  - name: a\n    kubernetes: {ttl: 1h, after_error: 1h}\n",
@@ -254,7 +255,7 @@ def test_lapse_variables_without_a_double_underscore_are_not_overrides() -> None
         (
             "- nats\n",
             "lapse.yaml: the top level must be a mapping of sections (nats, "
-            "database, kubernetes, policies, safety)",
+            "database, kubernetes, policies, safety, ingress)",
         ),
         ("nats: [1]\n", "lapse.yaml: nats: expected a mapping of keys, got a list"),
         (
@@ -359,12 +360,13 @@ def test_file_errors_name_the_key(tmp_path: Path, text: str, message: str) -> No
         (
             {"LAPSE_NATS__URLL": "x"},
             "LAPSE_NATS__URLL: unknown setting 'nats.urll' (expected one of: url, streams, "
-            "replicas, audit_max_age, max_deliver, ack_wait)",
+            "replicas, audit_max_age, max_deliver, ack_wait, user, password, password_file, "
+            "token, token_file, nkey_file, creds_file, tls)",
         ),
         (
             {"LAPSE_NATZ__URL": "x"},
             "LAPSE_NATZ__URL: unknown setting 'natz' (expected one of: nats, database, "
-            "kubernetes, policies, safety)",
+            "kubernetes, policies, safety, ingress)",
         ),
         (
             {"LAPSE_NATS__STREAMS": "x"},

@@ -6,6 +6,9 @@ Two passes, each paged so memory stays flat whatever the size of the cluster or 
 1. Finished Workflows (server-side selection on Argo's `completed` label), each handed to
    the ttl-planner as a `run.finished` event, exactly as if the watcher had seen it finish.
    The planner leaves an unchanged deadline alone, so running reconcile again is harmless.
+   A deadline that fired counts as unchanged only while its due message is in a reaper's
+   hands: one that was handled and whose object still exists (a refused DELETE, since
+   repaired) is issued again (see lapse.edges.schedules.NatsScheduleStore).
 2. KFP run rows whose Workflow is gone and whose database deadline has passed. Nothing else
    would ever schedule them (the planner only hears of runs that still have an object), so
    their database deadline is decided here and scheduled through the planner, keyed by the

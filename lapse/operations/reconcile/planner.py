@@ -13,6 +13,7 @@ from events.run import Target
 from functions.ports import PendingSchedule, ScheduleStore
 from functions.ttl_planner import Planner
 from lapse.config import Streams
+from lapse.edges.schedules import NatsScheduleStore
 from lapse.operations.reconcile.counts import ReconcileError
 from lapse.runtime.resources import Resources
 
@@ -56,7 +57,10 @@ async def build_planner(resources: Resources, *, dry_run: bool) -> Planner:
     js = await resources.jetstream()
     streams = resources.config.nats.streams
     await check_streams(js, streams)
-    store: ScheduleStore = await resources.schedules()
+    # Reconcile re-derives every past deadline whose object still exists, whatever happened
+    # to its due message: one that was handled (a 403 since fixed) is issued again, one still
+    # in a reaper's hands is not (see NatsScheduleStore).
+    store: ScheduleStore = NatsScheduleStore(js, streams, rederive_handled=True)
     if dry_run:
         store = ReadOnlySchedules(store)
     return Planner(
