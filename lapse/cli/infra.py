@@ -23,7 +23,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "names, replicas and audit retention from the configuration. Safe to run again."
         ),
     )
-    apply.add_argument("--nats-url", help="NATS server (default: nats.url from the config)")
     apply.set_defaults(run=run_apply)
 
 
@@ -31,7 +30,7 @@ def run_apply(args: argparse.Namespace) -> int:
     config = config_from(args)
 
     async def apply() -> list[str]:
-        async with Resources(config, nats_url=args.nats_url) as resources:
+        async with Resources(config) as resources:
             js = await resources.jetstream()
             return await ensure_streams(
                 js,
