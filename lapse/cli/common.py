@@ -4,6 +4,7 @@ back to what `lapse up` started when nothing is configured."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import fnmatch
 import os
 import sys
@@ -14,6 +15,10 @@ from typing import Any
 from lapse.cli import state
 from lapse.config import ConfigError, LapseConfig, load_config
 from lapse.errors import LapseError
+from lapse.runtime.resources import Resources
+
+# How long a command waits for NATS to answer before it says so.
+NATS_TIMEOUT = 10.0
 
 
 class UsageError(LapseError):
@@ -88,6 +93,23 @@ def _cluster_configured(config: LapseConfig) -> bool:
 
 def config_from(args: argparse.Namespace) -> LapseConfig:
     return settings_from(args).config
+
+
+class Unreachable(LapseError):
+    """A server did not answer: a runtime failure (exit 1)."""
+
+
+async def reach_nats(resources: Resources, timeout: float = NATS_TIMEOUT) -> None:
+    """Connect first, with a deadline: the shared connection retries forever (right for
+    `lapse up`, wrong for a command someone is waiting on, e.g. after `lapse up` stopped)."""
+    try:
+        await asyncio.wait_for(resources.jetstream(), timeout)
+    except (TimeoutError, OSError) as exc:
+        url = resources.config.nats.url
+        raise Unreachable(
+            f"no answer from NATS at {url} within {timeout:g}s ({type(exc).__name__}): "
+            "is the server (or `lapse up`) running? Set --nats-url or nats.url otherwise"
+        ) from exc
 
 
 def warn(message: str) -> None:

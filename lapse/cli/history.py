@@ -21,6 +21,7 @@ from lapse.cli.common import (
     config_from,
     in_namespace,
     namespace_of,
+    reach_nats,
 )
 from lapse.cli.output import Column, Row, add_output, emit, resource_name
 from lapse.cli.watch import add_watch, run_watch, watch
@@ -166,12 +167,14 @@ def run_history(args: argparse.Namespace) -> int:
 
         async def live() -> None:
             async with Resources(config) as resources:
+                await reach_nats(resources)
                 await watch(lambda out: draw(resources, out), args, "lapse history", sys.stdout)
 
         return run_watch(live)
 
     async def once() -> None:
         async with Resources(config) as resources:
+            await reach_nats(resources)
             await draw(resources, sys.stdout)
 
     asyncio.run(once())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from lapse.cli.common import config_from
+from lapse.cli.common import config_from, reach_nats
 from lapse.edges.streams import ensure_streams, stream_configs
 from lapse.runtime.resources import Resources
 
@@ -31,6 +31,7 @@ def run_apply(args: argparse.Namespace) -> int:
 
     async def apply() -> list[str]:
         async with Resources(config) as resources:
+            await reach_nats(resources)
             js = await resources.jetstream()
             return await ensure_streams(
                 js,

@@ -66,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.command != "up" and not args.debug:
+        # nats-py logs each failed connection attempt with a traceback; a command's own
+        # one-line error says what matters. `lapse up` keeps them: a server went away.
+        logging.getLogger("nats").setLevel(logging.CRITICAL)
     run: Command | None = getattr(args, "run", None)
     if run is None:
         parser.print_help()

@@ -32,6 +32,7 @@ from lapse.cli.common import (
     add_selector,
     config_from,
     namespace_of,
+    reach_nats,
 )
 from lapse.cli.output import REPORT_FORMATS, add_output
 from lapse.cli.selector import SelectedResources
@@ -130,6 +131,7 @@ def run_reconcile(args: argparse.Namespace) -> int:
 
     async def work() -> ReconcileSummary:
         async with SelectedResources(config, args.selector) as resources:
+            await reach_nats(resources)
             with progress_for(sys.stderr) as progress:
                 return await reconcile(resources, options, progress)
 

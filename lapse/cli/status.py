@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 
 from events.run import Target
 from events.timeutil import format_rfc3339
-from lapse.cli.common import Settings, settings_from
+from lapse.cli.common import Settings, reach_nats, settings_from
 from lapse.cli.history import COLUMNS as HISTORY_COLUMNS
 from lapse.cli.history import Filters, add_filters, audit_row
 from lapse.cli.output import REPORT_FORMATS, add_output, table
@@ -126,6 +126,7 @@ def run_status(args: argparse.Namespace) -> int:
 
     async def work() -> None:
         async with Resources(settings.config) as resources:
+            await reach_nats(resources)
             if args.watch:
                 await watch(lambda out: draw(resources, out), args, "lapse status", sys.stdout)
             else:
