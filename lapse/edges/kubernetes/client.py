@@ -40,11 +40,14 @@ class RateLimiter:
     def __init__(self, qps: float, burst: int) -> None:
         self._bucket = TokenBucket(qps, burst, now=time.monotonic())
         self._lock = threading.Lock()
+        self.delayed = 0  # requests that had to wait for a token
 
     def wait(self) -> float:
         """Take a token, sleeping until it is due; the seconds slept."""
         with self._lock:
             delay = self._bucket.reserve(time.monotonic())
+            if delay > 0:
+                self.delayed += 1
         if delay > 0:
             time.sleep(delay)
         return delay
