@@ -31,10 +31,10 @@ EXIT_FAILURE = 1
 # What the user fixes (flags, configuration, installation): exit 2.
 USAGE_ERRORS = (UsageError, ConfigError, MissingSetting, TelemetryError, MissingExtra)
 
-NO_KUBECONFIG = (
-    "no Kubernetes cluster configured ({reason}): set --kubeconfig, $KUBECONFIG or "
-    "kubernetes.kubeconfig (LAPSE_KUBERNETES__KUBECONFIG), use kubernetes.in_cluster in a "
-    "pod, or start `lapse up`, which starts a local cluster"
+KUBE_CONFIG_HELP = (
+    "Kubernetes configuration: {reason} (set --kubeconfig and --context, $KUBECONFIG, or "
+    "kubernetes.kubeconfig / LAPSE_KUBERNETES__KUBECONFIG; kubernetes.in_cluster in a pod; "
+    "`lapse up` starts a local cluster when none is configured)"
 )
 
 Command = Callable[[argparse.Namespace], int]
@@ -67,9 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if args.command != "up" and not args.debug:
-        # nats-py logs each failed connection attempt with a traceback; a command's own
-        # one-line error says what matters. `lapse up` keeps them: a server went away.
-        logging.getLogger("nats").setLevel(logging.CRITICAL)
+        # nats-py and urllib3 log each failed connection attempt (nats-py with a
+        # traceback); a command's own one-line error says what matters. `lapse up` keeps
+        # them: there they tell that a server went away.
+        # On the handlers: the Kubernetes client resets the urllib3 logger's level.
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_quiet_retries)
     run: Command | None = getattr(args, "run", None)
     if run is None:
         parser.print_help()
@@ -79,13 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     except USAGE_ERRORS as exc:
         return _fail(args, str(exc), EXIT_USAGE)
     except ConfigException as exc:
-        # The Kubernetes client's "Invalid kube-config file. No configuration found.":
-        # a configuration problem, so it says what to set.
-        return _fail(args, NO_KUBECONFIG.format(reason=" ".join(str(exc).split())), EXIT_USAGE)
+        # The Kubernetes client's "Invalid kube-config file. No configuration found." (or
+        # an unknown context): a configuration problem, so it says what to set.
+        reason = " ".join(str(exc).split())
+        return _fail(args, KUBE_CONFIG_HELP.format(reason=reason), EXIT_USAGE)
     except KeyboardInterrupt:
         return EXIT_FAILURE
     except Exception as exc:
         return _fail(args, str(exc) or type(exc).__name__, EXIT_FAILURE)
+
+
+def _quiet_retries(record: logging.LogRecord) -> bool:
+    return not record.name.startswith(("nats.", "urllib3.")) or record.levelno >= logging.CRITICAL
 
 
 def _fail(args: argparse.Namespace, message: str, code: int) -> int:

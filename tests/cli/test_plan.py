@@ -169,3 +169,27 @@ async def test_plan_previews_rows_whose_workflow_is_gone(
         _plan(shell, kube, "--config", str(config), "-n", ns, "-l", "team=x", "-o", "json").stdout
     )
     assert not any(r["objectGone"] for r in selected)
+
+
+def test_context_chooses_the_kubeconfig_context(
+    shell: Shell, kube: KubeStack, tmp_path: Path
+) -> None:
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    config["clusters"].append({"name": "nowhere", "cluster": {"server": "https://127.0.0.1:1"}})
+    user = config["contexts"][0]["context"]["user"]
+    config["contexts"].append(
+        {"name": "elsewhere", "context": {"cluster": "nowhere", "user": user}}
+    )
+    config["current-context"] = "elsewhere"
+    two = tmp_path / "two-contexts.yaml"
+    two.write_text(yaml.safe_dump(config))
+
+    chosen = shell("plan", "--kubeconfig", str(two), "--context", "lapse", "-o", "json")
+    assert chosen.returncode == 0, chosen.stderr
+    assert isinstance(json.loads(chosen.stdout), list)
+    current = shell("plan", "--kubeconfig", str(two), "-o", "json")  # elsewhere: nobody there
+    assert current.returncode == 1
+    assert current.stderr.count("\n") == 1, current.stderr
+    unknown = shell("--context", "nope", "plan", "--kubeconfig", str(two))
+    assert unknown.returncode == 2
+    assert "nope" in unknown.stderr and "--context" in unknown.stderr
