@@ -112,6 +112,11 @@ async def reach_nats(resources: Resources, timeout: float = NATS_TIMEOUT) -> Non
         ) from exc
 
 
+def add_nats_url(parser: argparse.ArgumentParser) -> None:
+    """Kept for command modules written before `--nats-url` became a global flag (every
+    command already has it, before or after its name, as `args.nats_url`): does nothing."""
+
+
 def warn(message: str) -> None:
     print(f"lapse: warning: {message}", file=sys.stderr)
 
