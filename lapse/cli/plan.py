@@ -129,7 +129,9 @@ class _OrphanedRows(Reconciler):
     """reconcile's KFP rows pass (paging, policies, the check that the Workflow is gone),
     collecting what it would schedule instead of scheduling it."""
 
-    found: list[tuple[RunRef, Decision]]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.found: list[tuple[RunRef, Decision]] = []
 
     async def _schedule_rows(self, run: RunRef, decision: Decision, counts: RowCounts) -> None:
         self.found.append((run, decision))
@@ -151,7 +153,6 @@ async def orphaned_rows(
     )
     options = Options(namespace=namespace, dry_run=True, runs=False, rows=True)
     rows = _OrphanedRows(resources, planner, options, clock=lambda: now)
-    rows.found = []
     summary = await rows.run()
     planned = [
         PlannedRun(run, {Target.DATABASE: decision}, object_gone=True)
