@@ -5,18 +5,23 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install databases kube observability stack test test-unit lint format run demo functions bench bench-quick clean
+.PHONY: help install lock databases kube observability stack test test-unit lint format run demo functions bench bench-quick clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-install: $(STAMP) ## Create .venv and install lapse with its dev tools
+install: $(STAMP) ## Create .venv and install lapse (with the embedded NATS server) and its dev tools
 
-$(STAMP): pyproject.toml
+# requirements.lock pins what CI and images install; pyproject.toml keeps ranges.
+$(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c requirements.lock -e '.[dev,embedded]'
 	@touch $@
+
+lock: ## Regenerate requirements.lock from pyproject.toml's ranges (newest versions in range)
+	$(BIN)/uv pip compile -q --universal --python-version 3.11 --extra dev --extra embedded \
+		pyproject.toml -o requirements.lock
 
 databases: ## Install (Debian packages) and start PostgreSQL and MariaDB on loopback
 	bash scripts/databases.sh

@@ -36,7 +36,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="HOST:PORT",
         help="health endpoints (default: %(default)s; '' turns them off)",
     )
-    parser.add_argument("--nats-url", help="NATS server (default: nats.url from the config)")
     parser.set_defaults(run=run_bridge)
 
 
@@ -44,7 +43,7 @@ def run_bridge(args: argparse.Namespace) -> int:
     if not args.sink:
         raise UsageError("no sink: set K_SINK or pass --sink URL")
     config = config_from(args)
-    bridge = Bridge(config, args.sink, nats_url=args.nats_url, listen=args.listen or None)
+    bridge = Bridge(config, args.sink, listen=args.listen or None)
 
     async def serve() -> None:
         stop = asyncio.Event()

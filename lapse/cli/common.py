@@ -1,23 +1,172 @@
-"""What every command does first: load the configuration, open the resources."""
+"""What every command does first: load the configuration, apply the global flags, and fall
+back to what `lapse up` started when nothing is configured."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import fnmatch
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+from lapse.cli import state
 from lapse.config import ConfigError, LapseConfig, load_config
 from lapse.errors import LapseError
+from lapse.runtime.resources import Resources
+
+# How long a command waits for NATS to answer before it says so.
+NATS_TIMEOUT = 10.0
 
 
 class UsageError(LapseError):
     """The command line or the configuration is wrong: exit code 2."""
 
 
-def config_from(args: argparse.Namespace) -> LapseConfig:
+@dataclass(frozen=True)
+class Settings:
+    config: LapseConfig
+    # Where each server's address came from, for `lapse status` and error messages.
+    origins: dict[str, str] = field(default_factory=dict)
+
+
+def state_dir_of(args: argparse.Namespace) -> Path:
+    chosen: Path | None = getattr(args, "state_dir", None)
+    return chosen if chosen is not None else state.default_state_dir()
+
+
+def _with(config: LapseConfig, section: str, **values: Any) -> LapseConfig:
+    part = getattr(config, section).model_copy(update=values)
+    return config.model_copy(update={section: part})
+
+
+def settings_from(args: argparse.Namespace, *, found_by_up: bool = True) -> Settings:
+    """The configuration with the global flags applied; with `found_by_up`, what `lapse up`
+    wrote to its state directory fills in an unset NATS URL, database URL and cluster."""
     try:
-        return load_config(getattr(args, "config", None))
+        config = load_config(getattr(args, "config", None))
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
+    origins: dict[str, str] = {}
+    kubeconfig: Path | None = getattr(args, "kubeconfig", None)
+    if kubeconfig is not None:
+        if not kubeconfig.is_file():
+            raise UsageError(f"--kubeconfig {kubeconfig}: file not found")
+        config = _with(config, "kubernetes", kubeconfig=kubeconfig, in_cluster=False)
+    context: str | None = getattr(args, "context", None)
+    if context is not None:
+        config = _with(config, "kubernetes", context=context, in_cluster=False)
+    nats_url: str | None = getattr(args, "nats_url", None)
+    if nats_url:
+        config = _with(config, "nats", url=nats_url)
+        origins["nats"] = "--nats-url"
+    elif config.nats.url:
+        origins["nats"] = "nats.url"
+    if config.database.url:
+        origins["database"] = "database.url"
+    if found_by_up:
+        config = _found_by_up(config, state_dir_of(args), origins)
+    return Settings(config, origins)
 
 
-def add_nats_url(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nats-url", help="NATS server (default: nats.url from the config)")
+def _found_by_up(config: LapseConfig, where: Path, origins: dict[str, str]) -> LapseConfig:
+    if config.nats.url is None and (found := state.read(where, state.NATS_URL)):
+        config = _with(config, "nats", url=found[0])
+        origins["nats"] = f"{found[1]} (written by lapse up)"
+    if config.database.url is None and (found := state.read(where, state.DATABASE_URL)):
+        config = _with(config, "database", url=found[0])
+        origins["database"] = f"{found[1]} (written by lapse up)"
+    if not _cluster_configured(config) and (found := state.read(where, state.KUBECONFIG)):
+        config = _with(config, "kubernetes", kubeconfig=Path(found[0]))
+        origins["kubernetes"] = f"{found[1]} (written by lapse up)"
+    return config
+
+
+def _cluster_configured(config: LapseConfig) -> bool:
+    k = config.kubernetes
+    if k.in_cluster or k.kubeconfig is not None or os.environ.get("KUBECONFIG"):
+        return True
+    return (Path.home() / ".kube" / "config").exists()
+
+
+def config_from(args: argparse.Namespace) -> LapseConfig:
+    return settings_from(args).config
+
+
+class Unreachable(LapseError):
+    """A server did not answer: a runtime failure (exit 1)."""
+
+
+async def reach_nats(resources: Resources, timeout: float = NATS_TIMEOUT) -> None:
+    """Connect first, with a deadline: the shared connection retries forever (right for
+    `lapse up`, wrong for a command someone is waiting on, e.g. after `lapse up` stopped)."""
+    try:
+        await asyncio.wait_for(resources.jetstream(), timeout)
+    except (TimeoutError, OSError) as exc:
+        url = resources.config.nats.url
+        raise Unreachable(
+            f"no answer from NATS at {url} within {timeout:g}s ({type(exc).__name__}): "
+            "is the server (or `lapse up`) running? Set --nats-url or nats.url otherwise"
+        ) from exc
+
+
+def warn(message: str) -> None:
+    print(f"lapse: warning: {message}", file=sys.stderr)
+
+
+# --- kubectl habits ------------------------------------------------------------------------
+
+GLOB_CHARS = "*?["
+
+
+def add_namespace(parser: argparse.ArgumentParser, *, what: str = "runs") -> None:
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        help=f"only {what} in this namespace (exact, as in kubectl)",
+    )
+    scope.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help=f"{what} in every namespace (what lapse does without -n)",
+    )
+
+
+def namespace_of(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(exact namespace, glob): `-n` is exact; a glob in `-n` still works as it did before
+    0.2 but is deprecated in favour of `--namespace-glob`."""
+    exact: str | None = None if args.all_namespaces else args.namespace
+    pattern: str | None = getattr(args, "namespace_glob", None)
+    if exact is not None and any(c in exact for c in GLOB_CHARS):
+        warn(f"-n {exact!r}: a glob in -n is deprecated; use --namespace-glob {exact!r}")
+        return None, exact
+    if exact is not None and pattern is not None and not fnmatch.fnmatchcase(exact, pattern):
+        raise UsageError(f"-n {exact} is outside --namespace-glob {pattern}")
+    return exact, pattern
+
+
+def add_namespace_glob(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--namespace-glob",
+        metavar="GLOB",
+        help="only namespaces matching this shell glob (e.g. 'team-*'), filtered by lapse",
+    )
+
+
+def add_selector(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-l",
+        "--selector",
+        metavar="SELECTOR",
+        help="label selector, passed to the API server (e.g. 'team=a,tier!=dev')",
+    )
+
+
+def in_namespace(namespace: str, exact: str | None, pattern: str | None) -> bool:
+    if exact is not None and namespace != exact:
+        return False
+    return pattern is None or fnmatch.fnmatchcase(namespace, pattern)

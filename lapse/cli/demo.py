@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+import yaml
 from rich.console import Console
 
 from lapse.cli.up import start_embedded_kube
@@ -72,9 +73,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "-o",
         "--output",
-        choices=("table", "json"),
+        choices=("table", "json", "yaml"),
         default="table",
-        help="summary format; with json, progress goes to stderr (default: table)",
+        help="summary format; with json or yaml, progress goes to stderr",
     )
     parser.set_defaults(run=run_demo)
 
@@ -128,8 +129,11 @@ def print_report(summary: DemoSummary, output: str, console: Console) -> None:
     if output == "table":
         print_summary(console, summary)
         return
-    json.dump(summary.as_json(), sys.stdout, indent=2)
-    print(flush=True)
+    if output == "yaml":
+        yaml.safe_dump(summary.as_json(), sys.stdout, sort_keys=False)
+    else:
+        json.dump(summary.as_json(), sys.stdout, indent=2)
+        print(flush=True)
     for problem in summary.problems:
         # Named on stderr too, for scripts that show only stderr when a step fails.
         print(f"lapse demo: {problem}", file=sys.stderr)
@@ -155,7 +159,7 @@ def embedded_stack(state_dir: Path) -> Iterator[tuple[EmbeddedNats, Path]]:
 
 
 def make_output(args: argparse.Namespace) -> Output:
-    as_json = args.output == "json"
+    as_json = args.output != "table"
     console = Console(stderr=as_json, highlight=False)
     if not console.is_terminal:
         # Logs and CI captures: keep each progress line whole.

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from events.run import Target
 from functions.durations import parse_duration
-from lapse.cli.common import UsageError, add_nats_url, config_from
+from lapse.cli.common import UsageError, config_from
 from lapse.config import LapseConfig
 from lapse.operations.dlq import (
     DeadLetterNotFound,
@@ -55,7 +55,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show = actions.add_parser("show", help="one dead letter in full, with its original event")
     show.add_argument("id", metavar="ID", help="the entry's ID (from `list`) or its event id")
     _output(show, default="json")
-    add_nats_url(show)
     show.set_defaults(run=run_show)
 
     for name, helptext, run in (
@@ -78,15 +77,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--namespace", help="only runs in this namespace")
     parser.add_argument("--name", help="only runs with this name")
-    parser.add_argument("--target", choices=[t.value for t in Target])
+    parser.add_argument(
+        "--target",
+        choices=[t.value for t in Target],
+        help="only this target (kubernetes or database)",
+    )
     parser.add_argument("--stage", help="only this stage (workflow-reaper, ingress, ...)")
     parser.add_argument("--reason", help="only reasons containing this text (any case)")
     parser.add_argument("--since", help="only the last DURATION (e.g. 1h, 7d)")
-    add_nats_url(parser)
 
 
 def _output(parser: argparse.ArgumentParser, default: str = "table") -> None:
-    parser.add_argument("-o", "--output", choices=("table", "json"), default=default)
+    parser.add_argument(
+        "-o", "--output", choices=("table", "json"), default=default,
+        help="table for people, json for scripts (default: %(default)s)",
+    )  # fmt: skip
 
 
 def selection(args: argparse.Namespace) -> Filter:

@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import IO
 
-from rich.console import Console
-from rich.table import Table
+from cloudevents.core.base import BaseCloudEvent
 
+from events.builder import parse_payload
+from events.errors import InvalidEvent
 from events.run import Target
 from functions.durations import parse_duration
-from lapse.cli.common import UsageError, add_nats_url, config_from
+from lapse.cli.common import (
+    UsageError,
+    add_namespace,
+    config_from,
+    in_namespace,
+    namespace_of,
+    reach_nats,
+)
+from lapse.cli.output import Column, Row, add_output, emit, resource_name
+from lapse.cli.watch import add_watch, run_watch, watch
 from lapse.config import LapseConfig
 from lapse.operations.audit import OUTCOME_TYPES, audit_events, history_row
 from lapse.runtime.resources import Resources
@@ -30,60 +40,142 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "lateness and reason. Use --all to include schedules and cancellations."
         ),
     )
-    history.add_argument("-n", "--namespace", help="only runs in this namespace")
+    add_namespace(history)
     history.add_argument("--name", help="only runs with this name")
-    history.add_argument("--target", choices=[t.value for t in Target])
+    add_filters(history)
     history.add_argument("--outcome", help="only this outcome (deleted, kept, failed, ...)")
-    history.add_argument("--since", help="only the last DURATION (e.g. 1h, 7d)")
+    history.add_argument("--since", metavar="DURATION", help="only the last DURATION (1h, 7d)")
     history.add_argument("--all", action="store_true", help="also scheduled/cancelled events")
-    history.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    add_nats_url(history)
+    add_output(history)
+    add_watch(history)
     history.set_defaults(run=run_history)
 
 
-def _keep(row: dict[str, Any], args: argparse.Namespace) -> bool:
-    wanted = {
-        "namespace": args.namespace,
-        "name": args.name,
-        "target": args.target,
-        "outcome": args.outcome,
-    }
-    return all(value is None or row.get(key) == value for key, value in wanted.items())
+def add_filters(parser: argparse.ArgumentParser) -> None:
+    """`--kind` and `--target`, shared with `lapse status`."""
+    parser.add_argument(
+        "--kind",
+        help="only runs of this kind (Workflow, PipelineRun, Job; case-insensitive)",
+    )
+    parser.add_argument(
+        "--target",
+        choices=[t.value for t in Target],
+        help="only this target: the Kubernetes object or the database rows",
+    )
 
 
-async def history_rows(config: LapseConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
-    since = None
-    if args.since:
-        try:
-            since = datetime.now(UTC) - parse_duration(args.since, what="--since")
-        except ValueError as exc:
-            raise UsageError(str(exc)) from exc
+def audit_row(event: BaseCloudEvent) -> Row | None:
+    """`history_row` plus the run's kind and apiVersion, for `--kind` and `-o name`."""
+    row = history_row(event)
+    if row is None:
+        return None
+    try:
+        run = getattr(parse_payload(event), "run", None)
+    except InvalidEvent:
+        run = None
+    row["kind"] = run.kind if run else None
+    row["apiVersion"] = run.api_version if run else None
+    return row
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What `history` and `status` filter rows by; built once, so a deprecation warning
+    about `-n` is printed once."""
+
+    namespace: str | None = None
+    pattern: str | None = None
+    name: str | None = None
+    kind: str | None = None
+    target: str | None = None
+    outcome: str | None = None
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Filters:
+        namespace, pattern = namespace_of(args) if hasattr(args, "namespace") else (None, None)
+        return cls(
+            namespace,
+            pattern,
+            getattr(args, "name", None),
+            args.kind,
+            args.target,
+            getattr(args, "outcome", None),
+        )
+
+    def keep(self, row: Row) -> bool:
+        if (self.namespace or self.pattern) and not in_namespace(
+            str(row.get("namespace") or ""), self.namespace, self.pattern
+        ):
+            return False
+        if self.kind and str(row.get("kind") or "").lower() != self.kind.lower():
+            return False
+        wanted = {"name": self.name, "target": self.target, "outcome": self.outcome}
+        return all(value is None or row.get(key) == value for key, value in wanted.items())
+
+
+def _since(args: argparse.Namespace) -> datetime | None:
+    if not args.since:
+        return None
+    try:
+        return datetime.now(UTC) - parse_duration(args.since, what="--since")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+async def read_rows(
+    resources: Resources, config: LapseConfig, args: argparse.Namespace, filters: Filters
+) -> list[Row]:
+    js = await resources.jetstream()
     rows = []
-    async with Resources(config, nats_url=args.nats_url) as resources:
-        js = await resources.jetstream()
-        async for event in audit_events(js, config.nats.streams.audit, since=since):
-            if not args.all and event.get_type() not in OUTCOME_TYPES:
-                continue
-            row = history_row(event)
-            if row is not None and _keep(row, args):
-                rows.append(row)
+    async for event in audit_events(js, config.nats.streams.audit, since=_since(args)):
+        if not args.all and event.get_type() not in OUTCOME_TYPES:
+            continue
+        row = audit_row(event)
+        if row is not None and filters.keep(row):
+            rows.append(row)
     return rows
+
+
+COLUMNS = [
+    Column("TIME", lambda r: r["time"]),
+    Column("NAMESPACE", lambda r: r["namespace"]),
+    Column("NAME", lambda r: r["name"]),
+    Column("KIND", lambda r: r["kind"], wide_only=True),
+    Column("TARGET", lambda r: r["target"]),
+    Column("EVENT", lambda r: r["event"], wide_only=True),
+    Column("OUTCOME", lambda r: r["outcome"]),
+    Column("LATE (S)", lambda r: r["latencySeconds"]),
+    Column("DEADLINE", lambda r: r["deadline"], wide_only=True),
+    Column("UID", lambda r: r["uid"], wide_only=True),
+    Column("DETAIL", lambda r: r["detail"]),
+]
+
+
+def _name(row: Row) -> str:
+    return resource_name(row.get("apiVersion"), row.get("kind"), row.get("name"))
 
 
 def run_history(args: argparse.Namespace) -> int:
     config = config_from(args)
-    rows = asyncio.run(history_rows(config, args))
-    if args.output == "json":
-        json.dump(rows, sys.stdout, indent=2)
-        print()
-        return 0
-    table = Table(title=f"{len(rows)} event(s)", title_justify="left")
-    columns = ("time", "namespace", "name", "target", "outcome", "latencySeconds", "detail")
-    for column in columns:
-        table.add_column(column.upper().replace("SECONDS", " (s)"), overflow="fold")
-    for row in rows:
-        latency = row["latencySeconds"]
-        cells = {**row, "latencySeconds": f"{latency:.2f}" if latency is not None else ""}
-        table.add_row(*(str(cells[c] or "") for c in columns))
-    Console(width=200 if not sys.stdout.isatty() else None).print(table)
+    filters = Filters.of(args)  # usage problems (and the deprecation warning) first
+
+    async def draw(resources: Resources, out: IO[str]) -> None:
+        rows = await read_rows(resources, config, args, filters)
+        emit(rows, COLUMNS, args, out, name=_name)
+
+    if args.watch:
+
+        async def live() -> None:
+            async with Resources(config) as resources:
+                await reach_nats(resources)
+                await watch(lambda out: draw(resources, out), args, "lapse history", sys.stdout)
+
+        return run_watch(live)
+
+    async def once() -> None:
+        async with Resources(config) as resources:
+            await reach_nats(resources)
+            await draw(resources, sys.stdout)
+
+    asyncio.run(once())
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from lapse.cli.common import config_from
+from lapse.cli.common import config_from, reach_nats
 from lapse.edges.streams import ensure_streams, stream_configs
 from lapse.runtime.resources import Resources
 
@@ -23,7 +23,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "names, replicas and audit retention from the configuration. Safe to run again."
         ),
     )
-    apply.add_argument("--nats-url", help="NATS server (default: nats.url from the config)")
     apply.set_defaults(run=run_apply)
 
 
@@ -31,7 +30,8 @@ def run_apply(args: argparse.Namespace) -> int:
     config = config_from(args)
 
     async def apply() -> list[str]:
-        async with Resources(config, nats_url=args.nats_url) as resources:
+        async with Resources(config) as resources:
+            await reach_nats(resources)
             js = await resources.jetstream()
             return await ensure_streams(
                 js,

@@ -4,25 +4,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import fnmatch
-import json
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
+from cloudevents.core.base import BaseCloudEvent
 
 from events.adapters import adapt_workflow
 from events.errors import InvalidEvent
 from events.models import RunFinished
 from events.run import RunRef, Target
-from events.timeutil import format_rfc3339
-from functions.policy import Action, Decision, Policy, plan
-from lapse.cli.common import config_from
+from events.timeutil import format_rfc3339, parse_rfc3339
+from functions.policy import Decision, Policy, plan
+from functions.ports import PendingSchedule
+from functions.ttl_planner import Planner
+from lapse.cli.common import (
+    add_namespace,
+    add_namespace_glob,
+    add_selector,
+    config_from,
+    in_namespace,
+    namespace_of,
+    warn,
+)
+from lapse.cli.output import Column, Row, add_output, emit, resource_name
+from lapse.cli.selector import SelectedResources
 from lapse.edges.kubernetes import Workflows, finished_workflow_pages
+from lapse.operations.reconcile import Options, Reconciler, RowCounts
+from lapse.operations.reconcile.planner import DiscardingEmitter
 from lapse.runtime.resources import Resources
 
 PAGE_SIZE = 500
@@ -31,17 +42,25 @@ PAGE_SIZE = 500
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "plan",
-        help="preview deadlines of finished runs (read-only)",
+        help="preview deadlines of finished runs and orphaned rows (read-only)",
         description=(
             "List the finished Argo Workflows in the cluster and, for each target (the "
             "Kubernetes object and the database rows), the deadline lapse would set and the "
-            "rule that set it. Reads only; changes nothing."
+            "rule that set it. With database.targets.kfp enabled, also the KFP run rows whose "
+            "Workflow is gone and whose database deadline has passed (what `lapse reconcile` "
+            "would schedule; not with -l, which only objects carry). Reads only; changes "
+            "nothing."
         ),
     )
-    parser.add_argument("-n", "--namespace", help="only this namespace (glob allowed)")
+    add_namespace(parser)
+    add_namespace_glob(parser)
+    add_selector(parser)
     parser.add_argument(
-        "-o", "--output", choices=("table", "json"), default="table", help="table (default) or json"
+        "--target",
+        choices=[t.value for t in Target],
+        help="only this target's deadlines (default: every target)",
     )
+    add_output(parser)
     parser.set_defaults(run=run_plan)
 
 
@@ -49,15 +68,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 class PlannedRun:
     run: RunRef
     decisions: dict[Target, Decision]
+    object_gone: bool = False  # a KFP run whose Workflow is gone: only its rows remain
 
     def as_json(self) -> dict[str, Any]:
         return {
             "namespace": self.run.namespace,
             "name": self.run.name,
+            "kind": self.run.kind,
+            "apiVersion": self.run.api_version,
             "uid": self.run.uid,
             "phase": self.run.phase,
             "finishedAt": format_rfc3339(self.run.finished_at) if self.run.finished_at else None,
             "kfpRunId": self.run.kfp_run_id,
+            "objectGone": self.object_gone,
             "targets": {
                 target.value: {
                     "action": d.action.value,
@@ -71,10 +94,10 @@ class PlannedRun:
 
 
 async def finished_runs(
-    workflows: Workflows, namespace_glob: str | None = None
+    workflows: Workflows, namespace: str | None = None, pattern: str | None = None
 ) -> AsyncIterator[RunRef]:
     """Every finished Workflow, page by page, so memory stays flat on large clusters."""
-    async for page in finished_workflow_pages(workflows, page_size=PAGE_SIZE):
+    async for page in finished_workflow_pages(workflows, namespace, page_size=PAGE_SIZE):
         for obj in page.items:
             try:
                 result = adapt_workflow(obj)
@@ -82,46 +105,132 @@ async def finished_runs(
                 continue
             if not isinstance(result, RunFinished):
                 continue
-            if namespace_glob and not fnmatch.fnmatchcase(result.run.namespace, namespace_glob):
+            if not in_namespace(result.run.namespace, namespace, pattern):
                 continue
             yield result.run
 
 
-async def planned_runs(
-    resources: Resources, policies: tuple[Policy, ...], namespace_glob: str | None, now: datetime
-) -> list[PlannedRun]:
-    return [
-        PlannedRun(run, plan(run, policies, now))
-        async for run in finished_runs(resources.workflows(), namespace_glob)
+class _NoSchedules:
+    """The preview never schedules: `_OrphanedRows` replaces the one call that would."""
+
+    async def get(self, target: Target, uid: str) -> PendingSchedule | None:
+        raise AssertionError("lapse plan reads no schedules")
+
+    async def put(
+        self, target: Target, uid: str, deadline: datetime, due_event: BaseCloudEvent
+    ) -> None:
+        raise AssertionError("lapse plan writes no schedules")
+
+    async def cancel(self, target: Target, uid: str) -> bool:
+        raise AssertionError("lapse plan cancels no schedules")
+
+
+class _OrphanedRows(Reconciler):
+    """reconcile's KFP rows pass (paging, policies, the check that the Workflow is gone),
+    collecting what it would schedule instead of scheduling it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.found: list[tuple[RunRef, Decision]] = []
+
+    async def _schedule_rows(self, run: RunRef, decision: Decision, counts: RowCounts) -> None:
+        self.found.append((run, decision))
+
+
+@dataclass
+class Preview:
+    runs: list[PlannedRun] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+async def orphaned_rows(
+    resources: Resources, namespace: str | None, now: datetime
+) -> tuple[list[PlannedRun], list[str]]:
+    planner = Planner(
+        schedules=_NoSchedules(),
+        emitter=DiscardingEmitter(),
+        policies=tuple(resources.config.policies),
+    )
+    options = Options(namespace=namespace, dry_run=True, runs=False, rows=True)
+    rows = _OrphanedRows(resources, planner, options, clock=lambda: now)
+    summary = await rows.run()
+    planned = [
+        PlannedRun(run, {Target.DATABASE: decision}, object_gone=True)
+        for run, decision in rows.found
     ]
+    return planned, list(summary.problems)
+
+
+async def preview(resources: Resources, args: argparse.Namespace, now: datetime) -> Preview:
+    namespace, pattern = namespace_of(args)
+    policies: tuple[Policy, ...] = tuple(resources.config.policies)
+    result = Preview()
+    async for run in finished_runs(resources.workflows(), namespace, pattern):
+        decisions = plan(run, policies, now)
+        if args.target:
+            decisions = {t: d for t, d in decisions.items() if t.value == args.target}
+        result.runs.append(PlannedRun(run, decisions))
+    wants_rows = args.target in (None, Target.DATABASE.value) and not args.selector
+    if wants_rows and resources.config.database.targets.kfp.enabled:
+        gone, result.problems = await orphaned_rows(resources, pattern or namespace, now)
+        result.runs.extend(gone)
+    return result
 
 
 def run_plan(args: argparse.Namespace) -> int:
     config = config_from(args)
     now = datetime.now(UTC)
 
-    async def collect() -> list[PlannedRun]:
-        async with Resources(config) as resources:
-            return await planned_runs(resources, tuple(config.policies), args.namespace, now)
+    async def collect() -> Preview:
+        async with SelectedResources(config, args.selector) as resources:
+            return await preview(resources, args, now)
 
-    rows = asyncio.run(collect())
-    if args.output == "json":
-        json.dump([row.as_json() for row in rows], sys.stdout, indent=2)
-        print()
-    else:
-        print_table(rows, now)
-    return 0
+    result = asyncio.run(collect())
+    rows = [planned.as_json() for planned in result.runs]
+    emit(rows, columns(now), args, sys.stdout, name=_name)
+    for problem in result.problems:
+        warn(problem)
+    return 1 if result.problems else 0
 
 
-def _describe(decision: Decision, now: datetime) -> str:
-    if decision.action is Action.CANCEL:
-        return "never"
-    if decision.action is Action.INVALID:
-        return "invalid"
-    assert decision.deadline is not None
-    seconds = (decision.deadline - now).total_seconds()
-    when = "due now" if seconds <= 0 else f"in {_human(seconds)}"
-    return f"{format_rfc3339(decision.deadline)} ({when})"
+def _name(row: Row) -> str:
+    return resource_name(row["apiVersion"], row["kind"], row["name"])
+
+
+def _describe(target: str, now: datetime) -> Any:
+    def cell(row: Row) -> str:
+        decision = row["targets"].get(target)
+        if decision is None:
+            return "(object gone)" if row["objectGone"] else ""
+        if decision["action"] == "cancel":
+            return "never"
+        if decision["action"] == "invalid":
+            return "invalid"
+        seconds = (parse_rfc3339(decision["deadline"]) - now).total_seconds()
+        when = "due now" if seconds <= 0 else f"in {_human(seconds)}"
+        return f"{decision['deadline']} ({when})"
+
+    return cell
+
+
+def _policy(target: str) -> Any:
+    return lambda row: (row["targets"].get(target) or {}).get("policy")
+
+
+def columns(now: datetime) -> list[Column]:
+    return [
+        Column("NAMESPACE", lambda r: r["namespace"]),
+        Column("NAME", lambda r: r["name"]),
+        Column("KIND", lambda r: r["kind"], wide_only=True),
+        Column("PHASE", lambda r: r["phase"]),
+        Column("KUBERNETES", _describe("kubernetes", now)),
+        Column("BY", _policy("kubernetes")),
+        Column("DATABASE", _describe("database", now)),
+        Column("BY", _policy("database")),
+        Column("FINISHED", lambda r: r["finishedAt"], wide_only=True),
+        Column("UID", lambda r: r["uid"], wide_only=True),
+        Column("KFP RUN", lambda r: r["kfpRunId"], wide_only=True),
+    ]
 
 
 def _human(seconds: float) -> str:
@@ -129,21 +238,3 @@ def _human(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.1f}{unit}"
     return f"{seconds:.0f}s"
-
-
-def print_table(rows: list[PlannedRun], now: datetime) -> None:
-    table = Table(title=f"{len(rows)} finished run(s)", title_justify="left")
-    for column in ("NAMESPACE", "NAME", "PHASE", "KUBERNETES", "BY", "DATABASE", "BY"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        k8s, db = row.decisions[Target.KUBERNETES], row.decisions[Target.DATABASE]
-        table.add_row(
-            row.run.namespace,
-            row.run.name,
-            row.run.phase,
-            _describe(k8s, now),
-            k8s.policy,
-            _describe(db, now),
-            db.policy,
-        )
-    Console(width=200 if not sys.stdout.isatty() else None).print(table)

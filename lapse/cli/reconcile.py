@@ -9,6 +9,7 @@ import sys
 import time
 from typing import IO
 
+import yaml
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -24,7 +25,17 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from lapse.cli.common import UsageError, config_from
+from lapse.cli.common import (
+    UsageError,
+    add_namespace,
+    add_namespace_glob,
+    add_selector,
+    config_from,
+    namespace_of,
+    reach_nats,
+)
+from lapse.cli.output import REPORT_FORMATS, add_output
+from lapse.cli.selector import SelectedResources
 from lapse.operations.reconcile import (
     DEFAULT_CONCURRENCY,
     DEFAULT_PAGE_SIZE,
@@ -33,7 +44,6 @@ from lapse.operations.reconcile import (
     ReconcileSummary,
     reconcile,
 )
-from lapse.runtime.resources import Resources
 
 PHASES = {"runs": "finished Workflows", "rows": "KFP run rows"}
 # How often the plain progress lines appear when nobody watches a terminal (CI logs, a
@@ -55,7 +65,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "full of old runs, and periodically as a safety net."
         ),
     )
-    parser.add_argument("-n", "--namespace", help="only this namespace (glob allowed)")
+    add_namespace(parser)
+    add_namespace_glob(parser)
+    add_selector(parser)
     parser.add_argument(
         "--dry-run",
         action="store_true",
@@ -70,24 +82,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--page-size",
         type=_positive,
         default=DEFAULT_PAGE_SIZE,
-        help="Workflows per list request (default: %(default)s; whole objects are listed)",
+        help="Workflows per list request (whole objects are listed)",
     )
     parser.add_argument(
         "--row-page-size",
         type=_positive,
         default=DEFAULT_ROW_PAGE_SIZE,
-        help="database rows per query (default: %(default)s)",
+        help="database rows per query",
     )
     parser.add_argument(
         "--concurrency",
         type=_positive,
         default=DEFAULT_CONCURRENCY,
-        help="runs planned at the same time (default: %(default)s)",
+        help="runs planned at the same time",
     )
-    parser.add_argument("--nats-url", help="NATS server (default: nats.url from the config)")
-    parser.add_argument(
-        "-o", "--output", choices=("table", "json"), default="table", help="table (default) or json"
-    )
+    add_output(parser, REPORT_FORMATS)
     parser.set_defaults(run=run_reconcile)
 
 
@@ -105,18 +114,24 @@ def run_reconcile(args: argparse.Namespace) -> int:
     config = config_from(args)
     if args.only == "rows" and not config.database.targets.kfp.enabled:
         raise UsageError("--only rows: database.targets.kfp is not enabled")
+    if args.only == "rows" and args.selector:
+        raise UsageError("-l selects objects; KFP rows whose Workflow is gone carry no labels")
+    namespace, pattern = namespace_of(args)
     options = Options(
-        namespace=args.namespace,
+        # reconcile's filter takes a name or a glob; -n was checked to lie inside the glob
+        namespace=namespace or pattern,
         dry_run=args.dry_run,
         runs=args.only in (None, "runs"),
-        rows=args.only in (None, "rows"),
+        # With -l only the selected objects are in scope: rows have no labels to select.
+        rows=args.only in (None, "rows") and not args.selector,
         page_size=args.page_size,
         row_page_size=args.row_page_size,
         concurrency=args.concurrency,
     )
 
     async def work() -> ReconcileSummary:
-        async with Resources(config, nats_url=args.nats_url) as resources:
+        async with SelectedResources(config, args.selector) as resources:
+            await reach_nats(resources)
             with progress_for(sys.stderr) as progress:
                 return await reconcile(resources, options, progress)
 
@@ -124,6 +139,8 @@ def run_reconcile(args: argparse.Namespace) -> int:
     if args.output == "json":
         json.dump(summary.as_json(), sys.stdout, indent=2)
         print()
+    elif args.output == "yaml":
+        yaml.safe_dump(summary.as_json(), sys.stdout, sort_keys=False)
     else:
         print_summary(summary, Console(width=200 if not sys.stdout.isatty() else None))
     return 0 if summary.ok else 1

@@ -6,45 +6,72 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import IO, Any
 
-from rich.console import Console
-from rich.table import Table
+import yaml
+from sqlalchemy.engine import make_url
 
 from events.run import Target
 from events.timeutil import format_rfc3339
-from lapse.cli.common import add_nats_url, config_from
-from lapse.config import LapseConfig
-from lapse.operations.audit import OUTCOME_TYPES, audit_events, history_row, pending_schedules
+from lapse.cli.common import Settings, reach_nats, settings_from
+from lapse.cli.history import COLUMNS as HISTORY_COLUMNS
+from lapse.cli.history import Filters, add_filters, audit_row
+from lapse.cli.output import REPORT_FORMATS, add_output, table
+from lapse.cli.watch import add_watch, run_watch, watch
+from lapse.operations.audit import OUTCOME_TYPES, audit_events, pending_schedules
 from lapse.runtime.resources import Resources
+
+RECENT_COLUMNS = [c for c in HISTORY_COLUMNS if c.header != "LATE (S)"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = subparsers.add_parser(
         "status",
         help="pending schedules, next deadlines, dead letters, recent outcomes",
-        description="Summarize what lapse is waiting to do and what it did recently.",
+        description=(
+            "Summarize what lapse is waiting to do and what it did recently, and say which "
+            "NATS server (and database) it read: the configured one, or the one `lapse up` "
+            "started (its state directory)."
+        ),
     )
-    status.add_argument("--recent", type=int, default=10, help="recent outcomes to show")
-    status.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    add_nats_url(status)
+    status.add_argument(
+        "--recent", type=int, default=10, metavar="N", help="how many recent outcomes to show"
+    )
+    add_filters(status)
+    add_output(status, REPORT_FORMATS)
+    add_watch(status)
     status.set_defaults(run=run_status)
 
 
-async def status_report(config: LapseConfig, args: argparse.Namespace) -> dict[str, Any]:
-    async with Resources(config, nats_url=args.nats_url) as resources:
-        js = await resources.jetstream()
-        streams = config.nats.streams
-        pending = [await pending_schedules(js, streams.schedule, t) for t in Target]
-        dlq = await js.stream_info(streams.dlq)
-        audit = await js.stream_info(streams.audit)
-        start = max(1, audit.state.last_seq - 50 * args.recent)
-        recent = [
+async def status_report(
+    resources: Resources, settings: Settings, args: argparse.Namespace, filters: Filters
+) -> dict[str, Any]:
+    config = settings.config
+    js = await resources.jetstream()
+    streams = config.nats.streams
+    targets = [t for t in Target if args.target in (None, t.value)]
+    pending = [await pending_schedules(js, streams.schedule, t) for t in targets]
+    dlq = await js.stream_info(streams.dlq)
+    audit = await js.stream_info(streams.audit)
+    start = max(1, audit.state.last_seq - 50 * args.recent)
+    recent = (
+        [
             row
             async for event in audit_events(js, streams.audit, start_seq=start)
-            if event.get_type() in OUTCOME_TYPES and (row := history_row(event)) is not None
+            if event.get_type() in OUTCOME_TYPES
+            and (row := audit_row(event)) is not None
+            and filters.keep(row)
         ][-args.recent :]
+        if args.recent > 0
+        else []
+    )
     return {
+        "nats": {"url": config.nats.url, "from": settings.origins.get("nats")},
+        "database": {
+            "url": _without_password(config.database.url),
+            "from": settings.origins.get("database"),
+        },
         "pending": {
             p.target.value: {
                 "count": p.count,
@@ -58,27 +85,56 @@ async def status_report(config: LapseConfig, args: argparse.Namespace) -> dict[s
     }
 
 
-def run_status(args: argparse.Namespace) -> int:
-    config = config_from(args)
-    report = asyncio.run(status_report(config, args))
+def _without_password(url: str | None) -> str | None:
+    if url is None:
+        return None
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy can read: say nothing rather than leak it
+        return "(unreadable)"
+
+
+def print_report(report: dict[str, Any], args: argparse.Namespace, out: IO[str]) -> None:
     if args.output == "json":
-        json.dump(report, sys.stdout, indent=2)
-        print()
-        return 0
-    console = Console(width=200 if not sys.stdout.isatty() else None)
+        json.dump(report, out, indent=None if args.watch else 2)
+        out.write("\n")
+        return
+    if args.output == "yaml":
+        yaml.safe_dump(report, out, sort_keys=False)
+        return
+    nats, db = report["nats"], report["database"]
+    out.write(f"nats:          {nats['url']}   (from {nats['from']})\n")
+    if db["url"]:
+        out.write(f"database:      {db['url']}   (from {db['from']})\n")
     for target, summary in report["pending"].items():
         nxt = ", ".join(f"{n['run']} at {n['deadline']}" for n in summary["next"]) or "-"
-        console.print(f"pending {target}: {summary['count']}   next: {nxt}")
-    console.print(f"dead letters: {report['deadLetters']}")
-    table = Table(title="recent outcomes", title_justify="left")
-    for column in ("time", "namespace", "name", "target", "outcome", "detail"):
-        table.add_column(column.upper(), overflow="fold")
-    for row in report["recent"]:
-        table.add_row(
-            *(
-                str(row[c] or "")
-                for c in ("time", "namespace", "name", "target", "outcome", "detail")
-            )
-        )
-    console.print(table)
+        out.write(f"pending {target + ':':<11}{summary['count']}   next: {nxt}\n")
+    out.write(f"dead letters:  {report['deadLetters']}\n\nrecent outcomes:\n")
+    lines = table(
+        report["recent"], RECENT_COLUMNS, wide=args.output == "wide", headers=not args.no_headers
+    )
+    for line in lines if report["recent"] else ["(none)"]:
+        out.write(line + "\n")
+
+
+def run_status(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    filters = Filters.of(args)
+
+    async def draw(resources: Resources, out: IO[str]) -> None:
+        print_report(await status_report(resources, settings, args, filters), args, out)
+
+    async def work() -> None:
+        async with Resources(settings.config) as resources:
+            await reach_nats(resources)
+            if args.watch:
+                await watch(lambda out: draw(resources, out), args, "lapse status", sys.stdout)
+            else:
+                await draw(resources, sys.stdout)
+
+    return run_watch(work) if args.watch else _once(work)
+
+
+def _once(work: Callable[[], Coroutine[Any, Any, None]]) -> int:
+    asyncio.run(work())
     return 0

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from kubernetes import client
 
-from lapse.cli.common import config_from
+from lapse.cli import state
+from lapse.cli.common import settings_from, state_dir_of
 from lapse.config import LapseConfig
 from lapse.edges.kubernetes import load_api_client
 from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
@@ -24,11 +25,6 @@ log = logging.getLogger("lapse")
 DEFAULT_NATS_PORT = 4222
 
 
-def default_state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "lapse"
-
-
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "up",
@@ -38,14 +34,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "database and cluster. What is not configured is started locally and kept in "
             "--state-dir: an embedded nats-server (no nats.url), a SQLite file (no "
             "database.url), and a local kube-apiserver with the Argo Workflow CRD (no "
-            "kubeconfig found). Stop with Ctrl-C: in-flight work finishes first."
+            "kubeconfig found). Their addresses are written there too (nats.url, "
+            "database.url, kubeconfig.path), and the other commands use them when nothing "
+            "is configured. Stop with Ctrl-C: in-flight work finishes first."
         ),
-    )
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        default=default_state_dir(),
-        help="where embedded servers keep their data (default: %(default)s)",
     )
     parser.add_argument(
         "--listen",
@@ -69,7 +61,7 @@ def has_cluster(config: LapseConfig) -> bool:
 def start_embedded_nats(state_dir: Path) -> EmbeddedNats:
     port = DEFAULT_NATS_PORT if not port_open(DEFAULT_NATS_PORT) else free_port()
     server = EmbeddedNats(state_dir / "nats", port=port).start()
-    (state_dir / "nats.url").write_text(server.url + "\n")
+    state.write(state_dir, state.NATS_URL, server.url)
     return server
 
 
@@ -86,8 +78,9 @@ def start_embedded_kube(state_dir: Path) -> EmbeddedKube:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    config = config_from(args)
-    state_dir: Path = args.state_dir
+    # What an earlier `lapse up` wrote is not configuration: this one starts its own.
+    config = settings_from(args, found_by_up=False).config
+    state_dir = state_dir_of(args)
     state_dir.mkdir(parents=True, exist_ok=True)
     nats_server: EmbeddedNats | None = None
     kube: EmbeddedKube | None = None
@@ -100,6 +93,7 @@ def run_up(args: argparse.Namespace) -> int:
             config = config.model_copy(
                 update={"database": config.database.model_copy(update={"url": url})}
             )
+            state.write(state_dir, state.DATABASE_URL, url)
             log.info("no database.url configured: using %s", url)
         if not has_cluster(config):
             log.info("no cluster configured: starting a local kube-apiserver (see lapse up --help)")
@@ -111,13 +105,16 @@ def run_up(args: argparse.Namespace) -> int:
                     )
                 }
             )
+            state.write(state_dir, state.KUBECONFIG, str(kube.kubeconfig_path))
             log.info("local cluster at %s, kubeconfig %s", kube.url, kube.kubeconfig_path)
         nats_url = nats_server.url if nats_server else config.nats.url
         asyncio.run(_serve(Pipeline(config, nats_url=nats_url, listen=args.listen or None)))
     finally:
         if kube is not None:
+            state.remove(state_dir, state.KUBECONFIG)
             kube.stop()
         if nats_server is not None:
+            state.remove(state_dir, state.NATS_URL)
             nats_server.stop()
     return 0
 

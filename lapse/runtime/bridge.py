@@ -84,18 +84,15 @@ def _retry_after(response: httpx.Response) -> float:
 class Bridge:
     """`lapse bridge`: consume due events, deliver them to `sink`; health on `listen`."""
 
-    def __init__(
-        self, config: LapseConfig, sink: str, *, nats_url: str | None = None, listen: str | None
-    ) -> None:
+    def __init__(self, config: LapseConfig, sink: str, *, listen: str | None) -> None:
         self.config = config
         self.sink = sink
-        self._nats_url = nats_url
         self._listen = listen
         self.ready = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
         async with (
-            Resources(self.config, nats_url=self._nats_url) as resources,
+            Resources(self.config) as resources,
             httpx.AsyncClient(timeout=REQUEST_TIMEOUT) as client,
         ):
             js = await resources.jetstream()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,10 +24,45 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from opentelemetry.util.types import AttributeValue
 
+from functions.ratelimit import TokenBucket
 from lapse.telemetry import client_span, count_kubernetes_request, end_client_span
 from lapse.telemetry.names import HTTP_METHOD, SERVER_ADDRESS, SERVER_PORT, URL_TEMPLATE
 
 K8S_NAMESPACE = "k8s.namespace.name"
+
+
+class RateLimiter:
+    """kubectl's client-side limit (`kubernetes.qps`, `kubernetes.burst`): every request
+    takes a token first and, when none is free, its thread waits for one. Calls run on
+    worker threads (see `request`), so waiting never blocks the event loop; nothing is
+    dropped."""
+
+    def __init__(self, qps: float, burst: int) -> None:
+        self._bucket = TokenBucket(qps, burst, now=time.monotonic())
+        self._lock = threading.Lock()
+        self.delayed = 0  # requests that had to wait for a token
+
+    def wait(self) -> float:
+        """Take a token, sleeping until it is due; the seconds slept."""
+        with self._lock:
+            delay = self._bucket.reserve(time.monotonic())
+            if delay > 0:
+                self.delayed += 1
+        if delay > 0:
+            time.sleep(delay)
+        return delay
+
+
+class RateLimitedApiClient(client.ApiClient):  # type: ignore[misc]
+    """An ApiClient whose every HTTP request (get, list, watch, delete) passes the limiter."""
+
+    def __init__(self, configuration: client.Configuration, limiter: RateLimiter) -> None:
+        super().__init__(configuration)
+        self.limiter = limiter
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        self.limiter.wait()
+        return super().request(*args, **kwargs)
 
 
 def load_api_client(
@@ -34,9 +71,12 @@ def load_api_client(
     in_cluster: bool = False,
     *,
     pool_size: int = 16,
+    qps: float | None = None,
+    burst: int | None = None,
 ) -> client.ApiClient:
     """`pool_size` should match the threads making calls: urllib3's default pool (10) is
-    smaller than lapse's thread pool, and each call past it pays a new TLS handshake."""
+    smaller than lapse's thread pool, and each call past it pays a new TLS handshake.
+    With `qps`, requests are limited to `qps` per second with bursts of `burst`."""
     configuration = client.Configuration()
     if in_cluster:
         config.load_incluster_config(client_configuration=configuration)
@@ -45,6 +85,8 @@ def load_api_client(
             config_file=kubeconfig, context=context, client_configuration=configuration
         )
     configuration.connection_pool_maxsize = pool_size
+    if qps is not None:
+        return RateLimitedApiClient(configuration, RateLimiter(qps, burst or max(1, int(qps))))
     return client.ApiClient(configuration)
 
 

@@ -1,0 +1,174 @@
+"""`lapse history` and `lapse status` against a real NATS server: formats, filters by
+namespace, kind and target, and --watch redrawing until Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import select
+import signal
+import subprocess
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import yaml
+from nats.js import JetStreamContext
+
+from events.builder import build_event
+from events.models import CleanupCompleted
+from events.run import Engine, RunRef, Target
+from events.types import EventType, Outcome
+from lapse.cli.watch import CLEAR
+from lapse.config import Streams
+from lapse.edges.publishing import NatsEmitter
+from lapse.embedded.nats import EmbeddedNats
+from tests.cli.conftest import Shell
+
+pytestmark = [pytest.mark.nats]
+
+KINDS = {
+    "Workflow": (Engine.ARGO, "argoproj.io/v1alpha1"),
+    "Job": (Engine.JOB, "batch/v1"),
+}
+
+
+async def record(
+    js: JetStreamContext, namespace: str, name: str, kind: str, target: Target
+) -> None:
+    """One cleanup outcome on the audit stream, as a reaper emits it."""
+    engine, api_version = KINDS[kind]
+    run = RunRef(
+        engine=engine,
+        api_version=api_version,
+        kind=kind,
+        namespace=namespace,
+        name=name,
+        uid=str(uuid.uuid4()),
+        phase="Succeeded",
+    )
+    now = datetime.now(UTC)
+    completed = CleanupCompleted.of(
+        run=run,
+        target=target,
+        outcome=Outcome.DELETED,
+        completed_at=now,
+        deadline=now - timedelta(seconds=1),
+    )
+    event = build_event(EventType.CLEANUP_COMPLETED, source="/test", data=completed, target=target)
+    await NatsEmitter(js, Streams()).emit(event)
+
+
+async def some_history(js: JetStreamContext) -> tuple[str, str]:
+    a, b = f"hist-a-{uuid.uuid4().hex[:6]}", f"hist-b-{uuid.uuid4().hex[:6]}"
+    await record(js, a, "train", "Workflow", Target.KUBERNETES)
+    await record(js, a, "train", "Workflow", Target.DATABASE)
+    await record(js, a, "nightly", "Job", Target.KUBERNETES)
+    await record(js, b, "other", "Workflow", Target.KUBERNETES)
+    return a, b
+
+
+def _json(shell: Shell, nats: EmbeddedNats, *args: str) -> object:
+    result = shell(*args, "--nats-url", nats.url, "-o", "json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+async def test_history_filters_and_formats(
+    shell: Shell, nats_server: EmbeddedNats, lapse_streams: JetStreamContext
+) -> None:
+    a, b = await some_history(lapse_streams)
+    rows = _json(shell, nats_server, "history", "-A")
+    assert isinstance(rows, list)
+    assert {(r["namespace"], r["name"], r["target"]) for r in rows} == {
+        (a, "train", "kubernetes"),
+        (a, "train", "database"),
+        (a, "nightly", "kubernetes"),
+        (b, "other", "kubernetes"),
+    }
+    in_a = _json(shell, nats_server, "history", "-n", a)
+    assert {r["namespace"] for r in in_a} == {a} and len(in_a) == 3  # type: ignore[union-attr]
+    jobs = _json(shell, nats_server, "history", "--kind", "job")
+    assert [(r["name"], r["kind"]) for r in jobs] == [("nightly", "Job")]  # type: ignore[union-attr]
+    rows_only = _json(shell, nats_server, "history", "-n", a, "--target", "database")
+    assert [(r["name"], r["target"]) for r in rows_only] == [("train", "database")]  # type: ignore[union-attr]
+
+    as_yaml = shell("history", "-n", a, "--nats-url", nats_server.url, "-o", "yaml")
+    assert yaml.safe_load(as_yaml.stdout) == in_a
+    names = shell("history", "-n", a, "--kind", "Job", "--nats-url", nats_server.url, "-o", "name")
+    assert names.stdout.split() == ["job.batch/nightly"]
+    table = shell("history", "-n", a, "--nats-url", nats_server.url).stdout.splitlines()
+    assert table[0].split()[:3] == ["TIME", "NAMESPACE", "NAME"] and len(table) == 4
+    bare = shell("history", "-n", a, "--no-headers", "--nats-url", nats_server.url)
+    assert len(bare.stdout.splitlines()) == 3 and "NAMESPACE" not in bare.stdout
+
+
+async def test_status_filters_and_formats(
+    shell: Shell, nats_server: EmbeddedNats, lapse_streams: JetStreamContext
+) -> None:
+    await some_history(lapse_streams)
+    report = _json(shell, nats_server, "status", "--target", "kubernetes", "--kind", "Workflow")
+    assert isinstance(report, dict)
+    assert set(report["pending"]) == {"kubernetes"}
+    assert report["nats"] == {"url": nats_server.url, "from": "--nats-url"}
+    assert {(r["kind"], r["target"]) for r in report["recent"]} == {("Workflow", "kubernetes")}
+    as_yaml = shell("status", "--nats-url", nats_server.url, "-o", "yaml")
+    assert yaml.safe_load(as_yaml.stdout)["deadLetters"] == 0
+    text = shell("status", "--nats-url", nats_server.url).stdout
+    assert f"nats:          {nats_server.url}   (from --nats-url)" in text
+
+
+def _read_until(process: subprocess.Popen[str], wanted: int, timeout: float = 60) -> list[str]:
+    """Lines of stdout until `wanted` lines have come (or the timeout)."""
+    assert process.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while len(lines) < wanted and time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], 0.5)
+        if ready:
+            line = process.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+    return lines
+
+
+def _interrupt(process: subprocess.Popen[str]) -> tuple[int, str]:
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    return process.returncode, err
+
+
+async def test_history_watch_prints_each_change_and_exits_0_on_ctrl_c(
+    shell: Shell, nats_server: EmbeddedNats, lapse_streams: JetStreamContext
+) -> None:
+    a, _ = await some_history(lapse_streams)
+    watcher = shell.popen(
+        "history", "-n", a, "-w", "--interval", "0.2", "-o", "json", "--nats-url", nats_server.url
+    )
+    try:
+        first = _read_until(watcher, 1)
+        assert len(json.loads(first[0])) == 3, first
+        await record(lapse_streams, a, "late", "Workflow", Target.KUBERNETES)
+        second = _read_until(watcher, 1)
+        assert second, "no redraw after a new outcome"
+        assert "late" in {r["name"] for r in json.loads(second[0])}
+    finally:
+        code, err = _interrupt(watcher)
+    assert code == 0, err
+    assert "Traceback" not in err
+
+
+async def test_status_watch_redraws_in_place_and_exits_0_on_ctrl_c(
+    shell: Shell, nats_server: EmbeddedNats, lapse_streams: JetStreamContext
+) -> None:
+    await some_history(lapse_streams)
+    watcher = shell.popen("status", "-w", "--interval", "0.2", "--nats-url", nats_server.url)
+    try:
+        lines = _read_until(watcher, 40)
+    finally:
+        code, err = _interrupt(watcher)
+    frames = "".join(lines).count(CLEAR)
+    assert frames >= 2, "".join(lines)
+    assert "Every 0.2s: lapse status" in "".join(lines)
+    assert code == 0, err

@@ -1,0 +1,195 @@
+"""`lapse plan` (and reconcile's namespace flags) against a real kube-apiserver and
+PostgreSQL: formats, -n/-A/-l against what the API says, KFP rows whose Workflow is gone."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from lapse.edges.database import create_engine
+from tests.cli.conftest import Shell
+from tests.conftest import KubeStack
+from tests.integration.test_cli_plan_infra import finished_workflow
+from tests.kfp_schema import create_kfp_tables, insert_kfp_runs
+from tests.stack import Database, scratch_database
+
+pytestmark = [pytest.mark.kube]
+
+FINISHED = "2026-11-20T10:00:00Z"
+
+
+async def _two_namespaces(kube: KubeStack) -> tuple[str, str]:
+    tag = uuid.uuid4().hex[:6]
+    a, b = kube.namespace(f"cli-a-{tag}"), kube.namespace(f"cli-b-{tag}")
+    for ns in (a, b):
+        for i, team in enumerate(("red", "blue")):
+            labels = {"team": team}
+            await kube.workflows.create(
+                ns, finished_workflow(f"wf-{team}-{i}", "Succeeded", FINISHED, labels=labels)
+            )
+    return a, b
+
+
+def _plan(shell: Shell, kube: KubeStack, *args: str) -> Any:
+    result = shell("plan", "--kubeconfig", str(kube.kubeconfig), *args)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+async def test_n_and_A_agree_with_the_api(shell: Shell, kube: KubeStack) -> None:
+    a, _ = await _two_namespaces(kube)
+    everything = json.loads(_plan(shell, kube, "-A", "-o", "json").stdout)
+    listed = await kube.workflows.list(None, label_selector="workflows.argoproj.io/completed=true")
+    api = {(w["metadata"]["namespace"], w["metadata"]["name"]) for w in listed["items"]}
+    assert {(r["namespace"], r["name"]) for r in everything} == api
+    # Without -n: every namespace, as before (-A only spells it out).
+    default = json.loads(_plan(shell, kube, "-o", "json").stdout)
+    assert {(r["namespace"], r["name"]) for r in default} == api
+
+    only_a = json.loads(_plan(shell, kube, "-n", a, "-o", "json").stdout)
+    in_a = (await kube.workflows.list(a))["items"]
+    assert {r["name"] for r in only_a} == {w["metadata"]["name"] for w in in_a}
+    assert {r["namespace"] for r in only_a} == {a}
+    # -n is exact: a prefix of a namespace is not that namespace.
+    assert json.loads(_plan(shell, kube, "-n", a[:-1], "-o", "json").stdout) == []
+
+
+async def test_a_glob_in_n_still_works_with_a_deprecation_warning(
+    shell: Shell, kube: KubeStack
+) -> None:
+    a, b = await _two_namespaces(kube)
+    glob = a.replace("cli-a-", "cli-?-")  # matches a and b
+    result = _plan(shell, kube, "-n", glob, "-o", "json")
+    assert {r["namespace"] for r in json.loads(result.stdout)} == {a, b}
+    assert "deprecated" in result.stderr and "--namespace-glob" in result.stderr
+    new = _plan(shell, kube, "--namespace-glob", glob, "-o", "json")
+    assert new.stdout == result.stdout
+    assert "deprecated" not in new.stderr
+
+
+async def test_l_selects_on_the_api_server(shell: Shell, kube: KubeStack) -> None:
+    a, _ = await _two_namespaces(kube)
+    rows = json.loads(_plan(shell, kube, "-n", a, "-l", "team=blue", "-o", "json").stdout)
+    assert [r["name"] for r in rows] == ["wf-blue-1"]
+    rows = json.loads(_plan(shell, kube, "-n", a, "-l", "team!=blue", "-o", "json").stdout)
+    assert [r["name"] for r in rows] == ["wf-red-0"]
+    bad = shell("plan", "--kubeconfig", str(kube.kubeconfig), "-l", "team in (", "-o", "json")
+    assert bad.returncode == 1  # the API server refuses the selector: a runtime failure
+    assert bad.stderr.count("\n") == 1, bad.stderr
+
+
+async def test_every_format(shell: Shell, kube: KubeStack) -> None:
+    a, _ = await _two_namespaces(kube)
+    as_json = json.loads(_plan(shell, kube, "-n", a, "-o", "json").stdout)
+    as_yaml = yaml.safe_load(_plan(shell, kube, "-n", a, "-o", "yaml").stdout)
+    assert as_yaml == as_json and len(as_json) == 2
+    names = _plan(shell, kube, "-n", a, "-o", "name").stdout.split()
+    assert sorted(names) == ["workflow.argoproj.io/wf-blue-1", "workflow.argoproj.io/wf-red-0"]
+
+    table = _plan(shell, kube, "-n", a).stdout.splitlines()
+    assert table[0].split()[:4] == ["NAMESPACE", "NAME", "PHASE", "KUBERNETES"]
+    assert len(table) == 3 and all(line.startswith(a) for line in table[1:])
+    bare = _plan(shell, kube, "-n", a, "--no-headers").stdout.splitlines()
+    assert [line.split() for line in bare] == [line.split() for line in table[1:]]
+    wide = _plan(shell, kube, "-n", a, "-o", "wide").stdout.splitlines()
+    assert "UID" in wide[0].split() and "UID" not in table[0].split()
+    uids = {r["uid"] for r in as_json}
+    assert all(any(uid in line for uid in uids) for line in wide[1:])
+
+    kube_only = json.loads(
+        _plan(shell, kube, "-n", a, "--target", "kubernetes", "-o", "json").stdout
+    )
+    assert all(set(r["targets"]) == {"kubernetes"} for r in kube_only)
+
+
+def test_nothing_found_says_so_on_stderr(shell: Shell, kube: KubeStack) -> None:
+    ns = kube.namespace(f"cli-empty-{uuid.uuid4().hex[:6]}")
+    result = _plan(shell, kube, "-n", ns)
+    assert result.stdout == ""
+    assert "No resources found" in result.stderr
+
+
+@pytest.fixture(scope="module")
+async def kfp_db() -> AsyncIterator[Database]:
+    async with scratch_database("postgresql") as db:
+        engine = create_engine(db.url)
+        await create_kfp_tables(engine)
+        await engine.dispose()
+        yield db
+
+
+@pytest.mark.db
+async def test_plan_previews_rows_whose_workflow_is_gone(
+    shell: Shell, kube: KubeStack, kfp_db: Database, tmp_path: Path
+) -> None:
+    gone, alive = str(uuid.uuid4()), str(uuid.uuid4())
+    engine = create_engine(kfp_db.url)
+    async with engine.begin() as conn:
+        await insert_kfp_runs(conn, [gone, alive])  # namespace team-a, finished in 2023
+    await engine.dispose()
+    ns = kube.namespace("team-a")
+    await kube.workflows.create(
+        ns,
+        finished_workflow(
+            f"kfp-{alive[:8]}", "Succeeded", FINISHED, labels={"pipeline/runid": alive}
+        ),
+    )
+    config = tmp_path / "lapse.yaml"
+    config.write_text(
+        f"database: {{url: '{kfp_db.url}', targets: {{kfp: {{enabled: true}}}}}}\n"
+        "policies:\n"
+        "  - name: kfp-rows\n"
+        "    match: {has_labels: [pipeline/runid]}\n"
+        "    database: {ttl: 30d}\n"
+    )
+    result = _plan(shell, kube, "--config", str(config), "-n", ns, "-o", "json")
+    rows = json.loads(result.stdout)
+    orphans = [r for r in rows if r["objectGone"]]
+    assert [r["uid"] for r in orphans] == [gone]
+    assert orphans[0]["targets"] == {
+        "database": {
+            "action": "schedule",
+            "deadline": "2023-12-14T22:23:20Z",  # FinishedAtInSec 1,700,000,600 + 30d
+            "policy": "policy:kfp-rows",
+            "reason": orphans[0]["targets"]["database"]["reason"],
+        }
+    }
+    # The run whose Workflow exists is planned from its object, not as an orphan.
+    assert any(r["kfpRunId"] == alive and not r["objectGone"] for r in rows)
+    table = _plan(shell, kube, "--config", str(config), "-n", ns).stdout
+    assert "(object gone)" in table
+    # Rows carry no labels: with -l only objects are previewed.
+    selected = json.loads(
+        _plan(shell, kube, "--config", str(config), "-n", ns, "-l", "team=x", "-o", "json").stdout
+    )
+    assert not any(r["objectGone"] for r in selected)
+
+
+def test_context_chooses_the_kubeconfig_context(
+    shell: Shell, kube: KubeStack, tmp_path: Path
+) -> None:
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    config["clusters"].append({"name": "nowhere", "cluster": {"server": "https://127.0.0.1:1"}})
+    user = config["contexts"][0]["context"]["user"]
+    config["contexts"].append(
+        {"name": "elsewhere", "context": {"cluster": "nowhere", "user": user}}
+    )
+    config["current-context"] = "elsewhere"
+    two = tmp_path / "two-contexts.yaml"
+    two.write_text(yaml.safe_dump(config))
+
+    chosen = shell("plan", "--kubeconfig", str(two), "--context", "lapse", "-o", "json")
+    assert chosen.returncode == 0, chosen.stderr
+    assert isinstance(json.loads(chosen.stdout), list)
+    current = shell("plan", "--kubeconfig", str(two), "-o", "json")  # elsewhere: nobody there
+    assert current.returncode == 1
+    assert current.stderr.count("\n") == 1, current.stderr
+    unknown = shell("--context", "nope", "plan", "--kubeconfig", str(two))
+    assert unknown.returncode == 2
+    assert "nope" in unknown.stderr and "--context" in unknown.stderr
