@@ -19,6 +19,7 @@ from lapse.cli.history import COLUMNS as HISTORY_COLUMNS
 from lapse.cli.history import Filters, add_filters, audit_row
 from lapse.cli.output import REPORT_FORMATS, add_output, table
 from lapse.cli.watch import add_watch, run_watch, watch
+from lapse.edges import health
 from lapse.operations.audit import OUTCOME_TYPES, audit_events, pending_schedules
 from lapse.runtime.resources import Resources
 
@@ -54,6 +55,7 @@ async def status_report(
     pending = [await pending_schedules(js, streams.schedule, t) for t in targets]
     dlq = await js.stream_info(streams.dlq)
     audit = await js.stream_info(streams.audit)
+    waiting = [w for w in await health.read(js) if w.events]
     start = max(1, audit.state.last_seq - 50 * args.recent)
     recent = (
         [
@@ -81,6 +83,17 @@ async def status_report(
             for p in pending
         },
         "deadLetters": dlq.state.messages,
+        # What running lapse processes are waiting out (an API server or database down).
+        "waiting": [
+            {
+                "function": w.function,
+                "process": w.process,
+                "events": w.events,
+                "seconds": round(w.seconds),
+                "reason": w.reason,
+            }
+            for w in waiting
+        ],
         "recent": recent,
     }
 
@@ -109,6 +122,11 @@ def print_report(report: dict[str, Any], args: argparse.Namespace, out: IO[str])
     for target, summary in report["pending"].items():
         nxt = ", ".join(f"{n['run']} at {n['deadline']}" for n in summary["next"]) or "-"
         out.write(f"pending {target + ':':<11}{summary['count']}   next: {nxt}\n")
+    for w in report["waiting"]:
+        out.write(
+            f"waiting:       {w['function']} ({w['process']}): {w['events']} events for "
+            f"{w['seconds']}s, {w['reason']}\n"
+        )
     out.write(f"dead letters:  {report['deadLetters']}\n\nrecent outcomes:\n")
     lines = table(
         report["recent"], RECENT_COLUMNS, wide=args.output == "wide", headers=not args.no_headers

@@ -138,8 +138,13 @@ async def test_a_killed_api_server_is_waited_out_and_every_deletion_happens(
         await asyncio.sleep(3)  # planned (schedules in NATS) before the API server goes
         own_kube.server.kill_apiserver()
         down_at = datetime.now(UTC)
-        await asyncio.sleep(OUTAGE_SECONDS)
+        await asyncio.sleep(OUTAGE_SECONDS - 3)
+        # Meanwhile `lapse status` says what is being waited out, and that nothing is lost.
+        during = lapse_json("status", config=config)
         own_kube.server.restart_apiserver()
+        (waiting,) = [w for w in during["waiting"] if w["function"] == "workflow-reaper"]
+        assert waiting["events"] > 0 and waiting["seconds"] > 0, during["waiting"]
+        assert during["deadLetters"] == 0
         up_at = datetime.now(UTC)
 
         async def all_gone() -> bool:
