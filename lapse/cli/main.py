@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if args.command != "up" and not args.debug:
-        # nats-py and urllib3 log each failed connection attempt (nats-py with a
+        # nats-py, lapse's NATS edge and urllib3 log each failed connection attempt (nats-py with a
         # traceback); a command's own one-line error says what matters. `lapse up` keeps
         # them: there they tell that a server went away.
         # On the handlers: the Kubernetes client resets the urllib3 logger's level.
@@ -116,8 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(args, str(exc) or type(exc).__name__, EXIT_FAILURE)
 
 
+# Loggers that report each failed connection attempt (nats-py, lapse's NATS edge, urllib3).
+_RETRY_LOGGERS = ("nats.", "lapse.edges.nats", "urllib3.")
+
+
 def _quiet_retries(record: logging.LogRecord) -> bool:
-    return not record.name.startswith(("nats.", "urllib3.")) or record.levelno >= logging.CRITICAL
+    return not record.name.startswith(_RETRY_LOGGERS) or record.levelno >= logging.CRITICAL
 
 
 def _fail(args: argparse.Namespace, message: str, code: int) -> int:
