@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import select, text
 
@@ -360,6 +361,17 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
 
         return seen
 
+    async def refuse_a_push() -> None:
+        """A push the ingress refuses (not a CloudEvent): answered 400, counted, and recorded
+        on the dead letters for an operator to see."""
+        async with httpx.AsyncClient(timeout=30) as http:
+            refused = await http.post(
+                f"http://127.0.0.1:{up.ingress_port}/",
+                content=b"not a CloudEvent",
+                headers={"content-type": "application/json"},
+            )
+        assert refused.status_code == 400, refused.text
+
     def retries_logged() -> int:
         return len(re.findall(r"row-reaper: try \d+ failed", log.read_text()))
 
@@ -369,6 +381,7 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
         async with engine.begin() as conn:
             await insert_kfp_runs(conn, [run_1, run_2])
         await create_wave([("plain-1", 2)], "kfp-1", run_1)
+        await refuse_a_push()
         await wait_for(objects_gone, timeout=60, interval=0.5)
         await wait_for(rows_gone(run_1), timeout=60, interval=0.5)
         deletions = 'sum(lapse_deletions_total{job="JOB"})'
@@ -395,6 +408,11 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
         await wait_for(rows_gone(run_2), timeout=60, interval=0.5)
         await wait_for(prometheus_sees(deletions, 7), timeout=60, interval=0.5)
 
+        # A second refused push (the first came with wave 1): a counter's rate needs two.
+        await refuse_a_push()
+        dead = 'max(lapse_dlq_depth{job="JOB"})'
+        await wait_for(prometheus_sees(dead, 2), timeout=60, interval=0.5)
+
         async def drained() -> bool:
             for job in JOBS:
                 pending = prometheus.query(f'lapse_schedule_pending{{job="{job}"}}')
@@ -419,7 +437,7 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
         for target in ("kubernetes", "database")
     }
     scheduled = Counter(r["target"] for r in history if r["event"] == "cleanup.scheduled")
-    assert status["deadLetters"] == 0
+    assert status["deadLetters"] == 2  # the ingress's records of the refused pushes
     assert retries == 2, "the lock was let go after the second retry"
 
     # --- traces (Jaeger) ------------------------------------------------------------------
@@ -487,7 +505,7 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
     # --- every dashboard panel query (Prometheus) ------------------------------------------
     window = f"{math.ceil(finished - started) + 30}s"
     queries = panel_queries()
-    assert len(queries) == 11
+    assert len(queries) == 14
     returned: dict[tuple[str, str, str], dict[tuple[str, ...], float]] = {}
     for job in JOBS:
         for title, ref, expr in queries:
@@ -562,10 +580,13 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
     assert len(loaded) == 5
     assert all(rule["health"] == "ok" for rule in loaded.values()), loaded
     alerts = prometheus.get("/api/v1/alerts")["data"]["alerts"]
-    assert [a for a in alerts if a["state"] == "firing"] == []
-    # The retries put the outage rule on its way (pending: it fires after 10 minutes).
-    waiting = {(a["labels"]["alertname"], a["labels"]["job"]) for a in alerts}
-    assert waiting == {("LapseWaitingOnOutage", job) for job in JOBS}
+    # The refused push is a new dead letter: the one alert that fires. The row-reaper's
+    # wait ended within seconds, far short of the outage rule's 5 minutes.
+    firing = {
+        (a["labels"]["alertname"], a["labels"]["job"]) for a in alerts if a["state"] == "firing"
+    }
+    assert firing == {("LapseDeadLettersGrowing", job) for job in JOBS}, alerts
+    assert not [a for a in alerts if a["labels"]["alertname"] != "LapseDeadLettersGrowing"]
 
 
 def check_panel(
@@ -590,7 +611,8 @@ def check_panel(
         pending = {(t,): float(p["count"]) for t, p in truth["status"]["pending"].items()}
         assert values == pending == {("kubernetes",): 0.0, ("database",): 0.0}
     elif title == "Dead-letter depth":
-        assert values == {(): float(truth["status"]["deadLetters"])} == {(): 0.0}
+        # The ingress's records of the refused pushes; no deletion was given up on.
+        assert values == {(): float(truth["status"]["deadLetters"])} == {(): 2.0}
     elif title == "Retries per second":
         assert set(values) == {("row-reaper", "RetryLater")} and all(v > 0 for v in values.values())
         assert total == {("row-reaper", "RetryLater"): float(truth["retries"])}
@@ -611,6 +633,14 @@ def check_panel(
     elif title == "Database statements per second":
         assert values[("DELETE",)] > 0
         assert total[("DELETE",)] == float(truth["delete_statements"])
+    elif title == "Waiting out an outage":
+        # The row-reaper waited out the lock (its retries), and waits no more.
+        assert values == {("row-reaper",): 0.0}, (ref, values)
+    elif title == "Ingress refusals per second":
+        assert set(values) == {("400", "not_cloudevent", "true")} and all(
+            v > 0 for v in values.values()
+        )
+        assert total == {("400", "not_cloudevent", "true"): 2.0}
     else:
         raise AssertionError(f"panel {title!r} [{ref}] has no ground truth in this test")
 
