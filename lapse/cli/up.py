@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from lapse.cli import state
 from lapse.cli.common import settings_from, state_dir_of
 from lapse.config import LapseConfig
 from lapse.edges.kubernetes import load_api_client
+from lapse.edges.kubernetes.client import in_a_pod, kubeconfig_found
 from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port, port_open
@@ -50,12 +50,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def has_cluster(config: LapseConfig) -> bool:
+    """A cluster to talk to: configured, a kubeconfig the usual lookup finds, or the pod
+    lapse runs in (then no embedded kube-apiserver is started)."""
     k = config.kubernetes
     if k.in_cluster or k.kubeconfig is not None:
         return True
-    if os.environ.get("KUBECONFIG"):
-        return True
-    return (Path.home() / ".kube" / "config").exists()
+    return kubeconfig_found() or in_a_pod()
 
 
 def start_embedded_nats(state_dir: Path) -> EmbeddedNats:

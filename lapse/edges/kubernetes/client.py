@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from urllib.parse import urlsplit
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config import incluster_config
 from opentelemetry.util.types import AttributeValue
 
 from functions.ratelimit import TokenBucket
@@ -65,6 +67,21 @@ class RateLimitedApiClient(client.ApiClient):  # type: ignore[misc]
         return super().request(*args, **kwargs)
 
 
+def in_a_pod() -> bool:
+    """What the kubelet gives every pod: the API server's address in the environment and a
+    ServiceAccount token mounted (client-go's and kubectl's in-cluster signal)."""
+    return bool(os.environ.get(incluster_config.SERVICE_HOST_ENV_NAME)) and os.path.exists(
+        incluster_config.SERVICE_TOKEN_FILENAME
+    )
+
+
+def kubeconfig_found() -> bool:
+    """A kubeconfig the client's usual lookup would read ($KUBECONFIG, ~/.kube/config)."""
+    return bool(os.environ.get("KUBECONFIG")) or os.path.exists(
+        os.path.expanduser(config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION)
+    )
+
+
 def load_api_client(
     kubeconfig: str | None = None,
     context: str | None = None,
@@ -76,9 +93,14 @@ def load_api_client(
 ) -> client.ApiClient:
     """`pool_size` should match the threads making calls: urllib3's default pool (10) is
     smaller than lapse's thread pool, and each call past it pays a new TLS handshake.
-    With `qps`, requests are limited to `qps` per second with bursts of `burst`."""
+    With `qps`, requests are limited to `qps` per second with bursts of `burst`.
+
+    Found as kubectl finds it: an explicit kubeconfig or context, else $KUBECONFIG or
+    ~/.kube/config, else, inside a pod, the pod's ServiceAccount (`in_cluster` forces it)."""
     configuration = client.Configuration()
-    if in_cluster:
+    if in_cluster or (
+        kubeconfig is None and context is None and not kubeconfig_found() and in_a_pod()
+    ):
         config.load_incluster_config(client_configuration=configuration)
     else:
         config.load_kube_config(
