@@ -30,7 +30,6 @@ from lapse.cli.common import (
     warn,
 )
 from lapse.cli.output import Column, Row, add_output, emit, resource_name
-from lapse.cli.selector import SelectedResources
 from lapse.edges.kubernetes import Workflows, finished_workflow_pages
 from lapse.operations.reconcile import Options, Reconciler, RowCounts
 from lapse.operations.reconcile.planner import DiscardingEmitter
@@ -94,10 +93,16 @@ class PlannedRun:
 
 
 async def finished_runs(
-    workflows: Workflows, namespace: str | None = None, pattern: str | None = None
+    workflows: Workflows,
+    namespace: str | None = None,
+    pattern: str | None = None,
+    selector: str | None = None,
 ) -> AsyncIterator[RunRef]:
     """Every finished Workflow, page by page, so memory stays flat on large clusters."""
-    async for page in finished_workflow_pages(workflows, namespace, page_size=PAGE_SIZE):
+    pages = finished_workflow_pages(
+        workflows, namespace, page_size=PAGE_SIZE, label_selector=selector
+    )
+    async for page in pages:
         for obj in page.items:
             try:
                 result = adapt_workflow(obj)
@@ -165,7 +170,7 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
     namespace, pattern = namespace_of(args)
     policies: tuple[Policy, ...] = tuple(resources.config.policies)
     result = Preview()
-    async for run in finished_runs(resources.workflows(), namespace, pattern):
+    async for run in finished_runs(resources.workflows(), namespace, pattern, args.selector):
         decisions = plan(run, policies, now)
         if args.target:
             decisions = {t: d for t, d in decisions.items() if t.value == args.target}
@@ -182,7 +187,7 @@ def run_plan(args: argparse.Namespace) -> int:
     now = datetime.now(UTC)
 
     async def collect() -> Preview:
-        async with SelectedResources(config, args.selector) as resources:
+        async with Resources(config) as resources:
             return await preview(resources, args, now)
 
     result = asyncio.run(collect())

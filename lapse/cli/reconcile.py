@@ -35,7 +35,6 @@ from lapse.cli.common import (
     reach_nats,
 )
 from lapse.cli.output import REPORT_FORMATS, add_output
-from lapse.cli.selector import SelectedResources
 from lapse.operations.reconcile import (
     DEFAULT_CONCURRENCY,
     DEFAULT_PAGE_SIZE,
@@ -44,6 +43,7 @@ from lapse.operations.reconcile import (
     ReconcileSummary,
     reconcile,
 )
+from lapse.runtime.resources import Resources
 
 PHASES = {"runs": "finished Workflows", "rows": "KFP run rows"}
 # How often the plain progress lines appear when nobody watches a terminal (CI logs, a
@@ -127,10 +127,11 @@ def run_reconcile(args: argparse.Namespace) -> int:
         page_size=args.page_size,
         row_page_size=args.row_page_size,
         concurrency=args.concurrency,
+        label_selector=args.selector,
     )
 
     async def work() -> ReconcileSummary:
-        async with SelectedResources(config, args.selector) as resources:
+        async with Resources(config) as resources:
             await reach_nats(resources)
             with progress_for(sys.stderr) as progress:
                 return await reconcile(resources, options, progress)

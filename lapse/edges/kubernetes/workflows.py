@@ -261,19 +261,24 @@ class Page:
 
 
 async def finished_workflow_pages(
-    workflows: Workflows, namespace: str | None = None, *, page_size: int = 500
+    workflows: Workflows,
+    namespace: str | None = None,
+    *,
+    page_size: int = 500,
+    label_selector: str | None = None,
 ) -> AsyncIterator[Page]:
     """Every finished Workflow (server-side selection on Argo's `completed` label), one page
     at a time, so memory stays flat however many exist: the one pager of finished runs
-    (watcher, plan, reconcile).
+    (watcher, plan, reconcile). `label_selector` narrows it further (`-l`), server-side.
 
     A long list outlives its continue token (410 with etcd compaction): it carries on with
     the token the server offers; what finished meanwhile a watch or the next pass brings."""
+    selector = ",".join(s for s in (COMPLETED_SELECTOR, label_selector) if s)
     token: str | None = None
     while True:
         try:
             page = await workflows.list(
-                namespace, label_selector=COMPLETED_SELECTOR, limit=page_size, continue_token=token
+                namespace, label_selector=selector, limit=page_size, continue_token=token
             )
         except ApiException as exc:
             fresh = continue_after_expiry(exc) if exc.status == 410 and token else None

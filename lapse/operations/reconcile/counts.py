@@ -57,6 +57,7 @@ class Options:
     page_size: int = DEFAULT_PAGE_SIZE
     row_page_size: int = DEFAULT_ROW_PAGE_SIZE
     concurrency: int = DEFAULT_CONCURRENCY
+    label_selector: str | None = None  # only the finished Workflows it selects (server-side)
 
 
 @dataclass

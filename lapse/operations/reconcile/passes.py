@@ -149,7 +149,10 @@ class Reconciler:
         self.progress.start("runs", None)
         try:
             pages = finished_workflow_pages(
-                self.resources.workflows(), self._list_namespace(), page_size=self.options.page_size
+                self.resources.workflows(),
+                self._list_namespace(),
+                page_size=self.options.page_size,
+                label_selector=self.options.label_selector,
             )
             async with aclosing(prefetched(pages)) as items:
                 await self._plan_pages(items, counts)
