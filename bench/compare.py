@@ -573,8 +573,11 @@ class Bench:
         }
         # In flight: due before the new process was ready, not deleted before the kill.
         inflight = {k: d for k, d in due.items() if d <= restart["ready"] and k not in before_kill}
-        whole = lateness(due, requests, tool.user)
-        late_inflight = lateness(inflight, requests, tool.user)
+        # What still exists decides what was lost: a DELETE cut short by the kill may have
+        # committed although the audit log says 504.
+        present = {(NAMESPACE, n) for n in self.admin.names(NAMESPACE, f"{SET_LABEL}=kill")}
+        whole = lateness(due, requests, tool.user, present)
+        late_inflight = lateness(inflight, requests, tool.user, present)
         done = deletions(requests, tool.user)
         after_restart = [done[k] - restart["restarted"] for k in inflight if k in done]
         phases["kill"] = {

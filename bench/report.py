@@ -104,9 +104,16 @@ class Lateness:
 
 
 def lateness(
-    due: Mapping[tuple[str, str], float], requests: Sequence[Request], user: str
+    due: Mapping[tuple[str, str], float],
+    requests: Sequence[Request],
+    user: str,
+    present: set[tuple[str, str]] | None = None,
 ) -> Lateness:
-    """Lateness of each object's deletion (deleted - due) over the objects in `due`."""
+    """Lateness of each object's deletion (deleted - due) over the objects in `due`.
+
+    `present`, when given, is what still exists at the end: lost is then exactly those.
+    (A DELETE whose client was killed mid-request is audited with 504 although it may have
+    committed; without `present` such an object counts as lost.)"""
     deleted = deletions(requests, user)
     late = [deleted[key] - at for key, at in due.items() if key in deleted]
     attempts = Counter(
@@ -118,7 +125,7 @@ def lateness(
         count=len(due),
         deleted=len(late),
         early=sum(1 for x in late if x < 0),
-        lost=len(due) - len(late),
+        lost=len(due) - len(late) if present is None else len(set(due) & present),
         p50_s=percentile(late, 50),
         p99_s=percentile(late, 99),
         max_s=max(late) if late else None,

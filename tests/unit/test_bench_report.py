@@ -51,6 +51,15 @@ def test_lateness_counts_early_lost_and_duplicates_per_user() -> None:
     assert late.p50_s == pytest.approx(0.5)
 
 
+def test_lost_is_what_still_exists_when_that_is_known() -> None:
+    # A DELETE cut short by a kill -9 is audited 504 although it may have committed: the
+    # objects still there at the end decide what was lost.
+    due = {("ns", "a"): 100.0, ("ns", "b"): 100.0}
+    requests = [request("delete", "a", 100.5, code=504), request("delete", "b", 100.5, code=504)]
+    assert lateness(due, requests, "lapse").lost == 2
+    assert lateness(due, requests, "lapse", present={("ns", "b")}).lost == 1
+
+
 def test_requests_per_deletion_counts_every_request_in_the_window() -> None:
     requests = [
         request("get", "a", 10.0),
