@@ -252,8 +252,10 @@ class KubernetesConfig(_Section):
     kubeconfig: Path | None = None
     context: str | None = None
     in_cluster: bool = False
-    qps: float = Field(default=50, gt=0)
-    burst: int = Field(default=100, ge=1)
+    # A client-side limit on API requests, like kubectl's --qps/--burst. Unset: none of
+    # lapse's own (the API server's priority and fairness still applies).
+    qps: float | None = Field(default=None, gt=0)
+    burst: int | None = Field(default=None, ge=1)  # with qps; default: qps rounded down
     propagation_policy: Literal["Background", "Foreground", "Orphan"] = "Background"
     record_events: bool = False
 

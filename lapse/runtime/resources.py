@@ -80,9 +80,7 @@ class Resources:
                 k.context,
                 k.in_cluster,
                 pool_size=KUBE_THREADS,
-                # Only a limit someone set: before 0.2 these keys did nothing, and turning
-                # their defaults (50/100) on would throttle every existing deployment.
-                qps=k.qps if {"qps", "burst"} & k.model_fields_set else None,
+                qps=k.qps,
                 burst=k.burst,
             )
         return self._api_client

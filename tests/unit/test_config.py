@@ -53,7 +53,7 @@ def test_no_file_and_no_environment_gives_the_documented_defaults() -> None:
     assert not config.database.targets.kfp.enabled
     assert config.database.targets.argo_archive.cluster_name == "default"
     assert config.database.targets.tables == ()
-    assert (config.kubernetes.qps, config.kubernetes.burst) == (50, 100)
+    assert (config.kubernetes.qps, config.kubernetes.burst) == (None, None)  # no limit
     assert config.kubernetes.propagation_policy == "Background"
     assert config.policies == ()
     assert config.safety.dry_run is False
