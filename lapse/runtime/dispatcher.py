@@ -87,6 +87,7 @@ class Dispatcher:
         """Consume until `stop()`; then let in-flight handlers finish. A consumer loop that
         fails ends the run with its exception (after the in-flight work), never silently."""
         loops = [asyncio.create_task(self._consume(s)) for s in self._subscriptions]
+        heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
         stopping = asyncio.create_task(self._stopping.wait())
         try:
             await asyncio.wait([stopping, *loops], return_when=asyncio.FIRST_COMPLETED)
@@ -97,6 +98,7 @@ class Dispatcher:
             results = await asyncio.gather(*loops, return_exceptions=True)
             if self._inflight:
                 await asyncio.wait(self._inflight)
+            heartbeat.cancel()
         failed = [r for r in results if isinstance(r, Exception)]
         if failed:
             raise failed[0]
@@ -124,7 +126,6 @@ class Dispatcher:
             route.subject, durable=config.durable_name, stream=stream, config=config
         )
         log.info("%s: consuming %s from %s", route.function, route.subject, stream)
-        heartbeat = asyncio.create_task(self._heartbeat(), name=f"heartbeat {route.name}")
         try:
             while not self._stopping.is_set():
                 try:
@@ -142,7 +143,6 @@ class Dispatcher:
                     self._inflight.add(task)
                     task.add_done_callback(self._finished)
         finally:
-            heartbeat.cancel()
             # The pull subscription holds the connection open: without this, draining it
             # at shutdown waits out the drain timeout.
             with contextlib.suppress(Exception):

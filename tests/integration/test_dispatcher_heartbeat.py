@@ -1,0 +1,88 @@
+"""Held work stays held: a handler that takes several ack waits is not delivered again
+meanwhile (the dispatcher marks what it holds in progress), so a short `nats.ack_wait`
+only decides how soon a dead process's work comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from cloudevents.core.base import BaseCloudEvent
+from nats.js import JetStreamContext
+
+from events.builder import build_event
+from events.models import CleanupDue
+from events.nats_binding import to_nats
+from events.run import Engine, RunRef, Target
+from events.subjects import due_subject
+from events.types import EventType
+from lapse.config import NatsConfig, Streams
+from lapse.edges.publishing import NatsEmitter
+from lapse.runtime.dispatcher import Dispatcher, Subscription
+from lapse.runtime.routing import Route
+from tests.stack import wait_for
+
+pytestmark = [pytest.mark.nats]
+
+STREAMS = Streams()
+ROUTE = Route(
+    name="heartbeat-due",
+    function="workflow-reaper",
+    filters={"type": EventType.CLEANUP_DUE, "target": "kubernetes"},
+)
+
+
+class Slow:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.calls = 0
+        self.done = 0
+
+    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
+        self.calls += 1
+        await asyncio.sleep(self.seconds)
+        self.done += 1
+        return []
+
+
+async def test_work_longer_than_the_ack_wait_is_not_delivered_twice(
+    lapse_streams: JetStreamContext,
+) -> None:
+    run = RunRef(
+        engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+        namespace="team-a", name="slow", uid=str(uuid.uuid4()), phase="Succeeded",
+        finished_at=datetime.now(UTC) - timedelta(hours=1),
+    )  # fmt: skip
+    due = CleanupDue(
+        run=run, target=Target.KUBERNETES, deadline=datetime.now(UTC), policy="p",
+        scheduled_at=datetime.now(UTC),
+    )  # fmt: skip
+    message = to_nats(build_event(EventType.CLEANUP_DUE, source="/test", data=due))
+    handler = Slow(seconds=4.0)
+    config = NatsConfig(ack_wait=timedelta(seconds=1))
+    dispatcher = Dispatcher(
+        lapse_streams, NatsEmitter(lapse_streams, STREAMS), config, [Subscription(ROUTE, handler)]
+    )
+    running = asyncio.create_task(dispatcher.run())
+    try:
+        subject = due_subject(Target.KUBERNETES, run.uid)
+        await lapse_streams.publish(subject, message.body, headers=message.headers)
+
+        async def handled() -> bool:
+            return handler.done == 1
+
+        await wait_for(handled, timeout=30, interval=0.1)
+        await asyncio.sleep(2.5)  # more than two ack waits after the work ended
+
+        async def acked() -> Any:
+            info = await lapse_streams.consumer_info(STREAMS.schedule, "lapse-heartbeat-due")
+            return info.num_ack_pending == 0 and info.num_pending == 0
+
+        await wait_for(acked, timeout=10, interval=0.2)
+    finally:
+        dispatcher.stop()
+        await asyncio.wait_for(running, 30)
+    assert handler.calls == 1, "four ack waits of work, one delivery"
