@@ -207,11 +207,15 @@ async def test_sigkill_mid_work_loses_nothing_and_deletes_nothing_twice(
 
         await wait_for(all_gone, timeout=90, interval=0.5)
         history = lapse_json("history", "-n", ns, "--target", "kubernetes", config=config)
+        outcomes = Counter(row["name"] for row in history)
         deleted = Counter(row["name"] for row in history if row["outcome"] == "deleted")
         assert 0 < survivors_at_kill < count, "the kill must land in the middle of the work"
-        assert set(deleted) == {f"wf-{i}" for i in range(count)}
-        assert set(deleted.values()) == {1}, "no object is deleted twice"
+        assert set(outcomes) == {f"wf-{i}" for i in range(count)}
+        assert set(outcomes.values()) == {1}, "one outcome per object: none deleted twice"
         assert all(row["latencySeconds"] >= 0 for row in history if row["outcome"] == "deleted")
         assert {row["outcome"] for row in history} <= {"deleted", "already_gone"}
+        # `already_gone` only where the killed process's DELETE committed before it could
+        # record it (the restarted process then finds the object gone): a few at most.
+        assert count - len(deleted) <= count - survivors_at_kill
     finally:
         assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
