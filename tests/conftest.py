@@ -33,6 +33,15 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNa
     server.stop()
 
 
+@pytest.fixture
+def own_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    """A nats-server of the test's own: for a `lapse up` (it creates the default streams,
+    which other tests also use) or a test that owns every stream's contents."""
+    server = EmbeddedNats(tmp_path / "nats").start()
+    yield server
+    server.stop()
+
+
 @dataclass
 class KubeStack:
     server: EmbeddedKube

@@ -24,14 +24,6 @@ from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_counts
 from tests.stack import Database, scratch_database, wait_for
 
 
-@pytest.fixture
-def own_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    # Its own server: `lapse up` creates the default streams, which other tests also use.
-    server = EmbeddedNats(tmp_path / "nats").start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(scope="module")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeStack]:
     # Its own API server: `lapse up` watches every namespace, and `lapse status` counts

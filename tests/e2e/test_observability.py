@@ -43,13 +43,6 @@ GET_ONE = "GET /apis/argoproj.io/v1alpha1/namespaces/{namespace}/workflows/{name
 DELETE_ONE = "DELETE /apis/argoproj.io/v1alpha1/namespaces/{namespace}/workflows/{name}"
 
 
-@pytest.fixture
-def own_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    server = EmbeddedNats(tmp_path / "nats").start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(scope="module")
 async def kfp_database() -> AsyncIterator[Database]:
     async with scratch_database("postgresql") as db:

@@ -34,13 +34,6 @@ OUTAGE_SECONDS = 25.0
 
 
 @pytest.fixture
-def own_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    server = EmbeddedNats(tmp_path / "nats").start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def own_kube(tmp_path: Path) -> Iterator[KubeStack]:
     # Its own API server: this test kills it.
     with kube_stack(tmp_path / "kube") as stack:

@@ -88,13 +88,6 @@ async def kfp_database() -> AsyncIterator[Database]:
         yield db
 
 
-@pytest.fixture
-def own_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    server = EmbeddedNats(tmp_path / "nats").start()
-    yield server
-    server.stop()
-
-
 @dataclass
 class Backends:
     jaeger: Jaeger

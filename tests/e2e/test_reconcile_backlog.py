@@ -17,7 +17,6 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -35,14 +34,6 @@ pytestmark = [pytest.mark.kube, pytest.mark.nats]
 COUNT = int(os.environ.get("LAPSE_BACKLOG_COUNT", "5000"))
 CREATE_PARALLEL = 16
 RATE_LIMIT = 2000  # deletions/s: high, so the measured rate is what the pipeline can do
-
-
-@pytest.fixture
-def own_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    # Its own server: the streams and their contents belong to this test alone.
-    server = EmbeddedNats(tmp_path / "nats").start()
-    yield server
-    server.stop()
 
 
 def write_config(path: Path, nats_url: str, kube: KubeStack) -> Path:
