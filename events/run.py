@@ -21,6 +21,8 @@ class Engine(StrEnum):
     ARGO = "argo"
     TEKTON = "tekton"
     JOB = "job"
+    TRAINER = "trainer"  # Kubeflow Trainer (TrainJob)
+    OTHER = "other"  # a kind declared in lapse.yaml without an engine of its own
 
 
 class Target(StrEnum):
@@ -42,7 +44,8 @@ class ContractModel(BaseModel):
 
 
 class ArgoTTLStrategy(ContractModel):
-    """Argo's `spec.ttlStrategy`, in seconds."""
+    """The engine's own TTL, in seconds: Argo's `ttlStrategy` as it is; a Job's
+    `spec.ttlSecondsAfterFinished` as `secondsAfterCompletion` (any phase)."""
 
     seconds_after_completion: int | None = Field(default=None, ge=0)
     seconds_after_success: int | None = Field(default=None, ge=0)

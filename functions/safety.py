@@ -60,3 +60,10 @@ class SafetyConfig(_Settings):
     wait_for_archiving: bool = True
     wait_for_kfp_persisted: bool = True
     gate_retry: GateRetry = GateRetry()
+    # true: GET every object before deleting it (2 requests a deletion). false: DELETE the
+    # version the planner read, with uid and resourceVersion preconditions, and GET only
+    # when the server refuses (409) or that version may not be deleted (1 request). Only
+    # safe when every run event comes from the API server (lapse's watcher, ApiServerSource,
+    # Tekton) and not from an ingress anyone can post to: the planned version's annotations
+    # are then trusted (docs/architecture.md, "How a deletion is made safe").
+    read_before_delete: bool = True

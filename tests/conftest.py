@@ -21,7 +21,7 @@ from nats.js import JetStreamContext
 from lapse.config import Streams
 from lapse.edges import nats, streams
 from lapse.edges.kubernetes import Workflows, load_api_client
-from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
+from lapse.embedded.kube import EmbeddedKube, run_kind_crds
 from lapse.embedded.nats import EmbeddedNats
 from tests.stack import Database, scratch_database
 
@@ -76,10 +76,12 @@ def install_crd(api_client: client.ApiClient, crd: dict[str, object]) -> None:
 
 @contextlib.contextmanager
 def kube_stack(work_dir: Path, extra_args: tuple[str, ...] = ()) -> Iterator[KubeStack]:
-    """etcd + kube-apiserver with the Argo CRD installed, stopped on exit."""
+    """etcd + kube-apiserver with the CRDs of every built-in kind installed (Argo
+    Workflows, Tekton PipelineRuns and TaskRuns, TrainJobs), stopped on exit."""
     server = EmbeddedKube(work_dir, extra_args=extra_args).start()
     api_client = load_api_client(str(server.kubeconfig_path))
-    install_crd(api_client, argo_workflow_crd())
+    for crd in run_kind_crds():
+        install_crd(api_client, crd)
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kube-test")
     try:
         yield KubeStack(

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Final
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.adapters import argo, job, kube_events, tekton
+from events.adapters import kube_events, tekton
 from events.adapters.kube import api_group, as_object, optional_str, required_str
+from events.adapters.objects import adapt
 from events.adapters.result import AdapterResult, Ignored, NeedsFetch
 from events.builder import parse_payload
 from events.errors import InvalidEvent
 from events.jsontext import is_json_media_type, parse_json
+from events.kinds import DEFAULT_KINDS, KindSet, KindSpec, UnknownKind
 from events.models import RunDeleted, RunFinished
 from events.types import EventType
 
@@ -27,28 +28,21 @@ KNATIVE_REF_EVENTS: Final = {
     "dev.knative.apiserver.ref.delete": True,
 }
 
-ObjectAdapter = Callable[[object, bool], AdapterResult]
-
-_OBJECT_ADAPTERS: Final[dict[tuple[str, str], ObjectAdapter]] = {
-    (argo.GROUP, argo.KIND): argo.adapt_workflow,
-    (tekton.GROUP, tekton.KIND): tekton.adapt_pipelinerun,
-    (job.GROUP, job.KIND): job.adapt_job,
-    **{
-        (group, kube_events.KIND): kube_events.adapt_kubernetes_event
-        for group in kube_events.GROUPS
-    },
-}
+_KUBE_EVENT_KINDS: Final = frozenset((group, kube_events.KIND) for group in kube_events.GROUPS)
 
 
-def adapt_object(obj: object, deleted: bool = False) -> AdapterResult:
-    """A Kubernetes object (with apiVersion and kind), chosen by its group and kind."""
-    adapter = _OBJECT_ADAPTERS.get(_group_kind(as_object(obj, "object"), "object"))
-    if adapter is None:
-        raise InvalidEvent(f"unsupported object type {_describe(obj)}")
-    return adapter(obj, deleted)
+def adapt_object(
+    obj: object, deleted: bool = False, kinds: KindSet = DEFAULT_KINDS
+) -> AdapterResult:
+    """A Kubernetes object (with apiVersion and kind): a run of one of `kinds`, or a
+    Kubernetes Event announcing one. Any other kind is refused with the reason."""
+    group_kind = _group_kind(as_object(obj, "object"), "object")
+    if group_kind in _KUBE_EVENT_KINDS:
+        return kube_events.adapt_kubernetes_event(obj, deleted)
+    return adapt(obj, _spec(kinds, obj), deleted)
 
 
-def adapt_cloudevent(event: BaseCloudEvent) -> AdapterResult:
+def adapt_cloudevent(event: BaseCloudEvent, kinds: KindSet = DEFAULT_KINDS) -> AdapterResult:
     """Any CloudEvent lapse accepts as run input, chosen by its `type`.
 
     Already-normalized `dev.lapse.run.finished/deleted.v1` events pass through validated,
@@ -56,11 +50,11 @@ def adapt_cloudevent(event: BaseCloudEvent) -> AdapterResult:
     """
     event_type = event.get_type()
     if event_type in KNATIVE_RESOURCE_EVENTS:
-        return adapt_object(_data(event), deleted=KNATIVE_RESOURCE_EVENTS[event_type])
+        return adapt_object(_data(event), KNATIVE_RESOURCE_EVENTS[event_type], kinds)
     if event_type in KNATIVE_REF_EVENTS:
-        return _from_reference(_data(event), deleted=KNATIVE_REF_EVENTS[event_type])
+        return _from_reference(_data(event), KNATIVE_REF_EVENTS[event_type], kinds)
     if event_type.startswith(tekton.EVENT_PREFIX):
-        return tekton.adapt_tekton_event(event_type, _data(event))
+        return tekton.adapt_tekton_event(event_type, _data(event), kinds)
     if event_type == EventType.RUN_FINISHED:
         return parse_payload(event, RunFinished)
     if event_type == EventType.RUN_DELETED:
@@ -68,14 +62,15 @@ def adapt_cloudevent(event: BaseCloudEvent) -> AdapterResult:
     raise InvalidEvent(f"unsupported event type {event_type!r}")
 
 
-def _from_reference(data: Any, deleted: bool) -> NeedsFetch | Ignored:
+def _from_reference(data: Any, deleted: bool, kinds: KindSet) -> NeedsFetch | Ignored:
     """Knative ApiServerSource Reference mode: data is an ObjectReference, nothing more."""
     ref = as_object(data, "ApiServerSource reference")
     group_kind = _group_kind(ref, "reference")
-    if group_kind not in _OBJECT_ADAPTERS:
-        raise InvalidEvent(f"unsupported object type {_describe(ref)}")
-    if deleted and group_kind[1] == kube_events.KIND:
-        return Ignored("a Kubernetes Event was deleted")
+    if group_kind in _KUBE_EVENT_KINDS:
+        if deleted:
+            return Ignored("a Kubernetes Event was deleted")
+    else:
+        _spec(kinds, ref)
     return NeedsFetch(
         api_version=required_str(ref, "apiVersion", "reference apiVersion"),
         kind=group_kind[1],
@@ -86,15 +81,18 @@ def _from_reference(data: Any, deleted: bool) -> NeedsFetch | Ignored:
     )
 
 
+def _spec(kinds: KindSet, obj: Any) -> KindSpec:
+    try:
+        return kinds.of(
+            required_str(obj, "apiVersion", "apiVersion"), required_str(obj, "kind", "kind")
+        )
+    except UnknownKind as exc:
+        raise InvalidEvent(str(exc)) from None
+
+
 def _group_kind(obj: dict[str, Any], where: str) -> tuple[str, str]:
     api_version = required_str(obj, "apiVersion", f"{where} apiVersion")
     return api_group(api_version), required_str(obj, "kind", f"{where} kind")
-
-
-def _describe(obj: object) -> str:
-    if not isinstance(obj, dict):
-        return type(obj).__name__
-    return f"{str(obj.get('apiVersion'))[:80]} {str(obj.get('kind'))[:80]}"
 
 
 def _data(event: BaseCloudEvent) -> Any:

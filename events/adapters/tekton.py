@@ -1,94 +1,74 @@
-"""Tekton PipelineRuns, as objects and as the CloudEvents the Tekton controller sends."""
+"""Tekton PipelineRuns and TaskRuns, as objects and as the CloudEvents the Tekton
+controller sends (`dev.tekton.event.<pipelinerun|taskrun>.<state>.v1`, data
+`{"pipelineRun": {...}}` or `{"taskRun": {...}}`)."""
 
 from __future__ import annotations
 
 from typing import Final
 
-from events.adapters.kube import (
-    as_object,
-    check_type,
-    child_object,
-    condition,
-    optional_str,
-    read_metadata,
-    run_ref,
-    timestamp,
-)
+from events.adapters.kube import as_object
+from events.adapters.objects import adapt, read_run
 from events.adapters.result import Ignored
 from events.errors import InvalidEvent
+from events.kinds import DEFAULT_KINDS, TEKTON_PIPELINERUN, TEKTON_TASKRUN, KindSet
 from events.models import RunDeleted, RunFinished
-from events.run import Engine, RunRef
+from events.run import RunRef
 
-GROUP: Final = "tekton.dev"
-KIND: Final = "PipelineRun"
+GROUP: Final = TEKTON_PIPELINERUN.group
+KIND: Final = TEKTON_PIPELINERUN.kind
 # Tekton sends its objects converted to v1beta1 and often without TypeMeta; v1 is the
 # version every supported Tekton serves and stores, so a reaper can always DELETE by it.
-DEFAULT_API_VERSION: Final = "tekton.dev/v1"
-RUNNING: Final = "Running"
+DEFAULT_API_VERSION: Final = TEKTON_PIPELINERUN.api_version
 
 EVENT_PREFIX: Final = "dev.tekton.event."
 PIPELINERUN_SUCCESSFUL: Final = "dev.tekton.event.pipelinerun.successful.v1"
 PIPELINERUN_FAILED: Final = "dev.tekton.event.pipelinerun.failed.v1"
-_FINISHED_EVENTS: Final = {PIPELINERUN_SUCCESSFUL: "Succeeded", PIPELINERUN_FAILED: "Failed"}
+TASKRUN_SUCCESSFUL: Final = "dev.tekton.event.taskrun.successful.v1"
+TASKRUN_FAILED: Final = "dev.tekton.event.taskrun.failed.v1"
+# event type -> (data key, kind, the phase the event reports)
+_FINISHED_EVENTS: Final = {
+    PIPELINERUN_SUCCESSFUL: ("pipelineRun", TEKTON_PIPELINERUN.kind, "Succeeded"),
+    PIPELINERUN_FAILED: ("pipelineRun", TEKTON_PIPELINERUN.kind, "Failed"),
+    TASKRUN_SUCCESSFUL: ("taskRun", TEKTON_TASKRUN.kind, "Succeeded"),
+    TASKRUN_FAILED: ("taskRun", TEKTON_TASKRUN.kind, "Failed"),
+}
 _NOT_FINISHED_EVENTS: Final = frozenset(
-    f"dev.tekton.event.pipelinerun.{state}.v1" for state in ("started", "running", "unknown")
+    f"dev.tekton.event.{run}.{state}.v1"
+    for run in ("pipelinerun", "taskrun")
+    for state in ("started", "running", "unknown")
 )
-# TaskRuns and CustomRuns inside a PipelineRun are garbage-collected with it.
-_OTHER_RUN_PREFIXES: Final = ("dev.tekton.event.taskrun.", "dev.tekton.event.customrun.")
+# CustomRuns are the business of the controller that runs them.
+_OTHER_PREFIXES: Final = ("dev.tekton.event.customrun.",)
 
 
 def adapt_pipelinerun(obj: object, deleted: bool = False) -> RunFinished | RunDeleted | Ignored:
     """A PipelineRun object -> RunFinished (Succeeded condition final), RunDeleted, Ignored."""
-    run = pipelinerun_ref(obj)
-    if deleted:
-        return RunDeleted(run=run)
-    if run.phase == RUNNING:
-        return Ignored(f"{KIND} {run.subject} has not finished (Succeeded condition not final)")
-    return RunFinished(run=run)
+    return adapt(obj, TEKTON_PIPELINERUN, deleted)
 
 
 def pipelinerun_ref(obj: object) -> RunRef:
-    """Normalize a PipelineRun; phase Succeeded/Failed, or Running while not final.
-
-    The `Succeeded` condition's True/False decides (cancelled and timed-out runs are
-    False, hence Failed); `status.completionTime` is the finish.
-    """
-    pipeline_run = as_object(obj, KIND)
-    api_version = check_type(pipeline_run, GROUP, KIND, DEFAULT_API_VERSION)
-    meta = read_metadata(pipeline_run, KIND)
-    where = f"{KIND} {meta.subject}"
-    status = child_object(pipeline_run, "status", f"{where}: status")
-    succeeded = condition(status, "Succeeded", where) or {}
-    state = optional_str(succeeded, "status", f"{where}: Succeeded condition status")
-    phase = {"True": "Succeeded", "False": "Failed"}.get(state or "", RUNNING)
-    finished_at = None
-    if phase != RUNNING:
-        finished_at = timestamp(
-            status, "completionTime", f"{where}: status.completionTime"
-        ) or timestamp(
-            succeeded, "lastTransitionTime", f"{where}: Succeeded condition lastTransitionTime"
-        )
-    return run_ref(
-        engine=Engine.TEKTON,
-        api_version=api_version,
-        kind=KIND,
-        meta=meta,
-        phase=phase,
-        finished_at=finished_at,
-    )
+    """Normalize a PipelineRun; phase Succeeded/Failed, or Running while not final."""
+    return read_run(obj, TEKTON_PIPELINERUN)[0]
 
 
-def adapt_tekton_event(event_type: str, data: object) -> RunFinished | Ignored:
+def adapt_tekton_event(
+    event_type: str, data: object, kinds: KindSet = DEFAULT_KINDS
+) -> RunFinished | Ignored:
     """A `dev.tekton.event.*` CloudEvent, given its type and decoded data."""
-    if event_type in _NOT_FINISHED_EVENTS or event_type.startswith(_OTHER_RUN_PREFIXES):
-        return Ignored(f"{event_type} does not report a finished PipelineRun")
-    expected = _FINISHED_EVENTS.get(event_type)
-    if expected is None:
+    if event_type in _NOT_FINISHED_EVENTS or event_type.startswith(_OTHER_PREFIXES):
+        return Ignored(f"{event_type} does not report a finished run")
+    if event_type not in _FINISHED_EVENTS:
         raise InvalidEvent(f"unsupported Tekton event type {event_type!r}")
+    key, kind, expected = _FINISHED_EVENTS[event_type]
+    spec = kinds.find(DEFAULT_API_VERSION, kind)
+    if spec is None:
+        return Ignored(f"{event_type}: {kind} is not one of lapse's configured kinds")
     body = as_object(data, f"{event_type} data")
-    if body.get("pipelineRun") is None:
-        raise InvalidEvent(f"{event_type} data has no pipelineRun")
-    run = pipelinerun_ref(body["pipelineRun"])
+    if body.get(key) is None:
+        raise InvalidEvent(f"{event_type} data has no {key}")
+    run, _ = read_run(body[key], spec)
     if run.phase != expected:
-        raise InvalidEvent(f"{event_type} carries {KIND} {run.subject} in phase {run.phase}")
-    return RunFinished(run=run)
+        raise InvalidEvent(f"{event_type} carries {kind} {run.subject} in phase {run.phase}")
+    result = adapt(body[key], spec)  # Ignored when a PipelineRun controls this TaskRun
+    assert not isinstance(result, RunDeleted)
+    return result

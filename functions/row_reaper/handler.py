@@ -115,7 +115,7 @@ class RowReaper:
                 )
                 continue
             if due.target is not Target.DATABASE:
-                continue  # the workflow-reaper's; a subscription without a target filter
+                continue  # the object-reaper's; a subscription without a target filter
             early = due.deadline - now
             if early > EARLY_TOLERANCE:
                 retries.append(Retry(event, "not due yet", early.total_seconds()))

@@ -23,6 +23,7 @@ from cloudevents.core.base import BaseCloudEvent
 from events.adapters import Ignored, NeedsFetch, adapt_cloudevent, adapt_object
 from events.builder import build_event, parse_payload
 from events.errors import InvalidEvent
+from events.kinds import DEFAULT_KINDS, KindSet, UnknownKind
 from events.models import (
     CleanupCancelled,
     CleanupDue,
@@ -63,6 +64,7 @@ class Planner:
     schedules: ScheduleStore
     emitter: Emitter
     policies: Sequence[Policy] = ()
+    kinds: KindSet = DEFAULT_KINDS
     fetcher: ObjectFetcher | None = None
     clock: Callable[[], datetime] = field(default=_utcnow)
 
@@ -77,6 +79,7 @@ class Planner:
                     change.run, Target.KUBERNETES, "the run object was deleted"
                 )
                 return await emit_all(self.emitter, [cancelled] if cancelled else [])
+            self._check_kind(change.run)
             run, first_seen = _with_reference_time(change.run, self.clock())
             decisions = plan(run, self.policies, self.clock())
             produced = [
@@ -87,12 +90,19 @@ class Planner:
             failed = CleanupFailed(reason=exc.reason, stage=STAGE, original=capture_event(event))
             return await emit_all(self.emitter, [_event(EventType.CLEANUP_FAILED, failed)])
 
+    def _check_kind(self, run: RunRef) -> None:
+        """Only configured kinds are planned: nothing would delete any other."""
+        try:
+            self.kinds.of(run.api_version, run.kind)
+        except UnknownKind as exc:
+            raise InvalidEvent(f"{exc}; not planned") from None
+
     async def _run_change(self, event: BaseCloudEvent) -> RunFinished | RunDeleted | None:
         if event.get_type() in (EventType.RUN_FINISHED, EventType.RUN_DELETED):
             payload = parse_payload(event)
             assert isinstance(payload, RunFinished | RunDeleted)
             return payload
-        result = adapt_cloudevent(event)
+        result = adapt_cloudevent(event, self.kinds)
         if isinstance(result, NeedsFetch):
             result = await self._fetch(result)
         if isinstance(result, Ignored):
@@ -108,7 +118,7 @@ class Planner:
         obj = await self.fetcher.fetch(ref.api_version, ref.kind, ref.namespace, ref.name)
         if obj is None:
             return Ignored(f"{ref.kind} {ref.namespace}/{ref.name} no longer exists")
-        result = adapt_object(obj, ref.deleted)
+        result = adapt_object(obj, ref.deleted, self.kinds)
         if isinstance(result, NeedsFetch):
             raise InvalidEvent(f"fetched {ref.kind} {ref.namespace}/{ref.name} is a reference")
         return result

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from events.kinds import KindSet
 from lapse.cli import state
 from lapse.config import ConfigError, LapseConfig, load_config
 from lapse.errors import LapseError
@@ -164,6 +165,38 @@ def add_selector(parser: argparse.ArgumentParser) -> None:
         metavar="SELECTOR",
         help="label selector, passed to the API server (e.g. 'team=a,tier!=dev')",
     )
+
+
+def add_kind(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kind",
+        action="append",
+        metavar="KIND",
+        help=(
+            "only runs of this kind: a configured kind's name (argo-workflow, job, ...), "
+            "its Kubernetes kind (Job, PipelineRun) or resource (jobs); repeatable"
+        ),
+    )
+
+
+def kinds_of(args: argparse.Namespace, kinds: KindSet) -> tuple[str, ...]:
+    """The configured kind names `--kind` asks for (empty: every kind). Matches a kind by
+    its name, its Kubernetes kind or its plural resource, case-insensitively."""
+    wanted: list[str] = []
+    for given in getattr(args, "kind", None) or ():
+        text = given.strip().lower()
+        found = [
+            spec.name
+            for spec in kinds
+            if text
+            in (spec.name, spec.kind.lower(), spec.resource, f"{spec.resource}.{spec.group}")
+        ]
+        if not found:
+            raise UsageError(
+                f"--kind {given!r} is not a configured kind (kinds: {', '.join(kinds.names())})"
+            )
+        wanted.extend(name for name in found if name not in wanted)
+    return tuple(wanted)
 
 
 def in_namespace(namespace: str, exact: str | None, pattern: str | None) -> bool:

@@ -82,7 +82,7 @@ def _filters(parser: argparse.ArgumentParser) -> None:
         choices=[t.value for t in Target],
         help="only this target (kubernetes or database)",
     )
-    parser.add_argument("--stage", help="only this stage (workflow-reaper, ingress, ...)")
+    parser.add_argument("--stage", help="only this stage (object-reaper, ingress, ...)")
     parser.add_argument("--reason", help="only reasons containing this text (any case)")
     parser.add_argument("--since", help="only the last DURATION (e.g. 1h, 7d)")
 

@@ -11,9 +11,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cloudevents.core.base import BaseCloudEvent
+from kubernetes.client.exceptions import ApiException
 
-from events.adapters import adapt_workflow
+from events.adapters.objects import adapt
 from events.errors import InvalidEvent
+from events.kinds import KindSpec
 from events.models import RunFinished
 from events.run import RunRef, Target
 from events.timeutil import format_rfc3339, parse_rfc3339
@@ -21,16 +23,18 @@ from functions.policy import Decision, Policy, plan
 from functions.ports import PendingSchedule
 from functions.ttl_planner import Planner
 from lapse.cli.common import (
+    add_kind,
     add_namespace,
     add_namespace_glob,
     add_selector,
     config_from,
     in_namespace,
+    kinds_of,
     namespace_of,
     warn,
 )
 from lapse.cli.output import Column, Row, add_output, emit, resource_name
-from lapse.edges.kubernetes import Workflows, finished_workflow_pages
+from lapse.edges.kubernetes import KubeObjects, finished_pages
 from lapse.operations.reconcile import Options, Reconciler, RowCounts
 from lapse.operations.reconcile.planner import DiscardingEmitter
 from lapse.runtime.resources import Resources
@@ -43,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "plan",
         help="preview deadlines of finished runs and orphaned rows (read-only)",
         description=(
-            "List the finished Argo Workflows in the cluster and, for each target (the "
+            "List the finished runs in the cluster (every configured kind: Argo Workflows, "
+            "Tekton PipelineRuns and TaskRuns, Jobs, TrainJobs) and, for each target (the "
             "Kubernetes object and the database rows), the deadline lapse would set and the "
             "rule that set it. With database.targets.kfp enabled, also the KFP run rows whose "
             "Workflow is gone and whose database deadline has passed (what `lapse reconcile` "
@@ -54,6 +59,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_namespace(parser)
     add_namespace_glob(parser)
     add_selector(parser)
+    add_kind(parser)
     parser.add_argument(
         "--target",
         choices=[t.value for t in Target],
@@ -93,19 +99,18 @@ class PlannedRun:
 
 
 async def finished_runs(
-    workflows: Workflows,
+    objects: KubeObjects,
+    kind: KindSpec,
     namespace: str | None = None,
     pattern: str | None = None,
     selector: str | None = None,
 ) -> AsyncIterator[RunRef]:
-    """Every finished Workflow, page by page, so memory stays flat on large clusters."""
-    pages = finished_workflow_pages(
-        workflows, namespace, page_size=PAGE_SIZE, label_selector=selector
-    )
+    """Every finished run of `kind`, page by page, so memory stays flat on large clusters."""
+    pages = finished_pages(objects, kind, namespace, page_size=PAGE_SIZE, label_selector=selector)
     async for page in pages:
         for obj in page.items:
             try:
-                result = adapt_workflow(obj)
+                result = adapt(obj, kind)
             except InvalidEvent:
                 continue
             if not isinstance(result, RunFinished):
@@ -146,6 +151,7 @@ class _OrphanedRows(Reconciler):
 class Preview:
     runs: list[PlannedRun] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # said, but not failures
 
 
 async def orphaned_rows(
@@ -170,13 +176,25 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
     namespace, pattern = namespace_of(args)
     policies: tuple[Policy, ...] = tuple(resources.config.policies)
     result = Preview()
-    async for run in finished_runs(resources.workflows(), namespace, pattern, args.selector):
-        decisions = plan(run, policies, now)
-        if args.target:
-            decisions = {t: d for t, d in decisions.items() if t.value == args.target}
-        result.runs.append(PlannedRun(run, decisions))
+    wanted = kinds_of(args, resources.config.kinds)
+    for kind in resources.config.kinds:
+        if wanted and kind.name not in wanted:
+            continue
+        runs = finished_runs(resources.objects(), kind, namespace, pattern, args.selector)
+        try:
+            async for run in runs:
+                decisions = plan(run, policies, now)
+                if args.target:
+                    decisions = {t: d for t, d in decisions.items() if t.value == args.target}
+                result.runs.append(PlannedRun(run, decisions))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            # Not installed here (no Tekton, no Trainer): nothing of it to plan.
+            result.notes.append(f"{kind.describe()} is not served by this API server")
     wants_rows = args.target in (None, Target.DATABASE.value) and not args.selector
-    if wants_rows and resources.config.database.targets.kfp.enabled:
+    kfp_rows = not wanted or "argo-workflow" in wanted
+    if wants_rows and kfp_rows and resources.config.database.targets.kfp.enabled:
         gone, result.problems = await orphaned_rows(resources, pattern or namespace, now)
         result.runs.extend(gone)
     return result
@@ -193,7 +211,7 @@ def run_plan(args: argparse.Namespace) -> int:
     result = asyncio.run(collect())
     rows = [planned.as_json() for planned in result.runs]
     emit(rows, columns(now), args, sys.stdout, name=_name)
-    for problem in result.problems:
+    for problem in [*result.notes, *result.problems]:
         warn(problem)
     return 1 if result.problems else 0
 
@@ -226,7 +244,7 @@ def columns(now: datetime) -> list[Column]:
     return [
         Column("NAMESPACE", lambda r: r["namespace"]),
         Column("NAME", lambda r: r["name"]),
-        Column("KIND", lambda r: r["kind"], wide_only=True),
+        Column("KIND", lambda r: r["kind"]),
         Column("PHASE", lambda r: r["phase"]),
         Column("KUBERNETES", _describe("kubernetes", now)),
         Column("BY", _policy("kubernetes")),

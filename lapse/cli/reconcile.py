@@ -27,10 +27,12 @@ from rich.text import Text
 
 from lapse.cli.common import (
     UsageError,
+    add_kind,
     add_namespace,
     add_namespace_glob,
     add_selector,
     config_from,
+    kinds_of,
     namespace_of,
     reach_nats,
 )
@@ -45,7 +47,7 @@ from lapse.operations.reconcile import (
 )
 from lapse.runtime.resources import Resources
 
-PHASES = {"runs": "finished Workflows", "rows": "KFP run rows"}
+PHASES = {"runs": "finished runs", "rows": "KFP run rows"}
 # How often the plain progress lines appear when nobody watches a terminal (CI logs, a
 # CronJob): often enough to show life, rarely enough to stay readable.
 PLAIN_INTERVAL = 10.0
@@ -56,18 +58,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "reconcile",
         help="re-derive schedules from the runs and rows that exist (backfill, safety net)",
         description=(
-            "List every finished Argo Workflow (paged) and plan it exactly as the watcher "
-            "would; then find KFP run rows whose Workflow is gone and whose database "
-            "deadline has passed, and schedule their deletion. Deadlines already pending "
-            "are left alone, so running it again is harmless. Reconcile only schedules: "
-            "past-due deadlines fire at once and the reapers pace the deletions "
-            "(safety.max_deletions_per_second). Run it after installing lapse on a cluster "
-            "full of old runs, and periodically as a safety net."
+            "List every finished run of each configured kind (Argo Workflows, Tekton "
+            "PipelineRuns and TaskRuns, Jobs, TrainJobs: `kinds` in lapse.yaml; paged) and "
+            "plan it exactly as the watcher would; then find KFP run rows whose Workflow "
+            "is gone and whose database deadline has passed, and schedule their deletion. "
+            "Deadlines already pending are left alone, so running it again is harmless. "
+            "Reconcile only schedules: past-due deadlines fire at once and the reapers "
+            "pace the deletions (safety.max_deletions_per_second). Run it after installing "
+            "lapse on a cluster full of old runs, and periodically as a safety net."
         ),
     )
     add_namespace(parser)
     add_namespace_glob(parser)
     add_selector(parser)
+    add_kind(parser)
     parser.add_argument(
         "--dry-run",
         action="store_true",
@@ -76,13 +80,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--only",
         choices=("runs", "rows"),
-        help="only the Workflows pass, or only the KFP rows pass (default: both)",
+        help="only the runs pass, or only the KFP rows pass (default: both)",
     )
     parser.add_argument(
         "--page-size",
         type=_positive,
         default=DEFAULT_PAGE_SIZE,
-        help="Workflows per list request (whole objects are listed)",
+        help="objects per list request (whole objects are listed)",
     )
     parser.add_argument(
         "--row-page-size",
@@ -128,6 +132,7 @@ def run_reconcile(args: argparse.Namespace) -> int:
         row_page_size=args.row_page_size,
         concurrency=args.concurrency,
         label_selector=args.selector,
+        kinds=kinds_of(args, config.kinds),
     )
 
     async def work() -> ReconcileSummary:

@@ -15,7 +15,7 @@ from lapse.cli.common import settings_from, state_dir_of
 from lapse.config import LapseConfig
 from lapse.edges.kubernetes import load_api_client
 from lapse.edges.kubernetes.client import in_a_pod, kubeconfig_found
-from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
+from lapse.embedded.kube import EmbeddedKube, run_kind_crds
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port, port_open
 from lapse.runtime.pipeline import Pipeline
@@ -68,12 +68,12 @@ def start_embedded_nats(state_dir: Path) -> EmbeddedNats:
 def start_embedded_kube(state_dir: Path) -> EmbeddedKube:
     kube = EmbeddedKube(state_dir / "kube").start()
     api = client.ApiextensionsV1Api(load_api_client(str(kube.kubeconfig_path)))
-    crd = argo_workflow_crd()
-    try:
-        api.create_custom_resource_definition(crd)
-    except client.exceptions.ApiException as exc:
-        if exc.status != 409:  # kept from an earlier run in the same state dir
-            raise
+    for crd in run_kind_crds():
+        try:
+            api.create_custom_resource_definition(crd)
+        except client.exceptions.ApiException as exc:
+            if exc.status != 409:  # kept from an earlier run in the same state dir
+                raise
     return kube
 
 

@@ -17,11 +17,13 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     SecretStr,
     model_validator,
 )
 from sqlalchemy.engine import make_url
 
+from events.kinds import BUILTIN_KINDS, KindSet, KindSpec, resolve_kinds
 from functions.durations import PositiveDuration
 from functions.policy import Policies
 from functions.safety import SafetyConfig
@@ -282,10 +284,34 @@ class IngressConfig(_Section):
     max_records_per_minute: int = Field(default=60, ge=1)
 
 
+def _kinds(value: object) -> object:
+    if isinstance(value, KindSet):
+        return value
+    if not isinstance(value, list | tuple):
+        raise ValueError("a list of built-in kind names and kind declarations")
+    entries: list[str | KindSpec] = [
+        item if isinstance(item, str | KindSpec) else KindSpec.model_validate(item)
+        for item in value
+    ]
+    return resolve_kinds(entries)
+
+
+# The kinds lapse plans and deletes (events/kinds.py): a list of built-in names
+# (argo-workflow, tekton-pipelinerun, tekton-taskrun, job, trainjob) and declarations.
+Kinds = Annotated[
+    KindSet,
+    BeforeValidator(_kinds),
+    PlainSerializer(lambda kinds: [spec.model_dump(mode="json") for spec in kinds]),
+]
+
+
 class LapseConfig(_Section):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
     nats: NatsConfig = NatsConfig()
     database: DatabaseConfig = DatabaseConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     policies: Policies = ()
     safety: SafetyConfig = SafetyConfig()
     ingress: IngressConfig = IngressConfig()
+    kinds: Kinds = Field(default_factory=lambda: resolve_kinds(BUILTIN_KINDS))

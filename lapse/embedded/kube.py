@@ -19,6 +19,7 @@ import subprocess
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -27,6 +28,10 @@ from lapse.embedded.process import ServerStartError, free_port, port_open, spawn
 KUBE_VERSION = "v1.35.4"
 ARGO_WORKFLOWS_VERSION = "v3.7.9"
 ARGO_MODULE = "github.com/argoproj/argo-workflows/v3"
+TEKTON_VERSION = "v1.6.0"
+TEKTON_MODULE = "github.com/tektoncd/pipeline"
+TRAINER_VERSION = "v2.0.0"
+TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
 BUILD_SCRIPT = Path(__file__).with_name("build-kube.sh")
 
 ADMIN_USER = "admin"
@@ -82,6 +87,34 @@ def argo_workflow_crd(version: str = ARGO_WORKFLOWS_VERSION) -> dict[str, object
     )
     crd: dict[str, object] = yaml.safe_load(path.read_text())
     return crd
+
+
+def tekton_crds(version: str = TEKTON_VERSION) -> list[dict[str, object]]:
+    """The PipelineRun and TaskRun CRDs as Tekton installs them, without the conversion
+    webhook (no Tekton controller runs here): objects are written in the storage version,
+    v1, and v1beta1 is served by the API server's own no-op conversion."""
+    crds = []
+    for name in ("300-pipelinerun.yaml", "300-taskrun.yaml"):
+        path = go_module_dir(TEKTON_MODULE, version) / "config/300-crds" / name
+        crd: dict[str, Any] = yaml.safe_load(path.read_text())
+        crd["spec"]["conversion"] = {"strategy": "None"}
+        crds.append(crd)
+    return crds
+
+
+def trainjob_crd(version: str = TRAINER_VERSION) -> dict[str, object]:
+    """Kubeflow Trainer's TrainJob CRD (KEP-2170)."""
+    path = (
+        go_module_dir(TRAINER_MODULE, version)
+        / "manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml"
+    )
+    crd: dict[str, object] = yaml.safe_load(path.read_text())
+    return crd
+
+
+def run_kind_crds() -> list[dict[str, object]]:
+    """The CRDs of every built-in kind (events/kinds.py); Jobs are built into Kubernetes."""
+    return [argo_workflow_crd(), *tekton_crds(), trainjob_crd()]
 
 
 @dataclass

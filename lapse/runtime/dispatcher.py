@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ from cloudevents.core.v1.event import CloudEvent
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
@@ -106,6 +108,12 @@ class Dispatcher:
     def stop(self) -> None:
         self._stopping.set()
 
+    async def _take_over(self, route: Route, stream: str, config: ConsumerConfig) -> ConsumerConfig:
+        if route.formerly is None:
+            return config
+        old = _durable(dataclasses.replace(route, name=route.formerly))
+        return await take_over_position(self._js, stream, _durable(route), old, config)
+
     async def _consume(self, subscription: Subscription) -> None:
         route = subscription.route
         stream = route.stream(self._config.streams)
@@ -120,6 +128,7 @@ class Dispatcher:
             max_deliver=-1,
             max_ack_pending=10_000,
         )
+        config = await self._take_over(route, stream, config)
         # Creates the durable, or updates one an older lapse made (ack wait, max deliver).
         await self._js.add_consumer(stream, config)
         sub = await self._js.pull_subscribe(
@@ -266,6 +275,37 @@ class Dispatcher:
 
 def _durable(route: Route) -> str:
     return f"lapse-{route.name}"
+
+
+async def take_over_position(
+    js: JetStreamContext, stream: str, new: str, old: str, config: ConsumerConfig
+) -> ConsumerConfig:
+    """`config` for the durable `new`, starting where the durable `old` (a renamed route's)
+    has acknowledged up to; `old` is deleted once `new` exists. Unchanged when `new`
+    already exists or `old` does not. Messages `old` held unacknowledged are delivered
+    again by `new`, as after any restart: handlers are idempotent."""
+    try:
+        await js.consumer_info(stream, new)
+        return config
+    except NotFoundError:
+        pass
+    try:
+        info = await js.consumer_info(stream, old)
+    except NotFoundError:
+        return config
+    floor = info.ack_floor.stream_seq if info.ack_floor and info.ack_floor.stream_seq else 0
+    moved = dataclasses.replace(
+        config, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=floor + 1
+    )
+    await js.add_consumer(stream, moved)
+    await js.delete_consumer(stream, old)
+    log.warning(
+        "route renamed: durable consumer %s replaced by %s, from stream sequence %d",
+        old,
+        new,
+        floor + 1,
+    )
+    return moved
 
 
 def _run_and_target(event: CloudEvent) -> tuple[RunRef | None, Target | None]:

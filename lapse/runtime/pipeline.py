@@ -32,7 +32,7 @@ from lapse.runtime.ingress import Ingress, nats_ingress
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
 from lapse.runtime.routing import Route, load_routes
-from lapse.runtime.watcher import WorkflowWatcher
+from lapse.runtime.watcher import KindWatcher
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +95,11 @@ class Pipeline:
             cancelled: list[asyncio.Task[Any]] = []
             streams = self.config.nats.streams
             if self._watch:
-                watcher = WorkflowWatcher(
-                    resources.workflows(), NatsPublisher(js, streams).publish, emitter.emit
-                )
-                cancelled.append(asyncio.create_task(watcher.run(stop), name="watcher"))
+                publish = NatsPublisher(js, streams).publish
+                for kind in self.config.kinds:  # one watch per configured kind
+                    watcher = KindWatcher(resources.objects(), kind, publish, emitter.emit)
+                    task = asyncio.create_task(watcher.run(stop), name=f"watcher {kind.name}")
+                    cancelled.append(task)
             health = _report_health(js, dispatcher, self.config.nats.replicas)
             cancelled.append(asyncio.create_task(health, name="health"))
             if telemetry.metrics_enabled():

@@ -13,10 +13,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from functions.object_reaper import ObjectReaper
 from functions.ports import Handler
 from functions.row_reaper import RowReaper, targets_for
 from functions.ttl_planner import Planner
-from functions.workflow_reaper import WorkflowReaper
 from lapse.edges.kubernetes import KubeEvents
 from lapse.edges.rows import DatabaseUnavailable, SqlRowStore, open_row_store
 from lapse.runtime.outages import Backoff
@@ -46,23 +46,25 @@ async def _ttl_planner(resources: Resources) -> Handler:
         schedules=await resources.schedules(),
         emitter=await resources.emitter(),
         policies=tuple(resources.config.policies),
+        kinds=resources.config.kinds,
         fetcher=_ReferencedObjects(resources),
     )
 
 
-async def _workflow_reaper(resources: Resources) -> Handler:
+async def _object_reaper(resources: Resources) -> Handler:
     kubernetes = resources.config.kubernetes
     recorder = (
         KubeEvents(resources.kube_client(), resources.kube_executor(), component="lapse")
         if kubernetes.record_events
         else None
     )
-    return WorkflowReaper(
-        workflows=resources.workflows(),
+    return ObjectReaper(
+        objects=resources.objects(),
         schedules=await resources.schedules(),
         emitter=await resources.emitter(),
         policies=tuple(resources.config.policies),
         safety=resources.config.safety,
+        kinds=resources.config.kinds,
         propagation_policy=kubernetes.propagation_policy,
         recorder=recorder,
     )
@@ -95,12 +97,28 @@ async def _when_reachable(open_store: Callable[[], Awaitable[SqlRowStore]]) -> S
 
 FUNCTIONS: dict[str, Factory] = {
     "ttl-planner": _ttl_planner,
-    "workflow-reaper": _workflow_reaper,
+    "object-reaper": _object_reaper,
     "row-reaper": _row_reaper,
 }
+# Former names, still accepted (`lapse serve workflow-reaper`) with a deprecation warning.
+RENAMED: dict[str, str] = {"workflow-reaper": "object-reaper"}
+
+
+def current_name(name: str) -> str:
+    """The function's name now; a former name is accepted with a deprecation warning."""
+    if name in RENAMED:
+        log.warning(
+            "the function %r is now called %r (it deletes every configured kind); "
+            "the old name will be removed in a future release",
+            name,
+            RENAMED[name],
+        )
+        return RENAMED[name]
+    return name
 
 
 async def build_handler(name: str, resources: Resources) -> Handler | None:
+    name = current_name(name)
     try:
         factory = FUNCTIONS[name]
     except KeyError:

@@ -94,7 +94,8 @@ class Resources:
         return Workflows(self.kube_client(), self.kube_executor())
 
     def objects(self) -> KubeObjects:
-        return KubeObjects(self.kube_client(), self.kube_executor())
+        """Run objects of the configured kinds (`kinds:` in lapse.yaml)."""
+        return KubeObjects(self.kube_client(), self.kube_executor(), self.config.kinds)
 
     def database(self) -> AsyncEngine:
         if self._engine is None:

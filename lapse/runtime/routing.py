@@ -12,6 +12,7 @@ from events.subjects import AUDIT_PREFIX, DUE_PREFIX, subject_filter
 from lapse.config import Streams
 
 SERVICE_PREFIX = "lapse-"
+FORMERLY_ANNOTATION = "lapse.dev/formerly"
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,9 @@ class Route:
     name: str  # the Trigger's name; also names the durable consumer
     function: str  # e.g. "ttl-planner" (Knative Service "lapse-ttl-planner")
     filters: dict[str, str]  # CloudEvent attribute -> exact value, as Knative filters
+    # The Trigger's former name (annotation lapse.dev/formerly): its durable consumer's
+    # position carries over to this route's, so a rename neither repeats nor skips work.
+    formerly: str | None = None
 
     @property
     def subject(self) -> str:
@@ -48,11 +52,13 @@ def load_routes(text: str | None = None) -> list[Route]:
         filters = {str(k): str(v) for k, v in spec.get("filter", {}).get("attributes", {}).items()}
         if "type" not in filters:
             raise ValueError(f"Trigger {doc['metadata']['name']} must filter on type")
+        annotations = doc["metadata"].get("annotations") or {}
         routes.append(
             Route(
                 name=doc["metadata"]["name"],
                 function=service.removeprefix(SERVICE_PREFIX),
                 filters=filters,
+                formerly=annotations.get(FORMERLY_ANNOTATION),
             )
         )
     return routes

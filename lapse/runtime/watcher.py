@@ -1,11 +1,18 @@
-"""The Argo watcher: list + watch finished Workflows, publish run.finished / run.deleted.
+"""The watcher: list + watch one configured kind, publish run.finished / run.deleted.
+`lapse up` runs one per kind (`kinds:` in lapse.yaml).
 
-Only finished workflows are watched (server-side label selection on Argo's `completed`
-label), so memory and traffic do not grow with running work. It resumes from the last
-resourceVersion (bookmarks keep it fresh) and re-lists on 410 Gone. Re-listing publishes
-every finished workflow again: the planner treats an unchanged run as a no-op and the
-event ids (uid + resourceVersion) let JetStream drop exact duplicates, so a restart loses
-no finish and does no harm by repeating one.
+Where the kind has a server-side selector for finished objects (Argo's `completed` label)
+only those are listed and watched, so memory and traffic do not grow with running work.
+Kinds without one (Tekton runs, Jobs, TrainJobs: the API server cannot select on status)
+are listed and watched whole: an unfinished object is adapted to Ignored and dropped at
+once, nothing is kept per object, and the watch delivers the update that finishes it; a
+re-list happens only at start and after 410 Gone, never on a timer. A kind the API server
+does not serve (its CRD not installed) is looked for again every minute.
+
+It resumes from the last resourceVersion (bookmarks keep it fresh) and re-lists on 410
+Gone. Re-listing publishes every finished object again: the planner treats an unchanged
+run as a no-op and the event ids (uid + resourceVersion) let JetStream drop exact
+duplicates, so a restart loses no finish and does no harm by repeating one.
 """
 
 from __future__ import annotations
@@ -19,32 +26,38 @@ from typing import Any
 from cloudevents.core.base import BaseCloudEvent
 from kubernetes.client.exceptions import ApiException
 
-from events.adapters import adapt_workflow
-from events.adapters.argo import COMPLETED_SELECTOR
+from events.adapters.objects import adapt
 from events.builder import build_event
 from events.errors import InvalidEvent
+from events.kinds import KindSpec
 from events.models import CleanupFailed, RunDeleted, RunFinished
 from events.types import EventType
-from lapse.edges.kubernetes import Workflows, finished_workflow_pages
+from lapse.edges.kubernetes import KubeObjects, finished_pages
 
 log = logging.getLogger(__name__)
 
 SOURCE = "/lapse/watcher"
 PAGE_SIZE = 500
+# How often a kind whose CRD is not installed is looked for again.
+NOT_SERVED_RETRY = 60.0
 
 Publish = Callable[[BaseCloudEvent], Awaitable[None]]
 
 
-class WorkflowWatcher:
+class KindWatcher:
     def __init__(
         self,
-        workflows: Workflows,
+        objects: KubeObjects,
+        kind: KindSpec,
         publish: Publish,
         report: Publish,
         *,
         watch_timeout: int = 300,
+        not_served_retry: float = NOT_SERVED_RETRY,
     ) -> None:
-        self._workflows = workflows
+        self._objects = objects
+        self.kind = kind
+        self._not_served_retry = not_served_retry
         self._publish = publish
         self._report = report
         self._watch_timeout = watch_timeout
@@ -71,9 +84,10 @@ class WorkflowWatcher:
         backoff = 1.0
         while not stop.is_set():
             try:
-                async for change in self._workflows.watch(
+                async for change in self._objects.watch(
+                    self.kind,
                     resource_version=resource_version,
-                    label_selector=COMPLETED_SELECTOR,
+                    label_selector=self.kind.finished_selector,
                     timeout_seconds=self._watch_timeout,
                 ):
                     resource_version = change.object["metadata"]["resourceVersion"]
@@ -96,19 +110,35 @@ class WorkflowWatcher:
     async def _relist_until_listed(self) -> str:
         """A failed list is retried (an API server restart must not end the watcher)."""
         backoff = 1.0
+        what = self.kind.describe()
         while True:
             try:
                 return await self._relist()
+            except ApiException as exc:
+                if exc.status != 404:
+                    log.warning("listing %s failed (%s): retrying in %.0fs", what, exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
+                    continue
+                if not self.synced.is_set():
+                    log.warning(
+                        "%s is not served by this API server (its CRD is not installed?): "
+                        "looking again every %.0fs",
+                        what,
+                        self._not_served_retry,
+                    )
+                    self.synced.set()  # nothing of it exists: nothing to wait for
+                await asyncio.sleep(self._not_served_retry)
             except Exception as exc:
-                log.warning("listing workflows failed (%s): retrying in %.0fs", exc, backoff)
+                log.warning("listing %s failed (%s): retrying in %.0fs", what, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
 
     async def _relist(self) -> str:
-        """Publish every finished workflow, page by page; return the list's version."""
+        """Publish every finished object, page by page; return the list's version."""
         self.relists += 1
         version = ""
-        async for page in finished_workflow_pages(self._workflows, page_size=PAGE_SIZE):
+        async for page in finished_pages(self._objects, self.kind, page_size=PAGE_SIZE):
             for obj in page.items:
                 await self._handle(obj, deleted=False)
             version = page.resource_version
@@ -117,7 +147,7 @@ class WorkflowWatcher:
 
     async def _handle(self, obj: dict[str, Any], *, deleted: bool) -> None:
         try:
-            result = adapt_workflow(obj, deleted)
+            result = adapt(obj, self.kind, deleted)
         except InvalidEvent as exc:
             await self._report(
                 build_event(

@@ -4,7 +4,7 @@ Span names
   send <subject>             PRODUCER  a NATS publish (schedule, audit, dead letter, ingress)
   process <subject>          CONSUMER  a NATS delivery handled by the dispatcher
   POST /                     SERVER    an HTTP delivery (Knative Broker -> func-python shell)
-  <function>                 INTERNAL  one handler call: ttl-planner, workflow-reaper, row-reaper
+  <function>                 INTERNAL  one handler call: ttl-planner, object-reaper, row-reaper
   schedule|cancel <target>   INTERNAL  one planner decision; the due event's own traceparent
   <METHOD> <url template>    CLIENT    a Kubernetes API request
   <OPERATION> <table>        CLIENT    a database statement

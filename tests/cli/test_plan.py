@@ -93,7 +93,7 @@ async def test_every_format(shell: Shell, kube: KubeStack) -> None:
     assert sorted(names) == ["workflow.argoproj.io/wf-blue-1", "workflow.argoproj.io/wf-red-0"]
 
     table = _plan(shell, kube, "-n", a).stdout.splitlines()
-    assert table[0].split()[:4] == ["NAMESPACE", "NAME", "PHASE", "KUBERNETES"]
+    assert table[0].split()[:4] == ["NAMESPACE", "NAME", "KIND", "PHASE"]
     assert len(table) == 3 and all(line.startswith(a) for line in table[1:])
     bare = _plan(shell, kube, "-n", a, "--no-headers").stdout.splitlines()
     assert [line.split() for line in bare] == [line.split() for line in table[1:]]

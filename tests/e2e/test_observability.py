@@ -198,7 +198,7 @@ async def test_one_workflow_is_one_connected_picture_and_the_metrics_are_true(
             done = Picture(memory.spans())
             return all(
                 done.named(function, lapse__run__uid=uid, lapse__outcome="deleted")
-                for function in ("workflow-reaper", "row-reaper")
+                for function in ("object-reaper", "row-reaper")
             )
 
         await wait_for(both_outcomes_recorded, timeout=10, interval=0.1)
@@ -247,7 +247,7 @@ async def test_one_workflow_is_one_connected_picture_and_the_metrics_are_true(
 
     # Each due deadline: a new trace, linked to the decision (the due event's own
     # traceparent) and to the publish that put it (the NATS traceparent header).
-    reapers = {"kubernetes": "workflow-reaper", "database": "row-reaper"}
+    reapers = {"kubernetes": "object-reaper", "database": "row-reaper"}
     for target, function in reapers.items():
         decision, put = decisions[target]
         due = picture.one(f"process lapse.due.{target}.*")
@@ -275,7 +275,7 @@ async def test_one_workflow_is_one_connected_picture_and_the_metrics_are_true(
         picture.assert_connected(due)
 
     kube_calls = [
-        s for s in picture.children(picture.one("workflow-reaper")) if s.kind is SpanKind.CLIENT
+        s for s in picture.children(picture.one("object-reaper")) if s.kind is SpanKind.CLIENT
     ]
     assert [(s.name, attrs(s)[names.HTTP_STATUS]) for s in kube_calls] == [
         (GET_ONE, 200),
@@ -336,4 +336,4 @@ async def test_one_workflow_is_one_connected_picture_and_the_metrics_are_true(
         for p in metrics.points[names.HANDLER_DURATION.name]
         if p.attributes[names.HANDLER_RESULT] == "ok"
     }
-    assert durations == {"ttl-planner": 1, "workflow-reaper": 1, "row-reaper": 1}
+    assert durations == {"ttl-planner": 1, "object-reaper": 1, "row-reaper": 1}

@@ -135,7 +135,7 @@ async def test_a_killed_api_server_is_waited_out_and_every_deletion_happens(
         # Meanwhile `lapse status` says what is being waited out, and that nothing is lost.
         during = lapse_json("status", config=config)
         own_kube.server.restart_apiserver()
-        (waiting,) = [w for w in during["waiting"] if w["function"] == "workflow-reaper"]
+        (waiting,) = [w for w in during["waiting"] if w["function"] == "object-reaper"]
         assert waiting["events"] > 0 and waiting["seconds"] > 0, during["waiting"]
         assert during["deadLetters"] == 0
         up_at = datetime.now(UTC)

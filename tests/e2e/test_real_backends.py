@@ -460,7 +460,7 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
         assert put.name == f"send lapse.sched.{target}.*"
         assert put.attributes["messaging.destination.name"] == f"lapse.sched.{target}.{uid}"
         decisions[target] = (decision, put)
-    for target, function in (("kubernetes", "workflow-reaper"), ("database", "row-reaper")):
+    for target, function in (("kubernetes", "object-reaper"), ("database", "row-reaper")):
         decision, put = decisions[target]
         (due,) = [
             s
@@ -480,7 +480,7 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
         picture.assert_connected(due)
     kube_calls = [
         (s.name.split(" ")[0], s.attributes.get("http.response.status_code"))
-        for s in picture.children(picture.one("workflow-reaper", lapse__run__uid=uid))
+        for s in picture.children(picture.one("object-reaper", lapse__run__uid=uid))
         if s.kind == "CLIENT"
     ]
     assert kube_calls == [("GET", 200), ("DELETE", 200)]
@@ -560,7 +560,7 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
         for exemplar in series["exemplars"]
     ]
     assert exemplars, "no exemplar on the lateness histogram"
-    reapers = {s.span_id: s for s in picture.spans if s.name in {"workflow-reaper", "row-reaper"}}
+    reapers = {s.span_id: s for s in picture.spans if s.name in {"object-reaper", "row-reaper"}}
     for labels, value in exemplars:
         reaper = reapers[labels["span_id"]]
         assert reaper.trace_id == labels["trace_id"]
@@ -617,7 +617,7 @@ def check_panel(
         assert set(values) == {("created",)} and values[("created",)] > 0
         assert total == {("created",): float(sum(truth["scheduled"].values()))}
     elif title == "Handler duration p99":
-        assert set(values) == {("ttl-planner",), ("workflow-reaper",), ("row-reaper",)}
+        assert set(values) == {("ttl-planner",), ("object-reaper",), ("row-reaper",)}
         assert all(0 < v <= 30 for v in values.values())
     elif title == "Kubernetes requests per second":
         assert values[("DELETE", "200")] > 0

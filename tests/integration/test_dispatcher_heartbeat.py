@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.nats]
 STREAMS = Streams()
 ROUTE = Route(
     name="heartbeat-due",
-    function="workflow-reaper",
+    function="object-reaper",
     filters={"type": EventType.CLEANUP_DUE, "target": "kubernetes"},
 )
 

@@ -78,14 +78,14 @@ async def populate(js: JetStreamContext) -> dict[str, Any]:
             run=alpha,
             target=Target.KUBERNETES,
             reason="forbidden: cannot delete",
-            stage="workflow-reaper",
+            stage="object-reaper",
             original=capture_event(due(alpha, Target.KUBERNETES)),
         ),
         CleanupFailed(
             run=alpha,
             target=Target.KUBERNETES,
             reason="forbidden: cannot delete (again)",
-            stage="workflow-reaper",
+            stage="object-reaper",
             original=capture_event(due(alpha, Target.KUBERNETES)),
         ),
         # 3: the row-reaper gave up on gamma's rows.
@@ -137,7 +137,7 @@ async def test_list_filters_show_and_purge(
 
     everything = rows(await asyncio.to_thread(cli, "list", "-o", "json"))
     assert [r["stage"] for r in everything] == [
-        "workflow-reaper", "workflow-reaper", "row-reaper", "planner", "ingress",
+        "object-reaper", "object-reaper", "row-reaper", "planner", "ingress",
     ]  # fmt: skip
     ids = [r["id"] for r in everything]
     team_a = rows(await asyncio.to_thread(cli, "list", "-n", "team-a", "-o", "json"))
@@ -221,7 +221,7 @@ async def test_replay_sends_each_entry_where_its_route_consumes_it(
 async def test_a_refusal_without_its_original_replays_the_kept_due_message(
     lapse_streams: JetStreamContext,
 ) -> None:
-    """The workflow-reaper's refusal names the run and target only; the due message the
+    """The object reaper's refusal names the run and target only; the due message the
     scheduler fired is still kept on its subject, and that is what replay sends."""
     js = lapse_streams
     ref = run("delta", "44444444-4444-4444-4444-444444444444")
@@ -229,18 +229,16 @@ async def test_a_refusal_without_its_original_replays_the_kept_due_message(
     await publish_event(js, due_subject(Target.KUBERNETES, ref.uid), STREAMS.schedule, fired)
     await fail(
         js,
-        CleanupFailed(
-            run=ref, target=Target.KUBERNETES, reason="forbidden", stage="workflow-reaper"
-        ),
+        CleanupFailed(run=ref, target=Target.KUBERNETES, reason="forbidden", stage="object-reaper"),
     )
     lost = run("epsilon", "55555555-5555-5555-5555-555555555555")
     await fail(
         js,
         CleanupFailed(
-            run=lost, target=Target.KUBERNETES, reason="forbidden", stage="workflow-reaper"
+            run=lost, target=Target.KUBERNETES, reason="forbidden", stage="object-reaper"
         ),
     )
-    letters = [x async for x in dead_letters(js, STREAMS.dlq, Filter(stage="workflow-reaper"))]
+    letters = [x async for x in dead_letters(js, STREAMS.dlq, Filter(stage="object-reaper"))]
     report = await replay(js, STREAMS, letters, dry_run=True)
     assert [r["name"] for r in report.replayed] == ["delta"]
     assert [r["name"] for r in report.left] == ["epsilon"]

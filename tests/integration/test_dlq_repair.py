@@ -29,13 +29,14 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from events.adapters import adapt_workflow
 from events.builder import build_event, parse_payload
+from events.kinds import KindSpec
 from events.models import CleanupCompleted, CleanupDue, RunFinished
 from events.run import Target
 from events.subjects import due_subject
 from events.types import EventType, Outcome
+from functions.object_reaper import ObjectReaper
 from functions.safety import SafetyConfig
 from functions.ttl_planner import Planner
-from functions.workflow_reaper import WorkflowReaper
 from lapse.config import NatsConfig, Streams
 from lapse.edges.kubernetes import ApiCallFailure, Workflows, load_api_client
 from lapse.edges.publishing import NatsEmitter
@@ -48,7 +49,7 @@ from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.routing import load_routes
 from tests.conftest import KubeStack
 from tests.stack import wait_for
-from tests.unit.test_workflow_reaper_verdict import argo_workflow
+from tests.unit.test_object_reaper_verdict import argo_workflow
 
 pytestmark = [pytest.mark.kube, pytest.mark.nats]
 
@@ -75,17 +76,22 @@ class CountingWorkflows:
     deleted: int = 0
 
     async def get(
-        self, namespace: str, name: str, *, request_timeout: float | None = None
+        self, kind: KindSpec, namespace: str, name: str, *, request_timeout: float | None = None
     ) -> dict[str, Any] | None:
-        return await self.inner.get(namespace, name, request_timeout=request_timeout)
+        return await self.inner.objects.get(kind, namespace, name, request_timeout=request_timeout)
 
-    async def delete(self, namespace: str, name: str, **kwargs: Any) -> None:
+    async def delete(self, kind: KindSpec, namespace: str, name: str, **kwargs: Any) -> None:
         self.delete_requests += 1
-        await self.inner.delete(namespace, name, **kwargs)
+        await self.inner.objects.delete(kind, namespace, name, **kwargs)
         self.deleted += 1
 
+    async def list_items(
+        self, kind: KindSpec, namespace: str, **kwargs: Any
+    ) -> list[dict[str, Any]]:
+        return await self.inner.objects.list_items(kind, namespace, **kwargs)
+
     def failure(self, exc: BaseException) -> ApiCallFailure | None:
-        return self.inner.failure(exc)
+        return self.inner.objects.failure(exc)
 
 
 @pytest.fixture
@@ -222,20 +228,20 @@ async def stack(
     readonly: Workflows,
     tmp_path: Path,
 ) -> AsyncIterator[Stack]:
-    """The workflow-reaper behind the real dispatcher, as `lapse-readonly`."""
+    """The object reaper behind the real dispatcher, as `lapse-readonly`."""
     js = lapse_streams
     namespace = kube.namespace(f"repair-{uuid.uuid4().hex[:6]}")
     counting = CountingWorkflows(readonly)
     schedules = NatsScheduleStore(js, STREAMS)
     emitter = NatsEmitter(js, STREAMS)
-    reaper = WorkflowReaper(
-        workflows=counting,
+    reaper = ObjectReaper(
+        objects=counting,
         schedules=schedules,
         emitter=emitter,
         safety=SafetyConfig(),
         request_timeout=10,
     )
-    route = next(r for r in load_routes() if r.name == "workflow-reaper-due")
+    route = next(r for r in load_routes() if r.name == "object-reaper-due")
     dispatcher = Dispatcher(js, emitter, NatsConfig(), [Subscription(route, reaper)])
     running = asyncio.create_task(dispatcher.run())
     config_path = tmp_path / "lapse.yaml"
@@ -281,7 +287,7 @@ async def refused(stack: Stack, name: str) -> dict[str, Any]:
 
     await wait_for(dead_lettered, timeout=30, interval=0.2)
     [letter] = await stack.dead()
-    assert letter["stage"] == "workflow-reaper"
+    assert letter["stage"] == "object-reaper"
     assert letter["uid"] == wf["metadata"]["uid"] and letter["target"] == "kubernetes"
     assert letter["reason"].startswith("forbidden: ")
     assert await stack.exists(wf)

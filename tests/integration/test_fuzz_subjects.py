@@ -1,5 +1,5 @@
 """Mutated events straight onto lapse's NATS subjects: the dispatcher and the real handlers
-(ttl-planner, workflow-reaper, against the real kube-apiserver) never crash, never delete
+(ttl-planner, object-reaper, against the real kube-apiserver) never crash, never delete
 anything, and answer every message (handled, or recorded in the dead letters).
 
 Bounded for `make test` (a few hundred messages; hypothesis generates them, derandomized so
@@ -35,7 +35,7 @@ from lapse.runtime.resources import Resources
 from lapse.runtime.routing import load_routes
 from tests.conftest import KubeStack
 from tests.stack import wait_for
-from tests.unit.test_workflow_reaper_verdict import argo_workflow
+from tests.unit.test_object_reaper_verdict import argo_workflow
 
 pytestmark = [pytest.mark.kube, pytest.mark.nats]
 
@@ -159,7 +159,7 @@ async def test_mutated_events_on_the_subjects_crash_nothing_and_delete_nothing(
 
     config = LapseConfig.model_validate({"kubernetes": {"kubeconfig": str(kube.kubeconfig)}})
     async with Resources(config, nats_url=nats_server.url) as resources:
-        routes = [r for r in load_routes() if r.function in ("ttl-planner", "workflow-reaper")]
+        routes = [r for r in load_routes() if r.function in ("ttl-planner", "object-reaper")]
         handlers = {
             name: await build_handler(name, resources) for name in {r.function for r in routes}
         }

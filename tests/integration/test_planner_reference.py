@@ -24,7 +24,7 @@ from lapse.embedded.nats import EmbeddedNats
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
 from tests.conftest import KubeStack
-from tests.unit.test_workflow_reaper_verdict import argo_workflow
+from tests.unit.test_object_reaper_verdict import argo_workflow
 
 pytestmark = [pytest.mark.kube, pytest.mark.nats]
 

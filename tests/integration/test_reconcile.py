@@ -22,6 +22,7 @@ from nats.js.errors import NotFoundError
 from sqlalchemy import insert
 
 from events.builder import parse_payload
+from events.kinds import ARGO_WORKFLOW, KindSpec
 from events.models import CleanupDue
 from events.nats_binding import from_nats
 from events.run import KFP_RUN_ID_LABEL, Target
@@ -29,7 +30,7 @@ from events.subjects import due_subject
 from events.timeutil import format_rfc3339
 from lapse.config import LapseConfig, Streams
 from lapse.edges.database import create_engine
-from lapse.edges.kubernetes import Workflows, load_api_client
+from lapse.edges.kubernetes import KubeObjects, Workflows, load_api_client
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
 from lapse.embedded.nats import EmbeddedNats
@@ -301,37 +302,45 @@ def uncached_kube(tmp_path: Path) -> Iterator[tuple[EmbeddedKube, Workflows]]:
     server.stop()
 
 
-class CompactingWorkflows(Workflows):
+class CompactingObjects(KubeObjects):
     """Compacts etcd between the first and the second page, and checks that the server then
     refuses the old continue token, before reconcile itself asks for the page."""
 
-    def __init__(self, inner: Workflows, server: EmbeddedKube) -> None:
+    def __init__(self, inner: KubeObjects, workflows: Workflows, server: EmbeddedKube) -> None:
         self.__dict__.update(inner.__dict__)
         self.inner = inner
+        self.workflows = workflows
         self.server = server
         self.expired = False
 
-    async def list(
+    async def list_page(
         self,
+        kind: KindSpec,
         namespace: str | None = None,
         *,
         label_selector: str | None = None,
         limit: int = 500,
         continue_token: str | None = None,
+        request_timeout: float | None = None,
     ) -> dict[str, Any]:
-        if continue_token is not None and not self.expired:
+        if kind is ARGO_WORKFLOW and continue_token is not None and not self.expired:
             # A write moves the revision past the list's snapshot; compaction then drops it.
-            await self.inner.create("elsewhere", workflow("w", finished_at=None))
+            await self.workflows.create("elsewhere", workflow("w", finished_at=None))
             compact_etcd(self.server.etcd_url)
             with pytest.raises(ApiException) as refused:
-                await self.inner.list(
+                await self.workflows.list(
                     "expiry", label_selector="workflows.argoproj.io/completed=true",
                     limit=2, continue_token=continue_token,
                 )  # fmt: skip
             assert refused.value.status == 410
             self.expired = True
-        return await self.inner.list(
-            namespace, label_selector=label_selector, limit=limit, continue_token=continue_token
+        return await self.inner.list_page(
+            kind,
+            namespace,
+            label_selector=label_selector,
+            limit=limit,
+            continue_token=continue_token,
+            request_timeout=request_timeout,
         )
 
 
@@ -339,11 +348,11 @@ class CompactingResources(Resources):
     def __init__(self, config: LapseConfig, server: EmbeddedKube) -> None:
         super().__init__(config)
         self.server = server
-        self.compacting: CompactingWorkflows | None = None
+        self.compacting: CompactingObjects | None = None
 
-    def workflows(self) -> Workflows:
+    def objects(self) -> KubeObjects:
         if self.compacting is None:
-            self.compacting = CompactingWorkflows(super().workflows(), self.server)
+            self.compacting = CompactingObjects(super().objects(), super().workflows(), self.server)
         return self.compacting
 
 

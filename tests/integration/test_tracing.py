@@ -61,7 +61,7 @@ from tests.stack import wait_for
 STREAMS = Streams()
 DUE_ROUTE = Route(
     name="tracing-due",
-    function="workflow-reaper",
+    function="object-reaper",
     filters={"type": EventType.CLEANUP_DUE.value, "target": "kubernetes"},
 )
 
@@ -104,7 +104,7 @@ def counter(recorded: telemetry.InMemoryTelemetry, name: str, **wanted: str) -> 
 
 
 class Reaper:
-    """Stands in for the workflow-reaper's logic (tested against the API server
+    """Stands in for the object reaper's logic (tested against the API server
     elsewhere): fails `failures` times - transiently (503), or with a bug - then reports
     the deletion."""
 
@@ -149,7 +149,7 @@ async def dispatch_until(
         js,
         NatsEmitter(js, STREAMS),
         NatsConfig(max_deliver=max_deliver),
-        [Subscription(DUE_ROUTE, telemetry.InstrumentedHandler("workflow-reaper", handler))],
+        [Subscription(DUE_ROUTE, telemetry.InstrumentedHandler("object-reaper", handler))],
         backoff=Backoff(first=0.05, cap=0.2),
     )
     task = asyncio.create_task(dispatcher.run())
@@ -199,7 +199,7 @@ async def test_each_try_of_a_due_event_is_a_new_trace_linked_to_its_schedule(
         assert dict(span.attributes or {})[names.MESSAGING_SUBSCRIPTION] == "lapse-tracing-due"
     assert [event.name for event in first.events] == ["nak"]
     assert second.events == ()
-    assert counter(memory, names.RETRIES.name, **{names.FUNCTION: "workflow-reaper"}) == 1
+    assert counter(memory, names.RETRIES.name, **{names.FUNCTION: "object-reaper"}) == 1
     assert counter(memory, names.DELETIONS.name) == 1  # the try that failed is no outcome
 
 

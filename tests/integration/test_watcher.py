@@ -15,9 +15,10 @@ import pytest
 from cloudevents.core.base import BaseCloudEvent
 
 from events.builder import parse_payload
+from events.kinds import ARGO_WORKFLOW
 from events.models import RunDeleted, RunFinished
 from events.types import EventType
-from lapse.runtime.watcher import WorkflowWatcher
+from lapse.runtime.watcher import KindWatcher
 from tests.conftest import KubeStack, kube_stack
 from tests.stack import wait_for
 
@@ -62,7 +63,7 @@ class Recorder:
 async def test_finish_and_delete_become_events(kube: KubeStack) -> None:
     ns = kube.namespace(f"watch-{uuid.uuid4().hex[:6]}")
     recorder = Recorder()
-    watcher = WorkflowWatcher(kube.workflows, recorder.publish, recorder.report)
+    watcher = KindWatcher(kube.workflows.objects, ARGO_WORKFLOW, recorder.publish, recorder.report)
     stop = asyncio.Event()
     task = asyncio.create_task(watcher.run(stop))
     await asyncio.wait_for(watcher.synced.wait(), 30)
@@ -132,7 +133,7 @@ async def test_410_gone_relists_and_misses_no_finish(
     compact_etcd(server.etcd_url)
 
     recorder = Recorder()
-    watcher = WorkflowWatcher(workflows, recorder.publish, recorder.report)
+    watcher = KindWatcher(workflows.objects, ARGO_WORKFLOW, recorder.publish, recorder.report)
     stop = asyncio.Event()
     task = asyncio.create_task(watcher.run(stop, resume_from=resume_from))
     await wait_for(lambda: _async(len(recorder.names(EventType.RUN_FINISHED, "gone")) >= 3))

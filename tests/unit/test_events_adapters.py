@@ -25,6 +25,7 @@ from events.adapters import (
     adapt_tekton_event,
     adapt_workflow,
 )
+from events.kinds import KindSet, KindSpec, resolve_kinds
 from events.models import RunDeleted, RunFinished
 from events.run import ArgoTTLStrategy, Engine
 
@@ -377,11 +378,12 @@ def test_tekton_finish_falls_back_to_condition_transition_time() -> None:
     assert result.run.finished_at == datetime(2026, 3, 1, 12, 4, 31, tzinfo=UTC)
 
 
-def test_tekton_object_keeps_its_own_api_version() -> None:
+def test_tekton_object_in_another_version_is_named_by_the_configured_one() -> None:
+    # Tekton's CloudEvents carry v1beta1; the reaper reads and deletes by the kind's version.
     typed = {"apiVersion": "tekton.dev/v1beta1", "kind": "PipelineRun", **TEKTON_PIPELINERUN}
     result = adapt_object(typed)
     assert isinstance(result, RunFinished)
-    assert result.run.api_version == "tekton.dev/v1beta1"
+    assert result.run.api_version == "tekton.dev/v1"
 
 
 @pytest.mark.parametrize(
@@ -390,7 +392,7 @@ def test_tekton_object_keeps_its_own_api_version() -> None:
         "dev.tekton.event.pipelinerun.started.v1",
         "dev.tekton.event.pipelinerun.running.v1",
         "dev.tekton.event.pipelinerun.unknown.v1",
-        "dev.tekton.event.taskrun.successful.v1",
+        "dev.tekton.event.taskrun.running.v1",
         "dev.tekton.event.customrun.failed.v1",
     ],
 )
@@ -663,7 +665,7 @@ def test_reference_mode_for_jobs_and_expired_events() -> None:
     [
         (
             apiserver_event("dev.knative.apiserver.ref.add", {**REFERENCE, "kind": "Pod"}),
-            "unsupported object type",
+            "Pod of argoproj.io is not a kind lapse is configured for",
         ),
         (
             apiserver_event("dev.knative.apiserver.ref.add", {**REFERENCE, "name": ""}),
@@ -677,7 +679,7 @@ def test_reference_mode_for_jobs_and_expired_events() -> None:
             apiserver_event(
                 "dev.knative.apiserver.resource.add", {"apiVersion": "v1", "kind": "Pod"}
             ),
-            "unsupported object type v1 Pod",
+            "Pod of the core group is not a kind lapse is configured for",
         ),
         (apiserver_event("dev.knative.apiserver.resource.add", None), "has no data"),
         (apiserver_event("dev.knative.apiserver.resource.add", "not json"), "not valid JSON"),
@@ -802,3 +804,182 @@ EVENT_TYPES = [
 )
 def test_arbitrary_cloudevents(event_type: str, data: Any) -> None:
     result_or_invalid(adapt_cloudevent, cloudevent(event_type, data))
+
+
+# --- kinds as configuration (events/kinds.py) ---------------------------------------------
+
+
+def taskrun(**status: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "tekton.dev/v1",
+        "kind": "TaskRun",
+        "metadata": {
+            "name": "unit-tests",
+            "namespace": "ci",
+            "uid": "tr-1",
+            "resourceVersion": "7",
+        },
+        "status": {
+            "conditions": [
+                {
+                    "type": "Succeeded",
+                    "status": "True",
+                    "lastTransitionTime": "2026-03-01T12:00:05Z",
+                }
+            ],
+            "completionTime": "2026-03-01T12:00:04Z",
+            **status,
+        },
+    }
+
+
+def test_standalone_taskrun_event_becomes_run_finished() -> None:
+    event = cloudevent("dev.tekton.event.taskrun.successful.v1", {"taskRun": taskrun()})
+    result = adapt_cloudevent(event)
+    assert isinstance(result, RunFinished)
+    assert (result.run.kind, result.run.engine, result.run.phase) == (
+        "TaskRun",
+        "tekton",
+        "Succeeded",
+    )
+    assert result.run.finished_at == datetime(2026, 3, 1, 12, 0, 4, tzinfo=UTC)
+
+
+def test_taskrun_of_a_pipelinerun_is_left_to_it() -> None:
+    owned = taskrun()
+    owned["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "tekton.dev/v1",
+            "kind": "PipelineRun",
+            "name": "p",
+            "uid": "p-1",
+            "controller": True,
+        }
+    ]
+    result = adapt_cloudevent(
+        cloudevent("dev.tekton.event.taskrun.successful.v1", {"taskRun": owned})
+    )
+    assert isinstance(result, Ignored)
+    assert "controlled by PipelineRun/p" in result.reason
+
+
+def test_taskrun_event_for_a_kind_not_configured_is_ignored() -> None:
+    only_argo = resolve_kinds(["argo-workflow"])
+    event = cloudevent("dev.tekton.event.taskrun.failed.v1", {"taskRun": taskrun()})
+    result = adapt_cloudevent(event, only_argo)
+    assert isinstance(result, Ignored)
+    assert "not one of lapse's configured kinds" in result.reason
+
+
+def test_object_of_a_kind_not_configured_is_refused_with_the_configured_kinds() -> None:
+    only_jobs = resolve_kinds(["job"])
+    with pytest.raises(InvalidEvent, match=r"not a kind lapse is configured for \(kinds: Job"):
+        adapt_object(taskrun(), kinds=only_jobs)
+
+
+TRAINJOB_OBJ: dict[str, Any] = {
+    "apiVersion": "trainer.kubeflow.org/v1alpha1",
+    "kind": "TrainJob",
+    "metadata": {"name": "llama", "namespace": "ml", "uid": "tj-1", "resourceVersion": "3"},
+    "status": {
+        "conditions": [
+            {"type": "Suspended", "status": "False", "lastTransitionTime": "2026-03-01T10:00:00Z"},
+            {
+                "type": "Complete",
+                "status": "True",
+                "reason": "JobsCompleted",
+                "lastTransitionTime": "2026-03-01T11:00:00Z",
+            },
+        ]
+    },
+}
+
+
+def test_trainjob_finishes_on_complete_with_its_transition_time() -> None:
+    result = adapt_object(TRAINJOB_OBJ)
+    assert isinstance(result, RunFinished)
+    assert (result.run.engine, result.run.phase) == ("trainer", "Succeeded")
+    assert result.run.finished_at == datetime(2026, 3, 1, 11, 0, tzinfo=UTC)
+    running = changed(TRAINJOB_OBJ, "status.conditions.1.status", "False")
+    assert isinstance(adapt_object(running), Ignored)
+
+
+def test_job_ttl_seconds_after_finished_is_the_engine_ttl() -> None:
+    job = {**JOB, "spec": {"ttlSecondsAfterFinished": 600}}
+    result = adapt_job(job)
+    assert isinstance(result, RunFinished)
+    assert result.run.ttl_strategy is not None
+    assert result.run.ttl_strategy.seconds_after_completion == 600
+    with pytest.raises(InvalidEvent, match="ttlSecondsAfterFinished must be an integer"):
+        adapt_job({**JOB, "spec": {"ttlSecondsAfterFinished": "600"}})
+
+
+def test_job_of_a_cronjob_is_left_to_it() -> None:
+    owned = changed(
+        JOB,
+        "metadata.ownerReferences",
+        [
+            {
+                "apiVersion": "batch/v1",
+                "kind": "CronJob",
+                "name": "nightly",
+                "uid": "c",
+                "controller": True,
+            }
+        ],
+    )
+    result = adapt_job(owned)
+    assert isinstance(result, Ignored) and "CronJob/nightly" in result.reason
+
+
+def test_workflow_from_a_template_uses_the_stored_template_ttl_strategy() -> None:
+    wf = changed(KFP_WORKFLOW, "spec", {"workflowTemplateRef": {"name": "nightly"}})
+    wf = changed(
+        wf, "status.storedWorkflowTemplateSpec", {"ttlStrategy": {"secondsAfterSuccess": 60}}
+    )
+    result = adapt_workflow(wf)
+    assert isinstance(result, RunFinished)
+    assert result.run.ttl_strategy is not None
+    assert result.run.ttl_strategy.seconds_after_success == 60
+
+
+def test_workflow_own_ttl_strategy_wins_over_the_template_as_a_whole() -> None:
+    # Argo's GetTTLStrategy: the Workflow's spec.ttlStrategy replaces the template's, it is
+    # not merged field by field.
+    wf = changed(KFP_WORKFLOW, "spec.ttlStrategy", {"secondsAfterFailure": 5})
+    wf = changed(
+        wf, "status.storedWorkflowTemplateSpec", {"ttlStrategy": {"secondsAfterSuccess": 60}}
+    )
+    result = adapt_workflow(wf)
+    assert isinstance(result, RunFinished) and result.run.ttl_strategy is not None
+    assert result.run.ttl_strategy.seconds_after_success is None
+    assert result.run.ttl_strategy.seconds_after_failure == 5
+
+
+def test_declared_kind_is_read_by_its_configuration() -> None:
+    spec = KindSpec.model_validate(
+        {
+            "name": "spark-app",
+            "api_version": "sparkoperator.k8s.io/v1beta2",
+            "kind": "SparkApplication",
+            "resource": "sparkapplications",
+            "finished": {
+                "field": "status.applicationState.state",
+                "phases": ["COMPLETED", "FAILED"],
+                "at": ["status.terminationTime"],
+            },
+        }
+    )
+    app = {
+        "apiVersion": "sparkoperator.k8s.io/v1beta2",
+        "kind": "SparkApplication",
+        "metadata": {"name": "pi", "namespace": "spark", "uid": "s-1"},
+        "status": {
+            "applicationState": {"state": "COMPLETED"},
+            "terminationTime": "2026-03-01T09:00:00Z",
+        },
+    }
+    result = adapt_object(app, kinds=KindSet([spec]))
+    assert isinstance(result, RunFinished)
+    assert (result.run.engine, result.run.phase) == ("other", "COMPLETED")
+    assert result.run.finished_at == datetime(2026, 3, 1, 9, 0, tzinfo=UTC)

@@ -296,7 +296,7 @@ def test_render_trace_tree_draws_each_trace_and_its_links(
         "process lapse.due.kubernetes.*", kind=SpanKind.CONSUMER, links=links,
         context=otel_context.Context(),
     )  # fmt: skip
-    with due, tracer.start_as_current_span("workflow-reaper") as reaper:
+    with due, tracer.start_as_current_span("object-reaper") as reaper:
         reaper.set_attribute(names.OUTCOME, "deleted")
 
     lines = telemetry.render_trace_tree(memory.spans()).splitlines()
@@ -308,7 +308,7 @@ def test_render_trace_tree_draws_each_trace_and_its_links(
     assert lines[4].startswith("trace ") and lines[4] != lines[0]
     assert lines[5].startswith("└─ process lapse.due.kubernetes.* [consumer] ")
     assert f"↪ creation: 'schedule kubernetes' in trace {planner_trace:032x}" in lines[5]
-    assert lines[6].startswith("   └─ workflow-reaper ") and "outcome=deleted" in lines[6]
+    assert lines[6].startswith("   └─ object-reaper ") and "outcome=deleted" in lines[6]
     assert len(lines) == 7
 
 

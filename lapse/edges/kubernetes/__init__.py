@@ -1,4 +1,5 @@
-"""The Kubernetes edge: the API client, Argo Workflows, any referenced object, Events."""
+"""The Kubernetes edge: the API client, run objects of every configured kind (and Argo
+Workflows by name), Events."""
 
 from lapse.edges.kubernetes.client import (
     ApiCallFailure,
@@ -7,14 +8,14 @@ from lapse.edges.kubernetes.client import (
     load_api_client,
 )
 from lapse.edges.kubernetes.events import KubeEvents
-from lapse.edges.kubernetes.objects import KubeObjects
-from lapse.edges.kubernetes.workflows import (
+from lapse.edges.kubernetes.objects import (
+    KubeObjects,
     Page,
     WatchEvent,
-    Workflows,
-    finished_workflow_pages,
-    list_workflow_metadata,
+    finished_pages,
+    list_metadata,
 )
+from lapse.edges.kubernetes.workflows import Workflows, finished_workflow_pages
 
 __all__ = [
     "ApiCallFailure",
@@ -25,7 +26,8 @@ __all__ = [
     "Workflows",
     "api_failure",
     "continue_after_expiry",
+    "finished_pages",
     "finished_workflow_pages",
-    "list_workflow_metadata",
+    "list_metadata",
     "load_api_client",
 ]

@@ -1,58 +1,377 @@
-"""The ObjectFetcher port: a fresh GET of any object an input only references.
-
-Knative's ApiServerSource in Reference mode, and a Kubernetes Event announcing a finished
-Workflow, name an object without its body; the planner reads it here before planning.
+"""Run objects of any configured kind (events/kinds.py): get, guarded delete, list,
+watch, and the one pager of finished objects. Also the planner's ObjectFetcher: a fresh
+GET of an object an input only references (ApiServerSource Reference mode, a Kubernetes
+Event announcing a finished Workflow).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+import json
+import threading
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
-from lapse.edges.kubernetes.client import request, server_attributes
+from events.kinds import DEFAULT_KINDS, KindSet, KindSpec
+from lapse.edges.kubernetes.client import (
+    ApiCallFailure,
+    api_failure,
+    continue_after_expiry,
+    request,
+    server_attributes,
+    timeout_kwargs,
+)
+from lapse.telemetry import count_kubernetes_request
 
 
-def resource_path(api_version: str, kind: str, namespace: str, name: str) -> tuple[str, str]:
-    """(template, path) of a namespaced object. The resource is the kind's lower-case
-    plural, which holds for every kind lapse adapts (workflows, pipelineruns, jobs)."""
-    group, _, version = api_version.rpartition("/")
-    base = f"/apis/{group}/{version}" if group else f"/api/{version}"
-    resource = kind.lower() + "s"
-    template = f"{base}/namespaces/{{namespace}}/{resource}/{{name}}"
-    return template, f"{base}/namespaces/{namespace}/{resource}/{name}"
+def _paths(kind: KindSpec) -> tuple[str, str, str]:
+    """(cluster-wide list, namespaced collection, one object) URL templates."""
+    base = f"/apis/{kind.group}/{kind.version}"
+    namespaced = base + "/namespaces/{namespace}/" + kind.resource
+    return f"{base}/{kind.resource}", namespaced, namespaced + "/{name}"
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK
+    object: dict[str, Any]
 
 
 class KubeObjects:
-    """Reads objects by apiVersion, kind, namespace and name, as plain dicts."""
+    """Objects of the configured kinds, as plain dicts (the shape the API returns).
 
-    def __init__(self, api_client: client.ApiClient, executor: ThreadPoolExecutor) -> None:
-        self._api_client = api_client
+    Every call names its kind; `kinds` is only used to find one by apiVersion and kind
+    (`fetch`). The group/version/resource path works for any API group (batch/v1 too).
+    """
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        executor: ThreadPoolExecutor,
+        kinds: KindSet = DEFAULT_KINDS,
+    ) -> None:
+        self._api = client.CustomObjectsApi(api_client)
         self._executor = executor
         self._server = server_attributes(api_client)
+        self.kinds = kinds
 
-    async def fetch(
-        self, api_version: str, kind: str, namespace: str, name: str
+    async def _call(
+        self,
+        method: str,
+        template: str,
+        namespace: str | None,
+        fn: Callable[..., tuple[Any, int, Any]],
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        call = functools.partial(fn, *args, **kwargs)
+        return await request(self._executor, self._server, method, template, namespace, call)
+
+    async def create(self, kind: KindSpec, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call(
+            "POST", _paths(kind)[1], namespace,
+            self._api.create_namespaced_custom_object_with_http_info,
+            kind.group, kind.version, namespace, kind.resource, body,
+        )  # fmt: skip
+        return result
+
+    async def replace(
+        self, kind: KindSpec, namespace: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call(
+            "PUT", _paths(kind)[2], namespace,
+            self._api.replace_namespaced_custom_object_with_http_info,
+            kind.group, kind.version, namespace, kind.resource, name, body,
+        )  # fmt: skip
+        return result
+
+    async def replace_status(
+        self, kind: KindSpec, namespace: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """PUT the status subresource (kinds whose CRD has one: Jobs, Tekton runs)."""
+        result: dict[str, Any] = await self._call(
+            "PUT", _paths(kind)[2] + "/status", namespace,
+            self._api.replace_namespaced_custom_object_status_with_http_info,
+            kind.group, kind.version, namespace, kind.resource, name, body,
+        )  # fmt: skip
+        return result
+
+    async def get(
+        self, kind: KindSpec, namespace: str, name: str, *, request_timeout: float | None = None
     ) -> dict[str, Any] | None:
-        """The object as it is now, or None when it does not exist."""
-        template, path = resource_path(api_version, kind, namespace, name)
-        call = functools.partial(
-            self._api_client.call_api,
-            path,
-            "GET",
-            response_type="object",
-            auth_settings=["BearerToken"],
-            _return_http_data_only=False,
-        )
+        """The current object, or None when it does not exist."""
         try:
-            result: dict[str, Any] = await request(
-                self._executor, self._server, "GET", template, namespace, call
-            )
+            result: dict[str, Any] = await self._call(
+                "GET", _paths(kind)[2], namespace,
+                self._api.get_namespaced_custom_object_with_http_info,
+                kind.group, kind.version, namespace, kind.resource, name,
+                **timeout_kwargs(request_timeout),
+            )  # fmt: skip
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
         return result
+
+    async def fetch(
+        self, api_version: str, kind: str, namespace: str, name: str
+    ) -> dict[str, Any] | None:
+        """The ObjectFetcher port: a referenced object as it is now, or None (404). A kind
+        lapse is not configured for is read by its lower-case plural, which holds for the
+        built-in kinds and for Kubernetes Events' involved objects."""
+        spec = self.kinds.find(api_version, kind)
+        if spec is None:
+            spec = KindSpec(
+                name="referenced",
+                api_version=api_version,
+                kind=kind,
+                resource=kind.lower() + "s",
+                finished={"phases": ["-"]},
+            )
+        else:
+            spec = spec.model_copy(update={"api_version": api_version})
+        return await self.get(spec, namespace, name)
+
+    async def delete(
+        self,
+        kind: KindSpec,
+        namespace: str,
+        name: str,
+        *,
+        uid: str,
+        resource_version: str | None = None,
+        propagation_policy: str = "Background",
+        request_timeout: float | None = None,
+    ) -> None:
+        """DELETE guarded by preconditions: the API server refuses (409) unless the object
+        still has this uid (and resourceVersion, when given). Raises ApiException."""
+        preconditions = client.V1Preconditions(uid=uid, resource_version=resource_version)
+        body = client.V1DeleteOptions(
+            preconditions=preconditions, propagation_policy=propagation_policy
+        )
+        await self._call(
+            "DELETE", _paths(kind)[2], namespace,
+            self._api.delete_namespaced_custom_object_with_http_info,
+            kind.group, kind.version, namespace, kind.resource, name, body=body,
+            **timeout_kwargs(request_timeout),
+        )  # fmt: skip
+
+    def failure(self, exc: BaseException) -> ApiCallFailure | None:
+        """See `api_failure`; a method so that handlers can take this class as their port."""
+        return api_failure(exc)
+
+    async def list_page(
+        self,
+        kind: KindSpec,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        limit: int = 500,
+        continue_token: str | None = None,
+        request_timeout: float | None = None,
+    ) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"limit": limit, **timeout_kwargs(request_timeout)}
+        if label_selector:
+            kwargs["label_selector"] = label_selector
+        if continue_token:
+            kwargs["_continue"] = continue_token
+        cluster, namespaced, _ = _paths(kind)
+        result: dict[str, Any]
+        if namespace is None:
+            result = await self._call(
+                "GET", cluster, None,
+                self._api.list_cluster_custom_object_with_http_info,
+                kind.group, kind.version, kind.resource, **kwargs,
+            )  # fmt: skip
+        else:
+            result = await self._call(
+                "GET", namespaced, namespace,
+                self._api.list_namespaced_custom_object_with_http_info,
+                kind.group, kind.version, namespace, kind.resource, **kwargs,
+            )  # fmt: skip
+        return result
+
+    async def list_items(
+        self,
+        kind: KindSpec,
+        namespace: str,
+        *,
+        label_selector: str,
+        request_timeout: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """Every matching object in one namespace (a gate's children: a handful)."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page = await self.list_page(
+                kind,
+                namespace,
+                label_selector=label_selector,
+                continue_token=token,
+                request_timeout=request_timeout,
+            )
+            items.extend(page.get("items", []))
+            token = page.get("metadata", {}).get("continue")
+            if not token:
+                return items
+
+    async def watch(
+        self,
+        kind: KindSpec,
+        *,
+        resource_version: str | None = None,
+        label_selector: str | None = None,
+        timeout_seconds: int = 300,
+    ) -> AsyncIterator[WatchEvent]:
+        """Cluster-wide watch with bookmarks. A 410 Gone surfaces as ApiException(410).
+
+        The response is read on a pool thread; leaving the iterator closes the response,
+        which ends that thread at once instead of at the next event.
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[WatchEvent | BaseException | None] = asyncio.Queue(maxsize=1000)
+        kwargs: dict[str, Any] = {
+            "watch": True,
+            "allow_watch_bookmarks": True,
+            "timeout_seconds": timeout_seconds,
+            "_preload_content": False,
+        }
+        if resource_version:
+            kwargs["resource_version"] = resource_version
+        if label_selector:
+            kwargs["label_selector"] = label_selector
+        responses: list[Any] = []
+        closed = threading.Event()
+
+        def put(item: WatchEvent | BaseException | None) -> None:
+            if not closed.is_set():
+                asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+
+        # A watch is one long request: counted, but a span lasting minutes would say nothing.
+        count_kubernetes_request("GET", None)
+
+        def pump() -> None:
+            try:
+                response = self._api.list_cluster_custom_object(
+                    kind.group, kind.version, kind.resource, **kwargs
+                )
+                responses.append(response)
+                for line in iter_resp_lines(response):
+                    item = json.loads(line)
+                    if item["type"] == "ERROR":
+                        status = item.get("object", {})
+                        raise ApiException(
+                            status=int(status.get("code", 500)), reason=status.get("message", "")
+                        )
+                    put(WatchEvent(item["type"], item["object"]))
+                put(None)
+            except BaseException as exc:
+                put(None if closed.is_set() else exc)
+
+        future = loop.run_in_executor(self._executor, pump)
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            closed.set()
+            for response in responses:
+                with contextlib.suppress(Exception):
+                    # Unblocks the pool thread reading it first: close() alone waits for
+                    # the reader's buffer lock, i.e. for the next event or bookmark.
+                    response.shutdown()
+                    response.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(future), timeout=1.0)
+
+
+# The API server answers a list with PartialObjectMetadataList when asked in this Accept
+# header: metadata only (labels, annotations, uid), for CRs too, whatever the objects' size.
+METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+
+
+async def list_metadata(
+    api_client: client.ApiClient,
+    executor: ThreadPoolExecutor,
+    kind: KindSpec,
+    *,
+    label_selector: str | None = None,
+    limit: int = 500,
+    continue_token: str | None = None,
+) -> dict[str, Any]:
+    """One page of `kind` cluster-wide as PartialObjectMetadataList (`items[].metadata`),
+    for callers that only need to know which objects exist."""
+    query: list[tuple[str, Any]] = [("limit", limit)]
+    if label_selector:
+        query.append(("labelSelector", label_selector))
+    if continue_token:
+        query.append(("continue", continue_token))
+    path = _paths(kind)[0]
+    call = functools.partial(
+        api_client.call_api,
+        path,
+        "GET",
+        query_params=query,
+        header_params={"Accept": METADATA_LIST_ACCEPT},
+        response_type="object",
+        auth_settings=["BearerToken"],
+        _return_http_data_only=False,
+    )
+    result: dict[str, Any] = await request(
+        executor, server_attributes(api_client), "GET", path, None, call
+    )
+    return result
+
+
+@dataclass(frozen=True)
+class Page:
+    items: list[dict[str, Any]]
+    resource_version: str  # the list's version; a watch resumes from the last page's
+
+
+async def finished_pages(
+    objects: KubeObjects,
+    kind: KindSpec,
+    namespace: str | None = None,
+    *,
+    page_size: int = 500,
+    label_selector: str | None = None,
+) -> AsyncIterator[Page]:
+    """Every object of `kind` that may be finished, one page at a time, so memory stays
+    flat however many exist: the one pager of finished runs (watcher, plan, reconcile).
+    Where the kind has a `finished_selector` (Argo's `completed` label) only finished ones
+    are listed, server-side; otherwise every object is, and the caller's adapter ignores
+    the unfinished. `label_selector` narrows it further (`-l`), server-side.
+
+    A long list outlives its continue token (410 with etcd compaction): it carries on with
+    the token the server offers; what finished meanwhile a watch or the next pass brings."""
+    selector = ",".join(s for s in (kind.finished_selector, label_selector) if s)
+    token: str | None = None
+    while True:
+        try:
+            page = await objects.list_page(
+                kind, namespace, label_selector=selector, limit=page_size, continue_token=token
+            )
+        except ApiException as exc:
+            fresh = continue_after_expiry(exc) if exc.status == 410 and token else None
+            if fresh is None:
+                raise
+            token = fresh
+            continue
+        metadata = page.get("metadata", {})
+        yield Page(list(page.get("items", [])), str(metadata.get("resourceVersion", "")))
+        token = metadata.get("continue")
+        if not token:
+            return

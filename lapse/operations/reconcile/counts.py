@@ -57,19 +57,20 @@ class Options:
     page_size: int = DEFAULT_PAGE_SIZE
     row_page_size: int = DEFAULT_ROW_PAGE_SIZE
     concurrency: int = DEFAULT_CONCURRENCY
-    label_selector: str | None = None  # only the finished Workflows it selects (server-side)
+    label_selector: str | None = None  # only the finished runs it selects (server-side)
+    kinds: tuple[str, ...] = ()  # only these configured kinds (by name); empty: every one
 
 
 @dataclass
 class RunCounts:
-    """Finished Workflows: each listed one lands in exactly one of the outcome buckets."""
+    """Finished runs: each listed one lands in exactly one of the outcome buckets."""
 
     listed: int = 0
     scheduled: int = 0  # at least one deadline set or moved
     unchanged: int = 0  # every deadline already pending (or already fired)
     cancelled: int = 0  # a pending deadline withdrawn (keep, never)
     failed: int = 0  # the planner refused the run (e.g. a malformed annotation): dead-lettered
-    ignored: int = 0  # labelled completed but not in a terminal phase, or not a Workflow
+    ignored: int = 0  # not finished, left to its owner, or not readable as its kind
     errors: int = 0  # could not be planned (NATS trouble): try reconcile again
     deadlines: Counter[str] = field(default_factory=Counter)  # set or moved, per target
 

@@ -1,10 +1,12 @@
-"""The two passes: finished Workflows, then KFP rows whose Workflow is gone."""
+"""The two passes: finished runs of every configured kind, then KFP rows whose Workflow
+is gone."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import fnmatch
+import logging
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -17,19 +19,16 @@ from kubernetes.client.exceptions import ApiException
 from sqlalchemy import Row
 from sqlalchemy import exc as sa_exc
 
-from events.adapters import adapt_workflow
+from events.adapters.objects import adapt
 from events.builder import build_event
 from events.errors import InvalidEvent
+from events.kinds import ARGO_WORKFLOW, KindSpec
 from events.models import RunFinished
 from events.run import KFP_RUN_ID_LABEL, RunRef, Target
 from events.types import EventType
 from functions.policy import Action, Decision, Policy, decide
 from functions.ttl_planner import Planner
-from lapse.edges.kubernetes import (
-    Page,
-    finished_workflow_pages,
-    list_workflow_metadata,
-)
+from lapse.edges.kubernetes import Page, finished_pages, list_metadata
 from lapse.operations.reconcile.counts import (
     NoProgress,
     Options,
@@ -51,6 +50,7 @@ from lapse.operations.reconcile.planner import build_planner
 from lapse.runtime.resources import Resources
 
 SOURCE: Final = "/lapse/reconcile"
+log = logging.getLogger(__name__)
 # Run ids per `pipeline/runid in (...)` selector: about 2 KB of query string.
 RUN_ID_CHUNK: Final = 50
 LIST_CONCURRENCY: Final = 4
@@ -148,26 +148,41 @@ class Reconciler:
         counts = RunCounts()
         self.progress.start("runs", None)
         try:
-            pages = finished_workflow_pages(
-                self.resources.workflows(),
-                self._list_namespace(),
-                page_size=self.options.page_size,
-                label_selector=self.options.label_selector,
-            )
-            async with aclosing(prefetched(pages)) as items:
-                await self._plan_pages(items, counts)
-        except ApiException as exc:
-            raise ReconcileError(f"listing finished Workflows failed: {one_line(exc)}") from exc
+            for kind in self.resources.config.kinds:
+                if self.options.kinds and kind.name not in self.options.kinds:
+                    continue
+                await self._reconcile_kind(kind, counts)
         finally:
             self.progress.finish("runs")
         return counts
 
+    async def _reconcile_kind(self, kind: KindSpec, counts: RunCounts) -> None:
+        pages = finished_pages(
+            self.resources.objects(),
+            kind,
+            self._list_namespace(),
+            page_size=self.options.page_size,
+            label_selector=self.options.label_selector,
+        )
+        try:
+            async with aclosing(prefetched(pages)) as items:
+                await self._plan_pages(kind, items, counts)
+        except ApiException as exc:
+            if exc.status == 404:  # the kind's CRD is not installed: nothing of it exists
+                log.warning("%s is not served by this API server: skipped", kind.describe())
+                return
+            raise ReconcileError(
+                f"listing finished {kind.describe()} failed: {one_line(exc)}"
+            ) from exc
+
     async def _plan_pages(
-        self, pages: AsyncIterator[list[dict[str, Any]]], counts: RunCounts
+        self, kind: KindSpec, pages: AsyncIterator[list[dict[str, Any]]], counts: RunCounts
     ) -> None:
         async for items in pages:
             in_scope = [obj for obj in items if self._in_scope(obj)]
-            await bounded((self._plan(obj, counts) for obj in in_scope), self.options.concurrency)
+            await bounded(
+                (self._plan(kind, obj, counts) for obj in in_scope), self.options.concurrency
+            )
             self.progress.advance("runs", len(in_scope))
             if counts.errors > MAX_ERRORS:
                 raise ReconcileError(
@@ -182,10 +197,10 @@ class Reconciler:
         namespace = obj.get("metadata", {}).get("namespace", "")
         return namespace_matches(str(namespace), self.options.namespace)
 
-    async def _plan(self, obj: dict[str, Any], counts: RunCounts) -> None:
+    async def _plan(self, kind: KindSpec, obj: dict[str, Any], counts: RunCounts) -> None:
         counts.listed += 1
         try:
-            finished = adapt_workflow(obj)
+            finished = adapt(obj, kind)
         except InvalidEvent:
             counts.ignored += 1
             return
@@ -303,9 +318,10 @@ class Reconciler:
         found: set[str] = set()
         token: str | None = None
         while True:
-            page = await list_workflow_metadata(
+            page = await list_metadata(
                 self.resources.kube_client(),
                 self.resources.kube_executor(),
+                ARGO_WORKFLOW,
                 label_selector=selector,
                 limit=500,
                 continue_token=token,

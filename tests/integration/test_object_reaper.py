@@ -1,4 +1,5 @@
-"""workflow-reaper against a real kube-apiserver (Argo's Workflow CRD) and a real NATS server.
+"""The object reaper on Argo Workflows, against a real kube-apiserver (Argo's Workflow CRD)
+and a real NATS server.
 
 Workflows are written the way Argo writes them (status with the object, the controller's
 labels); the due event is the one the planner would have scheduled. Two pass-through
@@ -30,24 +31,31 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from events.adapters import adapt_workflow
 from events.builder import build_event, parse_payload
+from events.kinds import ARGO_WORKFLOW, KindSpec
 from events.models import CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
 from events.nats_binding import from_nats
 from events.run import Target
 from events.schemas import load_schema
 from events.subjects import due_subject, schedule_subject
 from events.types import EventType, Outcome
+from functions.object_reaper import SOURCE, ObjectAccess, ObjectReaper
 from functions.ports import RetryLater
 from functions.safety import SafetyConfig
-from functions.workflow_reaper import SOURCE, WorkflowAccess, WorkflowReaper
 from lapse.config import Streams
-from lapse.edges.kubernetes import ApiCallFailure, KubeEvents, Workflows, load_api_client
+from lapse.edges.kubernetes import (
+    ApiCallFailure,
+    KubeEvents,
+    KubeObjects,
+    Workflows,
+    load_api_client,
+)
 from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.kube import READONLY_USER
 from lapse.embedded.process import free_port
 from tests.conftest import KubeStack
 from tests.stack import wait_for
-from tests.unit.test_workflow_reaper_verdict import ARCHIVING, argo_workflow
+from tests.unit.test_object_reaper_verdict import ARCHIVING, argo_workflow
 
 STREAMS = Streams()
 TTL = "10m"
@@ -120,19 +128,26 @@ class Calls:
     inner: Workflows
     gets: int = 0
     deletes: int = 0
+    lists: int = 0
 
     async def get(
-        self, namespace: str, name: str, *, request_timeout: float | None = None
+        self, kind: KindSpec, namespace: str, name: str, *, request_timeout: float | None = None
     ) -> dict[str, Any] | None:
         self.gets += 1
-        return await self.inner.get(namespace, name, request_timeout=request_timeout)
+        return await self.inner.objects.get(kind, namespace, name, request_timeout=request_timeout)
 
-    async def delete(self, namespace: str, name: str, **kwargs: Any) -> None:
+    async def delete(self, kind: KindSpec, namespace: str, name: str, **kwargs: Any) -> None:
         self.deletes += 1
-        await self.inner.delete(namespace, name, **kwargs)
+        await self.inner.objects.delete(kind, namespace, name, **kwargs)
+
+    async def list_items(
+        self, kind: KindSpec, namespace: str, **kwargs: Any
+    ) -> list[dict[str, Any]]:
+        self.lists += 1
+        return await self.inner.objects.list_items(kind, namespace, **kwargs)
 
     def failure(self, exc: BaseException) -> ApiCallFailure | None:
-        return self.inner.failure(exc)
+        return self.inner.objects.failure(exc)
 
 
 @dataclass
@@ -143,9 +158,9 @@ class Meddling(Calls):
     done: bool = False
 
     async def get(
-        self, namespace: str, name: str, *, request_timeout: float | None = None
+        self, kind: KindSpec, namespace: str, name: str, *, request_timeout: float | None = None
     ) -> dict[str, Any] | None:
-        obj = await super().get(namespace, name, request_timeout=request_timeout)
+        obj = await super().get(kind, namespace, name, request_timeout=request_timeout)
         if obj is not None and not self.done:
             self.done = True
             changed = await self.inner.get(namespace, name)
@@ -162,23 +177,23 @@ class FlakyDelete(Calls):
 
     failed: bool = False
 
-    async def delete(self, namespace: str, name: str, **kwargs: Any) -> None:
+    async def delete(self, kind: KindSpec, namespace: str, name: str, **kwargs: Any) -> None:
         if not self.failed:
             self.failed = True
             raise ApiException(status=503, reason="Service Unavailable")
-        await super().delete(namespace, name, **kwargs)
+        await super().delete(kind, namespace, name, **kwargs)
 
 
 def reaper(
     kube: KubeStack,
     bus: Bus,
     *,
-    workflows: WorkflowAccess | None = None,
+    workflows: ObjectAccess | None = None,
     recorder: KubeEvents | None = None,
     **safety: Any,
-) -> WorkflowReaper:
-    return WorkflowReaper(
-        workflows=workflows if workflows is not None else Calls(kube.workflows),
+) -> ObjectReaper:
+    return ObjectReaper(
+        objects=workflows if workflows is not None else Calls(kube.workflows),
         schedules=bus.schedules,
         emitter=NatsEmitter(bus.js, STREAMS),
         safety=SafetyConfig.model_validate(safety),
@@ -270,7 +285,7 @@ async def test_expired_workflow_is_deleted_with_two_requests_and_an_event(
     ns = kube.namespace("reaper-delete")
     wf = await finished_workflow(kube, ns, "expired")
     calls = Calls(kube.workflows)
-    recorder = KubeEvents(kube.api_client, kube.executor, component="lapse-workflow-reaper")
+    recorder = KubeEvents(kube.api_client, kube.executor, component="lapse-object-reaper")
     start = datetime.now(UTC)
     done = completed(
         await reaper(kube, bus, workflows=calls, recorder=recorder).handle(due_event(wf)),
@@ -309,8 +324,8 @@ class LostAnswer(Calls):
     way back (as when the connection drops during an etcd hiccup). A fault injected here
     because a lost response cannot be provoked on demand against a healthy server."""
 
-    async def delete(self, namespace: str, name: str, **kwargs: Any) -> None:
-        await super().delete(namespace, name, **kwargs)
+    async def delete(self, kind: KindSpec, namespace: str, name: str, **kwargs: Any) -> None:
+        await super().delete(kind, namespace, name, **kwargs)
         if self.deletes == 1:
             raise urllib3.exceptions.ReadTimeoutError(None, "", "read timed out")  # type: ignore[arg-type]
 
@@ -603,7 +618,7 @@ async def test_unreachable_api_server_retries_later(kube: KubeStack, bus: Bus) -
     configuration.retries = 0
     nowhere = client.ApiClient(configuration)
     try:
-        reap = reaper(kube, bus, workflows=Workflows(nowhere, kube.executor))
+        reap = reaper(kube, bus, workflows=KubeObjects(nowhere, kube.executor))
         with pytest.raises(RetryLater) as retry:
             await reap.handle(due_event(wf))
     finally:
@@ -613,7 +628,7 @@ async def test_unreachable_api_server_retries_later(kube: KubeStack, bus: Bus) -
 
 
 @pytest.fixture
-def readonly_workflows(kube: KubeStack, tmp_path: Path) -> Iterator[Workflows]:
+def readonly_workflows(kube: KubeStack, tmp_path: Path) -> Iterator[KubeObjects]:
     """Workflows as `lapse-readonly`, bound to get/list/watch on workflows and nothing else."""
     rbac = client.RbacAuthorizationV1Api(kube.api_client)
     name = f"lapse-reaper-test-readonly-{uuid.uuid4().hex[:6]}"
@@ -647,7 +662,7 @@ def readonly_workflows(kube: KubeStack, tmp_path: Path) -> Iterator[Workflows]:
         yaml.safe_dump(kube.server.kubeconfig(kube.server.readonly_token, user=READONLY_USER))
     )
     api_client = load_api_client(str(path))
-    yield Workflows(api_client, kube.executor)
+    yield KubeObjects(api_client, kube.executor)
     api_client.close()
     # The readonly user is shared by the session: take the rights away again.
     rbac.delete_cluster_role_binding(name)
@@ -655,14 +670,14 @@ def readonly_workflows(kube: KubeStack, tmp_path: Path) -> Iterator[Workflows]:
 
 
 async def test_missing_delete_permission_fails_loudly(
-    kube: KubeStack, bus: Bus, readonly_workflows: Workflows
+    kube: KubeStack, bus: Bus, readonly_workflows: KubeObjects
 ) -> None:
     ns = kube.namespace("reaper-rbac")
     wf = await finished_workflow(kube, ns, "guarded")
 
     async def can_read() -> bool:
         try:
-            return await readonly_workflows.get(ns, "guarded") is not None
+            return await readonly_workflows.get(ARGO_WORKFLOW, ns, "guarded") is not None
         except ApiException as exc:
             if exc.status == 403:  # the RBAC authorizer's cache has not seen the binding yet
                 return False

@@ -1,8 +1,8 @@
-"""What to do when a Kubernetes deadline comes due: the pure decision, from a fresh read.
+"""What to do when a Kubernetes deadline comes due: the pure decision.
 
-`classify(fresh, due, policies, safety, now)` is step 3 of the safety sequence
+`classify(fresh, due, kind, policies, safety, now)` is step 3 of the safety sequence
 (docs/architecture.md, "How a deletion is made safe"; the whole sequence reads top to
-bottom in `WorkflowReaper._reap`), on the object as the API server returned it a moment ago:
+bottom in `ObjectReaper._reap`), on the object as the API server returned it a moment ago:
 
 identity   gone / being deleted                             -> AlreadyGone
            same name, another uid                           -> Replaced
@@ -10,9 +10,14 @@ policy     keep annotation, TTL never                       -> Kept
            not finished any more (re-run)                   -> Kept
            malformed object or lapse.dev/* annotation       -> Invalid
            deadline still in the future                     -> Reschedule
-gates      archiving Pending / KFP state not persisted      -> Wait, or GaveUp once
-                                                               max_wait has passed
+gates      the kind's gates (Argo archiving, KFP state,      -> Wait, or GaveUp once
+           Tekton TaskRuns still running)                      max_wait has passed
 otherwise                                                   -> Delete (dry_run flagged)
+
+`as_planned(due, ...)` makes the same judgement on the object version the planner read
+(`due.run`, with its resourceVersion): when that says Delete, the reaper can DELETE with
+uid and resourceVersion preconditions without reading first, because the API server then
+refuses (409) unless the object is still exactly the version judged.
 
 `now` is the only clock. The namespace scope (step 1), the brake and rate limit, the
 DELETE itself and `Refused` for failed API calls belong to the I/O shell (handler.py).
@@ -25,13 +30,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeAlias
 
-from events.adapters import Ignored, adapt_workflow
+from events.adapters import Ignored
+from events.adapters.objects import adapt
 from events.errors import InvalidEvent
+from events.kinds import Gate, KindSpec
 from events.models import CleanupDue, RunFinished
 from events.run import RunRef, Target
+from functions.object_reaper.gates import closed_gate, needs_children
 from functions.policy import KEEP_ANNOTATION, Action, Policy, decide
 from functions.safety import SafetyConfig
-from functions.workflow_reaper.gates import Gate, closed_gate
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,14 +121,17 @@ Verdict: TypeAlias = (
 def classify(
     fresh: Mapping[str, Any] | None,
     due: CleanupDue,
+    kind: KindSpec,
     policies: Sequence[Policy],
     safety: SafetyConfig,
     now: datetime,
+    children: Sequence[Mapping[str, Any]] = (),
 ) -> Verdict:
-    """The verdict for `due` given `fresh`, the object's current state (None: 404)."""
+    """The verdict for `due` given `fresh`, the object's current state (None: 404), and,
+    for kinds whose gates need them, its `children` as listed a moment ago."""
     ref = due.run
     if fresh is None:
-        return AlreadyGone(f"Workflow {ref.subject} no longer exists")
+        return AlreadyGone(f"{kind.kind} {ref.subject} no longer exists")
     metadata = fresh.get("metadata")
     metadata = metadata if isinstance(metadata, Mapping) else {}
     uid = metadata.get("uid")
@@ -129,19 +139,19 @@ def classify(
         return Replaced(str(uid))
     if metadata.get("deletionTimestamp"):
         return AlreadyGone(
-            f"Workflow {ref.subject} is already being deleted "
+            f"{kind.kind} {ref.subject} is already being deleted "
             f"(deletionTimestamp {metadata['deletionTimestamp']})"
         )
 
     annotations = metadata.get("annotations")
     keep = isinstance(annotations, Mapping) and annotations.get(KEEP_ANNOTATION) == "true"
     try:
-        adapted = adapt_workflow(dict(fresh))
+        adapted = adapt(dict(fresh), kind)
     except InvalidEvent as exc:
         # keep outranks everything, even an object lapse cannot otherwise read.
         if keep:
             return Kept(ref, f"{KEEP_ANNOTATION} is 'true': the object is kept")
-        return Invalid(ref, f"the Workflow as it is now cannot be used: {exc.reason}")
+        return Invalid(ref, f"the {kind.kind} as it is now cannot be used: {exc.reason}")
     if isinstance(adapted, Ignored):
         if keep:
             return Kept(ref, f"{KEEP_ANNOTATION} is 'true': the object is kept")
@@ -149,8 +159,40 @@ def classify(
             ref,
             f"{adapted.reason} (re-run?): not deleted; it is planned again when it finishes",
         )
-    assert isinstance(adapted, RunFinished)  # adapt_workflow(deleted=False) never says deleted
-    run = adapted.run
+    assert isinstance(adapted, RunFinished)  # adapt(deleted=False) never says deleted
+    return _judge(adapted.run, due, kind, policies, safety, now, children)
+
+
+def as_planned(
+    due: CleanupDue,
+    kind: KindSpec,
+    policies: Sequence[Policy],
+    safety: SafetyConfig,
+    now: datetime,
+) -> Delete | None:
+    """Delete when the object version the planner read (`due.run`) may be deleted now, as
+    `classify` would judge that same version; None when a fresh read must decide (no
+    resourceVersion to hold the server to, gates that need more reads, a dry run (which
+    reports what a fresh read shows), or any verdict but Delete: the object has likely
+    changed since, and the fresh read says how)."""
+    run = due.run
+    if run.resource_version is None or needs_children(kind) or safety.dry_run:
+        return None
+    verdict = _judge(run, due, kind, policies, safety, now, ())
+    return verdict if isinstance(verdict, Delete) else None
+
+
+def _judge(
+    run: RunRef,
+    due: CleanupDue,
+    kind: KindSpec,
+    policies: Sequence[Policy],
+    safety: SafetyConfig,
+    now: datetime,
+    children: Sequence[Mapping[str, Any]],
+) -> Verdict:
+    """Policy, deadline and gates for a finished run, as one object version states them."""
+    ref = due.run
     if run.finished_at is None and ref.finished_at is not None:
         # No finishedAt on the object: the clock started when the planner first saw it
         # finished, and the due event carries that time. Timing from `now` instead would
@@ -174,7 +216,7 @@ def classify(
         )
         return Reschedule(run, deadline, decision.policy, f"{why}: {decision.reason}")
 
-    closed = closed_gate(run.labels, safety)
+    closed = closed_gate(run, kind, safety, children)
     if closed is not None:
         waited = now - deadline
         limit = safety.gate_retry.max_wait

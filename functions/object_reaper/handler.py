@@ -1,10 +1,12 @@
-"""The workflow-reaper handler: `cleanup.due` (target kubernetes) in, at most one DELETE and
-one outcome event out.
+"""The object reaper: `cleanup.due` (target kubernetes) in, at most one DELETE and one
+outcome event out, for every configured kind (events/kinds.py) with one safety sequence.
 
-The decision is `classify` (pure, verdict.py); this shell only does the I/O around it:
-a fresh GET, the rate limiter and mass-deletion brake, the guarded DELETE, re-scheduling
-through the ScheduleStore and emitting the outcome. Every branch is safe to repeat: a
-second delivery of the same due event finds the object gone and reports `already_gone`.
+The decision is `classify` / `as_planned` (pure, verdict.py) and the kind's gates (pure,
+gates.py); this shell only does the I/O around them: a fresh GET (and a LIST of children
+for kinds whose gates need it), the rate limiter and mass-deletion brake, the guarded
+DELETE, re-scheduling through the ScheduleStore and emitting the outcome. Every branch is
+safe to repeat: a second delivery of the same due event finds the object gone and
+reports `already_gone`.
 
 Outcomes (`cleanup.completed` unless noted):
 - deleted       DELETE accepted (uid + resourceVersion preconditions held).
@@ -13,11 +15,13 @@ Outcomes (`cleanup.completed` unless noted):
 - kept          keep annotation, a TTL of never, a re-run that is not finished, or a
                 namespace outside safety.namespaces (`detail` says which).
 - rescheduled   not deleted yet, a new schedule was put: the deadline moved later, a gate
-                (Argo archiving, KFP persistence) is closed, or the brake is engaged.
+                (Argo archiving, KFP persistence, Tekton TaskRuns) is closed, or the brake
+                is engaged.
 - dry_run       safety.dry_run: everything checked, nothing deleted.
-- cleanup.failed  invalid annotation or object, a gate still closed after max_wait,
-                RBAC refusal (401/403) or another permanent API error; nothing deleted.
-                When the brake trips, one cleanup.failed with stage "brake" is the alert.
+- cleanup.failed  a kind lapse is not configured for, invalid annotation or object, a gate
+                still closed after max_wait, RBAC refusal (401/403) or another permanent
+                API error; nothing deleted. When the brake trips, one cleanup.failed with
+                stage "brake" is the alert.
 Transient API failures (no response, 408, 429, 5xx) raise `RetryLater`.
 
 Every event it makes carries the trace context it was made in (`creation_context`): an
@@ -35,25 +39,18 @@ from typing import Any, Final, Literal, assert_never
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.adapters.argo import GROUP as ARGO_GROUP
-from events.adapters.argo import KIND as WORKFLOW_KIND
-from events.adapters.kube import api_group
 from events.builder import build_event, outcome_id, parse_payload, with_id
 from events.errors import InvalidEvent
+from events.kinds import DEFAULT_KINDS, TEKTON_TASKRUN, KindSet, KindSpec, UnknownKind
 from events.models import CleanupCompleted, CleanupDue, CleanupFailed, OriginalEvent
 from events.original import capture_event
-from events.run import Engine, RunRef, Target
+from events.run import RunRef, Target
 from events.subjects import InvalidSubjectToken
 from events.types import EventType, Outcome
-from functions.policy import Policy
-from functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
-from functions.ratelimit import MassDeletionBrake, TokenBucket
-from functions.safety import SafetyConfig
-from functions.tracing import creation_context
-from functions.workflow_reaper.failures import judge_failure
-from functions.workflow_reaper.gates import out_of_scope
-from functions.workflow_reaper.ports import EventRecorder, WorkflowAccess
-from functions.workflow_reaper.verdict import (
+from functions.object_reaper.failures import judge_failure
+from functions.object_reaper.gates import children_selector, needs_children, out_of_scope
+from functions.object_reaper.ports import EventRecorder, ObjectAccess
+from functions.object_reaper.verdict import (
     AlreadyGone,
     Delete,
     GaveUp,
@@ -64,11 +61,17 @@ from functions.workflow_reaper.verdict import (
     Reschedule,
     Verdict,
     Wait,
+    as_planned,
     classify,
 )
+from functions.policy import Policy
+from functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
+from functions.ratelimit import MassDeletionBrake, TokenBucket
+from functions.safety import SafetyConfig
+from functions.tracing import creation_context
 
-SOURCE: Final = "/lapse/workflow-reaper"
-STAGE: Final = "workflow-reaper"
+SOURCE: Final = "/lapse/object-reaper"
+STAGE: Final = "object-reaper"
 BRAKE_STAGE: Final = "brake"
 DELETED_EVENT_REASON: Final = "LapseDeleted"
 # 409 means the object changed between GET and DELETE; a few re-reads settle it, more
@@ -102,18 +105,21 @@ class _Deleted:
 
 
 @dataclass(frozen=True)
-class WorkflowReaper:
+class ObjectReaper:
     """Constructed once per process; the rate limiter and brake live as long as it does.
 
-    `recorder`, when given (kubernetes.record_events), writes a Kubernetes Event in the
-    Workflow's namespace for each deletion. `request_timeout` bounds each API call.
+    `kinds` are the kinds it may delete (anything else is refused, with the reason).
+    `propagation_policy` applies where a kind sets none. `recorder`, when given
+    (kubernetes.record_events), writes a Kubernetes Event in the object's namespace for
+    each deletion. `request_timeout` bounds each API call.
     """
 
-    workflows: WorkflowAccess
+    objects: ObjectAccess
     schedules: ScheduleStore
     emitter: Emitter
     policies: Sequence[Policy] = ()
     safety: SafetyConfig = field(default_factory=SafetyConfig)
+    kinds: KindSet = DEFAULT_KINDS
     propagation_policy: PropagationPolicy = "Background"
     clock: Callable[[], datetime] = field(default=_utcnow)
     recorder: EventRecorder | None = None
@@ -135,47 +141,53 @@ class WorkflowReaper:
 
     async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
         """Handle one due event; returns the events it emitted. May raise `RetryLater`."""
+        original = capture_event(event)
         try:
             due = parse_payload(event, CleanupDue)
         except InvalidEvent as exc:
-            return await emit_all(
-                self.emitter, [self._failed(None, exc.reason, capture_event(event))]
-            )
+            return await emit_all(self.emitter, [self._failed(None, exc.reason, original)])
         if due.target is not Target.KUBERNETES:
             return []  # the database deadline belongs to the row-reaper
         run = due.run
-        if run.engine is not Engine.ARGO or (api_group(run.api_version), run.kind) != (
-            ARGO_GROUP,
-            WORKFLOW_KIND,
-        ):
-            reason = (
-                f"workflow-reaper deletes Argo Workflows, not {run.engine} {run.kind} "
-                f"({run.api_version}): route this due event to the reaper for that kind"
-            )
-            return await emit_all(self.emitter, [self._failed(run, reason)])
         try:
-            produced = await self._reap(due)
+            kind = self.kinds.of(run.api_version, run.kind)
+        except UnknownKind as exc:
+            reason = f"{exc}; nothing was deleted"
+            return await emit_all(self.emitter, [self._failed(run, reason, original)])
+        try:
+            produced = await self._reap(due, kind, original)
         except InvalidSubjectToken as exc:
-            produced = [self._failed(run, f"cannot reschedule: {exc}")]
+            produced = [self._failed(run, f"cannot reschedule: {exc}", original)]
         return await emit_all(self.emitter, [_as_outcome_of(event, e) for e in produced])
 
-    async def _reap(self, due: CleanupDue) -> list[BaseCloudEvent]:
+    async def _reap(
+        self, due: CleanupDue, kind: KindSpec, original: OriginalEvent
+    ) -> list[BaseCloudEvent]:
         """The safety sequence, top to bottom (docs/architecture.md, "How a deletion is made
-        safe"). Every step is safe to repeat: redelivery finds the object gone."""
+        safe"). Every step is safe to repeat: redelivery finds the object gone. A refusal
+        carries the `original` due event, so `lapse dlq replay` can deliver it again once
+        the cause (RBAC, a malformed annotation) is fixed."""
         run = due.run
         # 1. Scope: outside safety.namespaces lapse does not even read (its RBAC may rightly
         #    be missing there).
         if (reason := out_of_scope(run.namespace, self.safety.namespaces)) is not None:
             return [self._completed(run, Outcome.SKIPPED, due.deadline, reason)]
         admitted = False
+        # 2'. With read_before_delete off, the version the planner read is judged first: if
+        #     it may be deleted, one DELETE held to that exact version settles it.
+        planned = None if self.safety.read_before_delete else self._as_planned(due, kind)
         for _ in range(MAX_CONFLICTS):
-            # 2. A fresh read: the judgement is made on the object as it is now.
-            fresh = await self._get(run)
-            # 3. Identity (gone, replaced), keep, the deadline the object states now, gates:
-            #    the pure verdict (verdict.py).
-            verdict = fresh if isinstance(fresh, Refused) else self._classify(fresh, due)
+            if planned is not None:
+                verdict: Verdict = planned
+                planned = None
+            else:
+                # 2. A fresh read (and the children the kind's gates look at): the
+                #    judgement is made on the object as it is now.
+                verdict = await self._read_and_classify(due, kind)
+            # 3. Identity (gone, replaced), keep, the deadline the object states now,
+            #    gates: the pure verdict (verdict.py).
             if not isinstance(verdict, Delete) or verdict.dry_run:
-                return await self._conclude(due, verdict)
+                return await self._conclude(due, kind, verdict, original)
             # 4. The mass-deletion brake, then the rate limit: once per due event.
             if not admitted:
                 held = await self._admit(verdict)
@@ -183,54 +195,71 @@ class WorkflowReaper:
                     return held
                 admitted = True
             # 5. DELETE only if uid and resourceVersion are still the ones judged in 3.
-            deleted = await self._delete(verdict)
+            deleted = await self._delete(verdict, kind)
             if deleted is None:
                 continue  # 409: the object changed since the read; read and judge again
             # 6. The outcome event (and a Kubernetes Event, if configured).
-            return await self._conclude(due, deleted)
+            return await self._conclude(due, kind, deleted, original)
         raise RetryLater(
-            f"Workflow {run.subject} changed {MAX_CONFLICTS} times between read and "
+            f"{kind.kind} {run.subject} changed {MAX_CONFLICTS} times between read and "
             "delete; trying again later",
             CONFLICT_RETRY_DELAY,
         )
 
-    async def _get(self, run: RunRef) -> dict[str, Any] | Refused | None:
+    def _as_planned(self, due: CleanupDue, kind: KindSpec) -> Delete | None:
+        return as_planned(due, kind, self.policies, self.safety, self.clock())
+
+    async def _read_and_classify(self, due: CleanupDue, kind: KindSpec) -> Verdict:
+        run = due.run
         try:
-            return await self.workflows.get(
-                run.namespace, run.name, request_timeout=self.request_timeout
+            fresh = await self.objects.get(
+                kind, run.namespace, run.name, request_timeout=self.request_timeout
             )
         except Exception as exc:
-            return self._call_failed(exc, "get", run)
+            return self._call_failed(exc, "get", run, kind)
+        children: list[dict[str, Any]] = []
+        if fresh is not None and needs_children(kind):
+            try:
+                children = await self.objects.list_items(
+                    TEKTON_TASKRUN,
+                    run.namespace,
+                    label_selector=children_selector(run),
+                    request_timeout=self.request_timeout,
+                )
+            except Exception as exc:
+                return self._call_failed(exc, "list", run, TEKTON_TASKRUN)
+        return classify(fresh, due, kind, self.policies, self.safety, self.clock(), children)
 
-    def _classify(self, fresh: dict[str, Any] | None, due: CleanupDue) -> Verdict:
-        return classify(fresh, due, self.policies, self.safety, self.clock())
-
-    async def _delete(self, verdict: Delete) -> _Deleted | Verdict | None:
-        """The guarded DELETE; None on 409 (the object changed since the GET)."""
+    async def _delete(self, verdict: Delete, kind: KindSpec) -> _Deleted | Verdict | None:
+        """The guarded DELETE; None on 409 (the object changed since it was read)."""
         run = verdict.run
         try:
-            await self.workflows.delete(
+            await self.objects.delete(
+                kind,
                 run.namespace,
                 run.name,
                 uid=run.uid,
                 resource_version=verdict.resource_version,
-                propagation_policy=self.propagation_policy,
+                propagation_policy=self._propagation(kind),
                 request_timeout=self.request_timeout,
             )
         except Exception as exc:
-            failure = self.workflows.failure(exc)
+            failure = self.objects.failure(exc)
             if failure is not None and failure.status == 404:
-                return AlreadyGone(f"Workflow {run.subject} was deleted by someone else")
+                return AlreadyGone(f"{kind.kind} {run.subject} was deleted by someone else")
             if failure is not None and failure.status == 409:
                 return None
-            return self._call_failed(exc, "delete", run)
+            return self._call_failed(exc, "delete", run, kind)
         return _Deleted(verdict)
 
-    def _call_failed(self, exc: Exception, verb: str, run: RunRef) -> Refused:
-        failure = self.workflows.failure(exc)
+    def _propagation(self, kind: KindSpec) -> str:
+        return kind.propagation or self.propagation_policy
+
+    def _call_failed(self, exc: Exception, verb: str, run: RunRef, kind: KindSpec) -> Refused:
+        failure = self.objects.failure(exc)
         if failure is None:
             raise exc  # not an API failure: a bug, let the runtime see it
-        judged = judge_failure(failure, verb, run)
+        judged = judge_failure(failure, verb, run, kind)
         if isinstance(judged, RetryLater):
             raise judged from exc
         return judged
@@ -269,11 +298,17 @@ class WorkflowReaper:
             await asyncio.sleep(wait)
         return None
 
-    async def _conclude(self, due: CleanupDue, verdict: Verdict | _Deleted) -> list[BaseCloudEvent]:
+    async def _conclude(
+        self,
+        due: CleanupDue,
+        kind: KindSpec,
+        verdict: Verdict | _Deleted,
+        original: OriginalEvent,
+    ) -> list[BaseCloudEvent]:
         ref = due.run
         match verdict:
             case _Deleted(verdict=done):
-                detail = f"deleted ({done.policy}, propagation {self.propagation_policy})"
+                detail = f"deleted ({done.policy}, propagation {self._propagation(kind)})"
                 completed = self._completed(done.run, Outcome.DELETED, done.deadline, detail)
                 await self._record_deletion(done, completed)
                 return [completed]
@@ -281,7 +316,7 @@ class WorkflowReaper:
                 return [self._completed(ref, Outcome.ALREADY_GONE, due.deadline, detail)]
             case Replaced(current_uid=uid):
                 detail = (
-                    f"{ref.subject} is now a different Workflow (uid {uid}); "
+                    f"{ref.subject} is now a different {kind.kind} (uid {uid}); "
                     f"the run with uid {ref.uid} is gone and the new one is not touched"
                 )
                 return [self._completed(ref, Outcome.REPLACED, due.deadline, detail)]
@@ -298,7 +333,7 @@ class WorkflowReaper:
                 | Invalid(run=run, reason=reason)
                 | Refused(run=run, reason=reason)
             ):
-                return [self._failed(run, reason)]
+                return [self._failed(run, reason, original)]
             case Delete(run=run, deadline=deadline, policy=policy):
                 assert verdict.dry_run  # a real Delete is carried out by _reap
                 detail = f"dry run: would delete ({policy})"

@@ -1,13 +1,16 @@
-"""What the workflow-reaper needs from the Kubernetes API, as Protocols.
+"""What the object reaper needs from the Kubernetes API, as Protocols.
 
-`lapse.edges.kubernetes.Workflows` and `KubeEvents` satisfy them. The handler never sees
-the client library's exceptions: the edge translates them (`failure`) into a status and a
-message, so deciding what a failure means stays pure and testable here.
+`lapse.edges.kubernetes.KubeObjects` and `KubeEvents` satisfy them. Every call names the
+kind (`KindSpec`: group, version, resource), so one reaper serves every configured kind.
+The handler never sees the client library's exceptions: the edge translates them
+(`failure`) into a status and a message, so deciding what a failure means stays pure.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
+
+from events.kinds import KindSpec
 
 
 class CallFailure(Protocol):
@@ -24,15 +27,16 @@ class CallFailure(Protocol):
     def retry_after(self) -> float | None: ...
 
 
-class WorkflowAccess(Protocol):
+class ObjectAccess(Protocol):
     async def get(
-        self, namespace: str, name: str, *, request_timeout: float | None = None
+        self, kind: KindSpec, namespace: str, name: str, *, request_timeout: float | None = None
     ) -> dict[str, Any] | None:
         """The current object, or None when it does not exist."""
         ...
 
     async def delete(
         self,
+        kind: KindSpec,
         namespace: str,
         name: str,
         *,
@@ -42,6 +46,17 @@ class WorkflowAccess(Protocol):
         request_timeout: float | None = None,
     ) -> None:
         """DELETE with uid (and resourceVersion) preconditions."""
+        ...
+
+    async def list_items(
+        self,
+        kind: KindSpec,
+        namespace: str,
+        *,
+        label_selector: str,
+        request_timeout: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """Every object of `kind` in `namespace` matching the selector (a gate's children)."""
         ...
 
     def failure(self, exc: BaseException) -> CallFailure | None:

@@ -1,4 +1,4 @@
-"""The workflow-reaper's pure decision: `classify(fresh, due, policies, safety, now)`.
+"""The object reaper's pure decision: `classify(fresh, due, kind, policies, safety, now)`.
 
 Workflow objects are written the way Argo and KFP write them (status with the object,
 the controller's labels); `argo_workflow` is shared with the integration tests.
@@ -16,12 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from events.adapters import adapt_workflow
+from events.kinds import ARGO_WORKFLOW, Gate
 from events.models import CleanupDue, RunFinished
-from events.run import Target
-from functions.policy import Policy
-from functions.safety import NamespaceFilter, SafetyConfig
-from functions.workflow_reaper.gates import Gate, closed_gate, out_of_scope
-from functions.workflow_reaper.verdict import (
+from events.run import Engine, RunRef, Target
+from functions.object_reaper.gates import closed_gate, out_of_scope
+from functions.object_reaper.verdict import (
     AlreadyGone,
     Delete,
     GaveUp,
@@ -32,6 +31,8 @@ from functions.workflow_reaper.verdict import (
     Wait,
     classify,
 )
+from functions.policy import Policy
+from functions.safety import NamespaceFilter, SafetyConfig
 
 NOW = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 TERMINAL = ("Succeeded", "Failed", "Error")
@@ -123,7 +124,7 @@ def expired(**kwargs: Any) -> tuple[dict[str, Any], CleanupDue]:
 
 def test_expired_workflow_is_deleted_with_its_resource_version() -> None:
     obj, due = expired()
-    verdict = classify(obj, due, (), SafetyConfig(), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW)
     assert isinstance(verdict, Delete)
     assert verdict.resource_version == "41"
     assert verdict.run.uid == obj["metadata"]["uid"]
@@ -134,26 +135,26 @@ def test_expired_workflow_is_deleted_with_its_resource_version() -> None:
 
 def test_dry_run_is_a_flagged_delete() -> None:
     obj, due = expired()
-    verdict = classify(obj, due, (), safety(dry_run=True), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), safety(dry_run=True), NOW)
     assert isinstance(verdict, Delete) and verdict.dry_run
 
 
 def test_gone() -> None:
     _, due = expired()
-    assert isinstance(classify(None, due, (), SafetyConfig(), NOW), AlreadyGone)
+    assert isinstance(classify(None, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW), AlreadyGone)
 
 
 def test_being_deleted_counts_as_gone() -> None:
     obj, due = expired()
     obj["metadata"]["deletionTimestamp"] = "2026-11-21T11:59:00Z"
-    verdict = classify(obj, due, (), SafetyConfig(), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW)
     assert isinstance(verdict, AlreadyGone) and "already being deleted" in verdict.detail
 
 
 def test_same_name_new_uid_is_replaced_and_never_deleted() -> None:
     _, due = expired()
     newer = as_read(argo_workflow("wf", annotations={"lapse.dev/ttl": "1s"}))
-    verdict = classify(newer, due, (), SafetyConfig(), NOW)
+    verdict = classify(newer, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW)
     assert verdict == Replaced(newer["metadata"]["uid"])
 
 
@@ -176,23 +177,23 @@ def test_out_of_scope_namespace_is_skipped_before_anything_else(scope: dict[str,
 
 def test_keep_annotation_added_after_scheduling_keeps() -> None:
     obj, due = expired(annotations={"lapse.dev/keep": "true"})
-    verdict = classify(obj, due, (), SafetyConfig(), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW)
     assert isinstance(verdict, Kept) and "lapse.dev/keep" in verdict.reason
 
 
 def test_keep_wins_even_over_an_object_lapse_cannot_read() -> None:
     obj, due = expired(annotations={"lapse.dev/keep": "true"})
     obj["spec"]["ttlStrategy"] = {"secondsAfterCompletion": "soon"}
-    assert isinstance(classify(obj, due, (), SafetyConfig(), NOW), Kept)
+    assert isinstance(classify(obj, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW), Kept)
     del obj["metadata"]["annotations"]["lapse.dev/keep"]
-    verdict = classify(obj, due, (), SafetyConfig(), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW)
     assert isinstance(verdict, Invalid) and "ttlStrategy" in verdict.reason
 
 
 def test_rerun_workflow_is_not_touched() -> None:
     obj, due = expired()
     obj["status"] = {"phase": "Running", "startedAt": "2026-11-21T11:55:00Z"}
-    verdict = classify(obj, due, (), SafetyConfig(), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW)
     assert isinstance(verdict, Kept) and "Running" in verdict.reason
 
 
@@ -200,19 +201,19 @@ def test_policy_now_says_never() -> None:
     obj = as_read(argo_workflow("wf"))
     due = due_for(obj, NOW - timedelta(minutes=1))
     never = [Policy.model_validate({"name": "forever", "kubernetes": {"ttl": "never"}})]
-    verdict = classify(obj, due, never, SafetyConfig(), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, never, SafetyConfig(), NOW)
     assert isinstance(verdict, Kept) and "never" in verdict.reason
 
 
 def test_malformed_annotation_is_invalid_and_deletes_nothing() -> None:
     obj, due = expired(annotations={"lapse.dev/ttl": "3x"})
-    verdict = classify(obj, due, (), SafetyConfig(), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW)
     assert isinstance(verdict, Invalid) and "lapse.dev/ttl" in verdict.reason
 
 
 def test_extended_ttl_reschedules_at_the_new_deadline() -> None:
     obj, due = expired(annotations={"lapse.dev/ttl": "2h"})
-    verdict = classify(obj, due, (), SafetyConfig(), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW)
     assert isinstance(verdict, Reschedule)
     assert verdict.deadline == NOW + timedelta(hours=1)  # finished 1 h ago + 2 h
     assert "moved" in verdict.reason
@@ -221,7 +222,7 @@ def test_extended_ttl_reschedules_at_the_new_deadline() -> None:
 def test_early_due_event_is_rescheduled_not_acted_on() -> None:
     obj = as_read(argo_workflow("wf", annotations={"lapse.dev/ttl": "2h"}))
     due = due_for(obj, NOW + timedelta(hours=1))
-    verdict = classify(obj, due, (), SafetyConfig(), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW)
     assert isinstance(verdict, Reschedule)
     assert verdict.deadline == due.deadline
     assert "early" in verdict.reason
@@ -229,21 +230,21 @@ def test_early_due_event_is_rescheduled_not_acted_on() -> None:
 
 def test_later_deadline_that_has_passed_too_is_deleted() -> None:
     obj, due = expired(annotations={"lapse.dev/ttl": "30m"})  # was 10m; both are over
-    verdict = classify(obj, due, (), SafetyConfig(), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW)
     assert isinstance(verdict, Delete) and verdict.deadline == NOW - timedelta(minutes=30)
 
 
 def test_argo_ttl_strategy_counts_from_the_fresh_object() -> None:
     obj = as_read(argo_workflow("wf", phase="Failed", ttl_strategy={"secondsAfterFailure": 7200}))
     due = due_for(obj, NOW - timedelta(minutes=50))
-    verdict = classify(obj, due, (), SafetyConfig(), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW)
     assert isinstance(verdict, Reschedule)
     assert verdict.policy == "argo:ttlStrategy.secondsAfterFailure"
 
 
 def test_archiving_pending_waits() -> None:
     obj, due = expired(archiving="Pending")
-    verdict = classify(obj, due, (), SafetyConfig(), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW)
     assert isinstance(verdict, Wait)
     assert verdict.gate is Gate.ARGO_ARCHIVING
     assert verdict.retry_at == NOW + SafetyConfig().gate_retry.backoff
@@ -256,13 +257,13 @@ def test_archiving_pending_waits() -> None:
 )
 def test_archiving_gate_open(archiving: str | None, wait: bool) -> None:
     obj, due = expired(archiving=archiving)
-    verdict = classify(obj, due, (), safety(wait_for_archiving=wait), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), safety(wait_for_archiving=wait), NOW)
     assert isinstance(verdict, Delete)
 
 
 def test_kfp_run_without_persisted_final_state_waits() -> None:
     obj, due = expired(kfp_run_id="8c3e0d5e-run")
-    verdict = classify(obj, due, (), SafetyConfig(), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW)
     assert isinstance(verdict, Wait) and verdict.gate is Gate.KFP_PERSISTED
     assert "pipeline/persistedFinalState" in verdict.reason
 
@@ -270,24 +271,24 @@ def test_kfp_run_without_persisted_final_state_waits() -> None:
 @pytest.mark.parametrize(("persisted", "wait"), [(True, True), (False, False)])
 def test_kfp_gate_open(persisted: bool, wait: bool) -> None:
     obj, due = expired(kfp_run_id="8c3e0d5e-run", kfp_persisted=persisted)
-    verdict = classify(obj, due, (), safety(wait_for_kfp_persisted=wait), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), safety(wait_for_kfp_persisted=wait), NOW)
     assert isinstance(verdict, Delete)
 
 
 def test_gate_wait_is_bounded() -> None:
     obj, due = expired(archiving="Pending")  # deadline 50 minutes ago
     settings_ = safety(gate_retry={"max_wait": "30m", "backoff": "10s"})
-    verdict = classify(obj, due, (), settings_, NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), settings_, NOW)
     assert isinstance(verdict, GaveUp)
     assert verdict.gate is Gate.ARGO_ARCHIVING
     assert "argo-archiving" in verdict.reason and "nothing deleted" in verdict.reason
     still_waiting = safety(gate_retry={"max_wait": "1h", "backoff": "10s"})
-    assert isinstance(classify(obj, due, (), still_waiting, NOW), Wait)
+    assert isinstance(classify(obj, due, ARGO_WORKFLOW, (), still_waiting, NOW), Wait)
 
 
 def test_gates_do_not_apply_before_the_deadline() -> None:
     obj, due = expired(archiving="Pending", annotations={"lapse.dev/ttl": "2h"})
-    assert isinstance(classify(obj, due, (), SafetyConfig(), NOW), Reschedule)
+    assert isinstance(classify(obj, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW), Reschedule)
 
 
 def test_scope_filter_globs() -> None:
@@ -300,14 +301,26 @@ def test_scope_filter_globs() -> None:
     assert "include" in (out_of_scope("prod", scoped) or "")
 
 
+def labelled(labels: dict[str, str]) -> RunRef:
+    return RunRef(
+        engine=Engine.ARGO,
+        api_version="argoproj.io/v1alpha1",
+        kind="Workflow",
+        namespace="team-a",
+        name="wf",
+        uid="u-1",
+        phase="Succeeded",
+        labels=labels,
+    )
+
+
 def test_closed_gate_prefers_archiving_and_names_the_label() -> None:
     labels = {ARCHIVING: "Pending", "pipeline/runid": "r1"}
-    closed = closed_gate(labels, SafetyConfig())
+    closed = closed_gate(labelled(labels), ARGO_WORKFLOW, SafetyConfig())
     assert closed is not None and closed.gate is Gate.ARGO_ARCHIVING
-    assert closed_gate(
-        {"pipeline/runid": "r1", "pipeline/persistedFinalState": "false"}, SafetyConfig()
-    )
-    assert closed_gate({"pipeline/runid": ""}, SafetyConfig()) is None
+    persisted = {"pipeline/runid": "r1", "pipeline/persistedFinalState": "false"}
+    assert closed_gate(labelled(persisted), ARGO_WORKFLOW, SafetyConfig())
+    assert closed_gate(labelled({"pipeline/runid": ""}), ARGO_WORKFLOW, SafetyConfig()) is None
 
 
 @settings(max_examples=400)
@@ -343,7 +356,7 @@ def test_never_deletes_early_or_the_wrong_object(
     if not same_uid:
         fresh["metadata"]["uid"] = str(uuid.uuid4())
 
-    verdict = classify(fresh, due, (), safety(dry_run=dry_run), NOW)
+    verdict = classify(fresh, due, ARGO_WORKFLOW, (), safety(dry_run=dry_run), NOW)
     deadline = finished + timedelta(seconds=ttl)
     if isinstance(verdict, Delete):
         assert same_uid and not keep and archiving != "Pending"
@@ -375,9 +388,9 @@ def test_a_run_without_finished_at_is_timed_from_when_it_was_first_seen() -> Non
         policy="annotation:lapse.dev/ttl",
         scheduled_at=first_seen,
     )
-    verdict = classify(obj, due, (), SafetyConfig(), NOW)
+    verdict = classify(obj, due, ARGO_WORKFLOW, (), SafetyConfig(), NOW)
     assert isinstance(verdict, Delete)
     assert verdict.deadline == first_seen + timedelta(seconds=5)
     # Before its time it is rescheduled for that same deadline, not for now + 5s.
-    early = classify(obj, due, (), SafetyConfig(), first_seen + timedelta(seconds=2))
+    early = classify(obj, due, ARGO_WORKFLOW, (), SafetyConfig(), first_seen + timedelta(seconds=2))
     assert isinstance(early, Reschedule) and early.deadline == first_seen + timedelta(seconds=5)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Final
 
+from events.kinds import KindSpec
 from events.run import RunRef
+from functions.object_reaper.ports import CallFailure
+from functions.object_reaper.verdict import Refused
 from functions.ports import RetryLater
-from functions.workflow_reaper.ports import CallFailure
-from functions.workflow_reaper.verdict import Refused
 
 DEFAULT_RETRY_DELAY: Final = 5.0
 MIN_RETRY_DELAY: Final = 1.0
@@ -23,8 +24,10 @@ MAX_RETRY_DELAY: Final = 300.0
 TRANSIENT_STATUSES: Final = frozenset({408, 429})
 
 
-def judge_failure(failure: CallFailure, verb: str, run: RunRef) -> RetryLater | Refused:
-    what = f"{verb} Workflow {run.subject}"
+def judge_failure(
+    failure: CallFailure, verb: str, run: RunRef, kind: KindSpec
+) -> RetryLater | Refused:
+    what = f"{verb} {kind.kind} {run.subject}"
     status = failure.status
     if status is None or status in TRANSIENT_STATUSES or status >= 500:
         delay = failure.retry_after if failure.retry_after is not None else DEFAULT_RETRY_DELAY
@@ -37,7 +40,7 @@ def judge_failure(failure: CallFailure, verb: str, run: RunRef) -> RetryLater | 
         return Refused(
             run,
             f"forbidden: {failure.message} - lapse needs the '{verb}' verb on "
-            f"workflows.argoproj.io in namespace {run.namespace!r} (check its RBAC); "
+            f"{kind.resource}.{kind.group} in namespace {run.namespace!r} (check its RBAC); "
             "nothing was deleted",
         )
     if status == 401:

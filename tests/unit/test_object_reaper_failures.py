@@ -2,7 +2,7 @@
 
 The ApiExceptions here are built from real urllib3 responses carrying the bodies the
 kube-apiserver sends, because 429s and 5xx cannot be provoked from a healthy test server;
-403 is provoked for real in tests/integration/test_workflow_reaper.py.
+403 is provoked for real in tests/integration/test_object_reaper.py.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTResponse
 
+from events.kinds import ARGO_WORKFLOW
 from events.run import Engine, RunRef
+from functions.object_reaper.failures import judge_failure
+from functions.object_reaper.verdict import Refused
 from functions.ports import RetryLater
-from functions.workflow_reaper.failures import judge_failure
-from functions.workflow_reaper.verdict import Refused
 from lapse.edges.kubernetes import ApiCallFailure, api_failure
 
 RUN = RunRef(
@@ -59,7 +60,7 @@ def test_forbidden_names_the_permission_and_fails() -> None:
     )
     failure = api_failure(api_exception(403, message))
     assert failure == ApiCallFailure(403, message, None)
-    verdict = judge_failure(failure, "delete", RUN)
+    verdict = judge_failure(failure, "delete", RUN, ARGO_WORKFLOW)
     assert isinstance(verdict, Refused)
     assert verdict.reason.startswith("forbidden: ")
     assert 'User "lapse-readonly" cannot delete' in verdict.reason
@@ -67,41 +68,45 @@ def test_forbidden_names_the_permission_and_fails() -> None:
 
 
 def test_unauthorized_fails() -> None:
-    verdict = judge_failure(ApiCallFailure(401, "Unauthorized"), "get", RUN)
+    verdict = judge_failure(ApiCallFailure(401, "Unauthorized"), "get", RUN, ARGO_WORKFLOW)
     assert isinstance(verdict, Refused) and verdict.reason.startswith("unauthorized: ")
 
 
 def test_too_many_requests_retries_after_what_the_server_said() -> None:
     failure = api_failure(api_exception(429, "too many requests", {"Retry-After": "7"}))
     assert failure is not None and failure.retry_after == 7.0
-    verdict = judge_failure(failure, "delete", RUN)
+    verdict = judge_failure(failure, "delete", RUN, ARGO_WORKFLOW)
     assert isinstance(verdict, RetryLater) and verdict.delay == 7.0
     assert "HTTP 429" in verdict.reason
 
 
 @pytest.mark.parametrize(("retry_after", "delay"), [(None, 5.0), (0.0, 1.0), (86400.0, 300.0)])
 def test_retry_delay_is_bounded(retry_after: float | None, delay: float) -> None:
-    verdict = judge_failure(ApiCallFailure(503, "etcd leader changed", retry_after), "get", RUN)
+    verdict = judge_failure(
+        ApiCallFailure(503, "etcd leader changed", retry_after), "get", RUN, ARGO_WORKFLOW
+    )
     assert isinstance(verdict, RetryLater) and verdict.delay == delay
 
 
 @pytest.mark.parametrize("status", [408, 500, 502, 503, 504])
 def test_server_side_trouble_is_retried(status: int) -> None:
-    assert isinstance(judge_failure(ApiCallFailure(status, "x"), "delete", RUN), RetryLater)
+    assert isinstance(
+        judge_failure(ApiCallFailure(status, "x"), "delete", RUN, ARGO_WORKFLOW), RetryLater
+    )
 
 
 def test_no_response_is_retried() -> None:
     error = urllib3.exceptions.MaxRetryError(None, "/apis", reason=ConnectionRefusedError())  # type: ignore[arg-type]
     failure = api_failure(error)
     assert failure is not None and failure.status is None
-    verdict = judge_failure(failure, "get", RUN)
+    verdict = judge_failure(failure, "get", RUN, ARGO_WORKFLOW)
     assert isinstance(verdict, RetryLater) and "no response" in verdict.reason
     assert api_failure(ConnectionResetError()) is not None
 
 
 @pytest.mark.parametrize("status", [400, 405, 422])
 def test_other_client_errors_fail_with_the_status(status: int) -> None:
-    verdict = judge_failure(ApiCallFailure(status, "bad"), "delete", RUN)
+    verdict = judge_failure(ApiCallFailure(status, "bad"), "delete", RUN, ARGO_WORKFLOW)
     assert isinstance(verdict, Refused) and f"HTTP {status}" in verdict.reason
 
 

@@ -1,0 +1,117 @@
+"""Gates: conditions under which an expired object must not be deleted yet (or here).
+Each kind names the gates that apply to it (`KindSpec.gates`, events/kinds.py).
+
+- Scope: lapse only touches namespaces that `safety.namespaces` includes and does not
+  exclude (every kind).
+- Argo archiving: while `workflow-archiving-status` is `Pending` the archive row is not
+  written yet; deleting the object then loses the run from the archive.
+- KFP: until the API server labels the Workflow `pipeline/persistedFinalState: "true"`,
+  the run's final state is not in KFP's database; deleting the object first leaves the
+  run RUNNING there forever.
+- Tekton TaskRuns: a PipelineRun is final (cancelled, timed out) while its TaskRuns may
+  still be stopping; deleting it then cuts their Pods off mid-cleanup. Its TaskRuns are
+  the ones labelled `tekton.dev/pipelineRun=<name>` and controlled by its uid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any, Final
+
+from events.adapters.objects import RUNNING, read_run
+from events.errors import InvalidEvent
+from events.kinds import TEKTON_TASKRUN, Gate, KindSpec
+from events.run import ARGO_ARCHIVING_LABEL, KFP_PERSISTED_LABEL, KFP_RUN_ID_LABEL, RunRef
+from functions.safety import NamespaceFilter, SafetyConfig
+
+TEKTON_PIPELINERUN_LABEL: Final = "tekton.dev/pipelineRun"
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """A gate that holds the deletion back, and why (one line, names the label)."""
+
+    gate: Gate
+    reason: str
+
+
+def out_of_scope(namespace: str, scope: NamespaceFilter) -> str | None:
+    """Why lapse must not touch `namespace`, or None when it may."""
+    excluded = next((p for p in scope.exclude if fnmatchcase(namespace, p)), None)
+    if excluded is not None:
+        return f"namespace {namespace!r} is excluded by safety.namespaces.exclude {excluded!r}"
+    if not any(fnmatchcase(namespace, p) for p in scope.include):
+        return f"namespace {namespace!r} matches no safety.namespaces.include pattern"
+    return None
+
+
+def needs_children(kind: KindSpec) -> bool:
+    """Whether deciding this kind's gates needs its child objects read (one LIST)."""
+    return Gate.TEKTON_TASKRUNS in kind.gates
+
+
+def children_selector(run: RunRef) -> str:
+    return f"{TEKTON_PIPELINERUN_LABEL}={run.name}"
+
+
+def closed_gate(
+    run: RunRef,
+    kind: KindSpec,
+    safety: SafetyConfig,
+    children: Sequence[Mapping[str, Any]] = (),
+) -> Closed | None:
+    """The first of the kind's gates that is still closed for this run, or None."""
+    for gate in kind.gates:
+        closed = _check(gate, run, safety, children)
+        if closed is not None:
+            return closed
+    return None
+
+
+def _check(
+    gate: Gate, run: RunRef, safety: SafetyConfig, children: Sequence[Mapping[str, Any]]
+) -> Closed | None:
+    labels = run.labels
+    if gate is Gate.ARGO_ARCHIVING:
+        if safety.wait_for_archiving and labels.get(ARGO_ARCHIVING_LABEL) == "Pending":
+            return Closed(gate, f"Argo archiving is still Pending ({ARGO_ARCHIVING_LABEL})")
+    elif gate is Gate.KFP_PERSISTED:
+        run_id = labels.get(KFP_RUN_ID_LABEL)
+        # Anything but the exact "true" KFP writes counts as not persisted: waiting is the
+        # safe reading of a label lapse does not understand.
+        if safety.wait_for_kfp_persisted and run_id and labels.get(KFP_PERSISTED_LABEL) != "true":
+            return Closed(
+                gate,
+                f"KFP run {run_id} has no {KFP_PERSISTED_LABEL}: 'true' label yet "
+                "(its final state is not in KFP's database)",
+            )
+    elif gate is Gate.TEKTON_TASKRUNS:
+        running = unfinished_children(run, children)
+        if running:
+            shown = ", ".join(running[:5]) + (" ..." if len(running) > 5 else "")
+            return Closed(gate, f"{len(running)} TaskRun(s) still running: {shown}")
+    return None
+
+
+def unfinished_children(run: RunRef, children: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Names of the run's TaskRuns that have not finished. A TaskRun that cannot be read
+    counts as running: waiting is the safe reading."""
+    running = []
+    for child in children:
+        metadata = child.get("metadata")
+        metadata = metadata if isinstance(metadata, Mapping) else {}
+        owners = metadata.get("ownerReferences")
+        owned = isinstance(owners, list) and any(
+            isinstance(o, Mapping) and o.get("uid") == run.uid for o in owners
+        )
+        if not owned:
+            continue  # a TaskRun of an earlier PipelineRun that had the same name
+        try:
+            phase = read_run(dict(child), TEKTON_TASKRUN)[0].phase
+        except InvalidEvent:
+            phase = RUNNING
+        if phase == RUNNING:
+            running.append(str(metadata.get("name")))
+    return running
