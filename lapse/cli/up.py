@@ -33,8 +33,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Run the watcher, every function and the dispatcher against the configured NATS, "
             "database and cluster. What is not configured is started locally and kept in "
             "--state-dir: an embedded nats-server (no nats.url), a SQLite file (no "
-            "database.url), and a local kube-apiserver with the Argo Workflow CRD (no "
-            "kubeconfig found). Their addresses are written there too (nats.url, "
+            "database.url), and a local kube-apiserver with the CRDs of the built-in kinds "
+            "(no kubeconfig found). Their addresses are written there too (nats.url, "
             "database.url, kubeconfig.path), and the other commands use them when nothing "
             "is configured. Stop with Ctrl-C: in-flight work finishes first."
         ),
@@ -45,6 +45,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="HOST:PORT",
         help="where the HTTP ingress accepts pushed CloudEvents (default: %(default)s; "
         "'' turns it off)",
+    )
+    parser.add_argument(
+        "--no-watch",
+        dest="watch",
+        action="store_false",
+        help="do not list and watch the cluster: run events come only through the ingress "
+        "(Knative ApiServerSource, Tekton's CloudEvents, run.finished from your tools)",
     )
     parser.set_defaults(run=run_up)
 
@@ -108,7 +115,11 @@ def run_up(args: argparse.Namespace) -> int:
             state.write(state_dir, state.KUBECONFIG, str(kube.kubeconfig_path))
             log.info("local cluster at %s, kubeconfig %s", kube.url, kube.kubeconfig_path)
         nats_url = nats_server.url if nats_server else config.nats.url
-        asyncio.run(_serve(Pipeline(config, nats_url=nats_url, listen=args.listen or None)))
+        asyncio.run(
+            _serve(
+                Pipeline(config, nats_url=nats_url, listen=args.listen or None, watch=args.watch)
+            )
+        )
     finally:
         if kube is not None:
             state.remove(state_dir, state.KUBECONFIG)

@@ -1,4 +1,5 @@
-"""The Argo watcher against a real kube-apiserver: finishes and deletions become events."""
+"""The watcher (one per kind) against a real kube-apiserver: finishes and deletions become
+events."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import pytest
 from cloudevents.core.base import BaseCloudEvent
 
 from events.builder import parse_payload
-from events.kinds import ARGO_WORKFLOW
+from events.kinds import ARGO_WORKFLOW, JOB, KindSpec
 from events.models import RunDeleted, RunFinished
 from events.types import EventType
 from lapse.runtime.watcher import KindWatcher
 from tests.conftest import KubeStack, kube_stack
+from tests.integration.test_kinds import job
 from tests.stack import wait_for
 
 
@@ -96,6 +98,61 @@ async def test_finish_and_delete_become_events(kube: KubeStack) -> None:
 
 async def _async(value: bool) -> bool:
     return value
+
+
+async def test_a_kind_without_a_finished_selector_is_watched_whole(kube: KubeStack) -> None:
+    """Jobs: the API server cannot select on status, so every Job is listed and watched;
+    the running ones are dropped, the update that finishes one becomes run.finished."""
+    objects = kube.workflows.objects
+    ns = kube.namespace(f"watch-jobs-{uuid.uuid4().hex[:6]}")
+    recorder = Recorder()
+    watcher = KindWatcher(objects, JOB, recorder.publish, recorder.report)
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop))
+    await asyncio.wait_for(watcher.synced.wait(), 30)
+    body, finished_status = job(ns, "nightly")
+    running = await objects.create(JOB, ns, body)
+    await asyncio.sleep(1)  # its ADDED event passes by while it runs
+    assert "nightly" not in recorder.names(EventType.RUN_FINISHED, ns)
+    running["status"] = finished_status
+    done = await objects.replace_status(JOB, ns, "nightly", running)
+    await wait_for(lambda: _async("nightly" in recorder.names(EventType.RUN_FINISHED, ns)))
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    [finished] = [
+        parse_payload(e, RunFinished)
+        for e in recorder.events
+        if e.get_type() == EventType.RUN_FINISHED
+        and parse_payload(e, RunFinished).run.namespace == ns
+    ]
+    assert finished.run.uid == done["metadata"]["uid"] and finished.run.kind == "Job"
+    assert recorder.failures == []
+
+
+async def test_a_kind_the_api_server_does_not_serve_is_waited_for(kube: KubeStack) -> None:
+    """A configured kind whose CRD is not installed: the watcher says so, counts as synced
+    (nothing of it exists) and keeps looking, instead of failing `lapse up`."""
+    absent = KindSpec.model_validate(
+        {
+            "name": "absent",
+            "api_version": "example.invalid/v1",
+            "kind": "Absent",
+            "resource": "absents",
+            "finished": {"phases": ["Done"]},
+        }
+    )
+    recorder = Recorder()
+    watcher = KindWatcher(
+        kube.workflows.objects, absent, recorder.publish, recorder.report, not_served_retry=0.2
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop))
+    await asyncio.wait_for(watcher.synced.wait(), 30)
+    await wait_for(lambda: _async(watcher.relists >= 3), timeout=30)  # looked for again
+    assert not task.done()
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert recorder.events == [] and recorder.failures == []
 
 
 @pytest.fixture
