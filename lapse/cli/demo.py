@@ -45,11 +45,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "demo",
         help="a self-contained tour: watch lapse delete sample runs on time",
         description=(
-            "Start an embedded nats-server, a local kube-apiserver with the Argo Workflow CRD "
-            "and a SQLite file with KFP's run tables (in a temporary directory), run the whole "
-            "pipeline, create finished sample workflows with short and varied TTLs "
-            "(lapse.dev/ttl, Argo ttlStrategy on Succeeded and Failed runs, lapse.dev/keep, "
-            "KFP runs whose rows live on a separate, longer clock), and show them being "
+            "Start an embedded nats-server, a local kube-apiserver with the Argo, Tekton and "
+            "TrainJob CRDs and a SQLite file with KFP's run tables (in a temporary "
+            "directory), run the whole pipeline, create finished sample runs with short and "
+            "varied TTLs (lapse.dev/ttl, Argo ttlStrategy on Succeeded and Failed runs, "
+            "lapse.dev/keep, KFP runs whose rows live on a separate, longer clock, a Tekton "
+            "PipelineRun, a Job with ttlSecondsAfterFinished), and show them being "
             "deleted. Ends with a summary; exits 1, naming what went wrong, if anything "
             "expected did not happen. Ignores --config: the tour writes its own."
         ),
@@ -58,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--count",
         type=_count,
         default=DEFAULT_COUNT,
-        help=f"sample workflows to create (default: %(default)s, at most {MAX_COUNT})",
+        help=f"sample runs to create (default: %(default)s, at most {MAX_COUNT})",
     )
     parser.add_argument(
         "--keep",

@@ -204,6 +204,8 @@ class DemoSummary:
     lateness: dict[str, list[float]]  # per target, seconds, deleted outcomes only
     timing: Timing
     problems: tuple[str, ...]
+    # Runs per Kubernetes kind (Workflow, PipelineRun, Job), and how many of each went.
+    kinds: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -217,6 +219,7 @@ class DemoSummary:
         return {
             "ok": self.ok,
             "workflows": self.runs,
+            "kinds": self.kinds,
             "objects": {"expected": self.objects_expected, "deleted": self.objects_deleted},
             "rowSets": {
                 "expected": self.row_sets_expected,
@@ -274,7 +277,17 @@ def summarize(
         lateness=lateness,
         timing=timing,
         problems=tuple(problems(runs, leftovers, tracker.failures)),
+        kinds=_by_kind(runs, objects_deleted),
     )
+
+
+def _by_kind(runs: list[RunProgress], deleted: list[RunProgress]) -> dict[str, dict[str, int]]:
+    kinds: dict[str, dict[str, int]] = {}
+    for run in runs:
+        counts = kinds.setdefault(run.sample.run_kind.kind, {"runs": 0, "deleted": 0})
+        counts["runs"] += 1
+        counts["deleted"] += run in deleted
+    return kinds
 
 
 def _run_id(run: RunProgress) -> str:

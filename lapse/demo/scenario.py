@@ -2,8 +2,10 @@
 
 Every way a run can get its Kubernetes deadline appears in each run of eight samples:
 a `lapse.dev/ttl` annotation, Argo's `spec.ttlStrategy` on a Succeeded and on a Failed
-run, `lapse.dev/keep`, and KFP runs whose object and rows follow the admin's policy on two
-separate clocks. TTLs stay short (at most `MAX_TTL` seconds): the tour takes about 20 s.
+run, `lapse.dev/keep`, KFP runs whose object and rows follow the admin's policy on two
+separate clocks, and runs of two other engines: a Tekton PipelineRun (`lapse.dev/ttl`) and
+a batch/v1 Job (its own `spec.ttlSecondsAfterFinished`). TTLs stay short (at most
+`MAX_TTL` seconds): the tour takes about 20 s.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Final
 import yaml
 
 from events.adapters import argo
+from events.kinds import ARGO_WORKFLOW, JOB, TEKTON_PIPELINERUN, KindSpec
 from events.run import KFP_PERSISTED_LABEL, KFP_RUN_ID_LABEL
 from events.timeutil import format_rfc3339
 from functions.policy import KEEP_ANNOTATION, TTL_ANNOTATION
@@ -40,19 +43,23 @@ class Kind(StrEnum):
     ARGO_FAILED = "argo-failed"
     KEEP = "keep"
     KFP = "kfp"
+    TEKTON = "tekton"
+    JOB = "job"
 
 
-# One of each way to expire per eight runs; annotations are the most common in practice.
+# One of each way to expire per eight runs.
 CYCLE: Final = (
     Kind.TTL,
     Kind.KFP,
     Kind.ARGO_SUCCEEDED,
-    Kind.TTL,
+    Kind.TEKTON,
     Kind.ARGO_FAILED,
     Kind.KFP,
     Kind.KEEP,
-    Kind.TTL,
+    Kind.JOB,
 )
+# The engines' own samples, and what the tour's run objects are.
+RUN_KINDS: Final = (ARGO_WORKFLOW, TEKTON_PIPELINERUN, JOB)
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,7 @@ class Sample:
     annotations: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
     ttl_strategy: Mapping[str, int] | None = None
+    run_kind: KindSpec = ARGO_WORKFLOW
 
     @property
     def kept(self) -> bool:
@@ -89,6 +97,18 @@ def make_samples(count: int) -> list[Sample]:
 
 
 def _sample(name: str, kind: Kind, nth: int) -> Sample:
+    if kind is Kind.TEKTON:
+        ttl = 5 + (nth * 4) % 12
+        annotations = {TTL_ANNOTATION: f"{ttl}s"}
+        hint = f"PipelineRun, ttl {ttl}s"
+        return Sample(
+            name, kind, "Succeeded", ttl, hint, annotations=annotations,
+            run_kind=TEKTON_PIPELINERUN,
+        )  # fmt: skip
+    if kind is Kind.JOB:
+        ttl = 7 + (nth * 3) % 10
+        hint = f"Job, ttlSecondsAfterFinished {ttl}"
+        return Sample(name, kind, "Succeeded", ttl, hint, run_kind=JOB)
     if kind is Kind.TTL:
         ttl = 3 + (nth * 5) % (MAX_TTL - 2)  # 3, 8, 13, 18, 5, ...: deadlines spread out
         annotations = {TTL_ANNOTATION: f"{ttl}s"}
@@ -117,6 +137,50 @@ def _sample(name: str, kind: Kind, nth: int) -> Sample:
         )  # fmt: skip
     hint = f"KFP: policy {POLICY_NAME}"
     return Sample(name, kind, "Succeeded", KFP_OBJECT_TTL, hint, KFP_ROWS_TTL, labels=labels)
+
+
+def run_object(sample: Sample, finished_at: datetime) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The sample's object as its engine's controller leaves it when the run ends, and its
+    status. No controller runs in the demo; these are exactly the fields lapse reads.
+    Workflows carry their status in the body (Argo's CRD has no status subresource); the
+    other kinds' status is written through the status subresource after the create."""
+    if sample.run_kind is ARGO_WORKFLOW:
+        body = workflow(sample, finished_at)
+        return body, body["status"]
+    stamp = format_rfc3339(finished_at.replace(microsecond=0))
+    metadata = {"name": sample.name, "annotations": dict(sample.annotations)}
+    if sample.run_kind is TEKTON_PIPELINERUN:
+        succeeded = {
+            "type": "Succeeded", "status": "True", "reason": "Succeeded",
+            "message": "Tasks Completed: 2", "lastTransitionTime": stamp,
+        }  # fmt: skip
+        body = {
+            "apiVersion": TEKTON_PIPELINERUN.api_version,
+            "kind": TEKTON_PIPELINERUN.kind,
+            "metadata": metadata,
+            "spec": {"pipelineRef": {"name": "build-and-test"}},
+        }
+        return body, {"startTime": stamp, "completionTime": stamp, "conditions": [succeeded]}
+    body = {
+        "apiVersion": JOB.api_version,
+        "kind": JOB.kind,
+        "metadata": metadata,
+        "spec": {
+            "ttlSecondsAfterFinished": sample.object_ttl,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "report", "image": "registry.invalid/report:1"}],
+                }
+            },
+        },
+    }
+    conditions = [
+        {"type": kind, "status": "True", "reason": kind, "message": "", "lastTransitionTime": stamp}
+        for kind in ("SuccessCriteriaMet", "Complete")
+    ]
+    status = {"startTime": stamp, "completionTime": stamp, "succeeded": 1, "conditions": conditions}
+    return body, status
 
 
 def workflow(sample: Sample, finished_at: datetime) -> dict[str, Any]:

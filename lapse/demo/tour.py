@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -19,17 +20,17 @@ from opentelemetry.sdk.trace import ReadableSpan
 from rich.live import Live
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from events.adapters import argo
 from events.errors import InvalidEvent
+from events.kinds import ARGO_WORKFLOW, KindSpec
 from events.nats_binding import from_nats
 from events.subjects import AUDIT_PREFIX
 from lapse import telemetry
 from lapse.config import LapseConfig
 from lapse.demo import kfp
 from lapse.demo.progress import DemoSummary, Leftovers, Timing, Tracker, summarize
-from lapse.demo.scenario import MAX_TTL, NAMESPACE, Sample, workflow
+from lapse.demo.scenario import MAX_TTL, NAMESPACE, RUN_KINDS, Sample, run_object
 from lapse.demo.view import Output, change_line, live_table
-from lapse.edges.kubernetes import Workflows, finished_workflow_pages
+from lapse.edges.kubernetes import KubeObjects, finished_pages
 from lapse.runtime.pipeline import Pipeline
 from lapse.runtime.resources import Resources
 from lapse.telemetry import names
@@ -59,9 +60,9 @@ async def tour(
     """Set up, run the tour, and `report` the verdict as soon as it is known: stopping the
     pipeline and the servers afterwards can take a while."""
     async with Resources(config) as resources:
-        workflows = resources.workflows()
+        workflows = resources.objects()
         engine = resources.database()
-        await prepare_cluster(resources.kube_client(), workflows, samples[0])
+        await prepare_cluster(resources.kube_client(), workflows, samples)
         await kfp.create_tables(engine)
         kfp_runs = [(s.kfp_run_id, s.name) for s in samples if s.kfp_run_id is not None]
         await kfp.insert_runs(engine, kfp_runs, NAMESPACE)
@@ -71,7 +72,8 @@ async def tour(
             js = await resources.jetstream()
             out.note(
                 f"ready after {time.monotonic() - begun:.1f}s; creating {len(samples)} finished "
-                f"workflows in namespace {NAMESPACE} ({len(kfp_runs)} with KFP rows)"
+                f"runs in namespace {NAMESPACE} ({_kinds(samples)}; {len(kfp_runs)} with KFP "
+                "rows)"
             )
             pool = resources.kube_client().configuration.connection_pool_maxsize
             tracker = Tracker(samples, datetime.now(UTC))
@@ -124,9 +126,9 @@ async def running_pipeline(config: LapseConfig, nats_url: str) -> AsyncIterator[
 
 
 async def prepare_cluster(
-    api_client: client.ApiClient, workflows: Workflows, sample: Sample
+    api_client: client.ApiClient, objects: KubeObjects, samples: Sequence[Sample]
 ) -> None:
-    """The demo namespace, the Workflow resource served, and its validation warmed up."""
+    """The demo namespace, each sample kind served, and its validation warmed up."""
     core = client.CoreV1Api(api_client)
     namespace = client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE))
     try:
@@ -134,25 +136,36 @@ async def prepare_cluster(
     except ApiException as exc:
         if exc.status != 409:
             raise
-    await poll(lambda: _served(workflows), what="the Workflow CRD to be served")
-    # The API server compiles the CRD's schema on the first create (about 2 s); a dry run
-    # pays for that now instead of out of the first sample's few seconds of TTL.
     custom = client.CustomObjectsApi(api_client)
-    await asyncio.to_thread(
-        custom.create_namespaced_custom_object,
-        argo.GROUP, argo.VERSION, NAMESPACE, argo.RESOURCE,
-        workflow(sample, datetime.now(UTC)), dry_run="All",
-    )  # fmt: skip
+    for sample in {s.run_kind.name: s for s in samples}.values():
+        kind = sample.run_kind
+        await poll(
+            functools.partial(_served, objects, kind), what=f"{kind.describe()} to be served"
+        )
+        # The API server compiles a CRD's schema on the first create (about 2 s); a dry run
+        # pays for that now instead of out of the first sample's few seconds of TTL.
+        body, _ = run_object(sample, datetime.now(UTC))
+        await asyncio.to_thread(
+            custom.create_namespaced_custom_object,
+            kind.group, kind.version, NAMESPACE, kind.resource, body, dry_run="All",
+        )  # fmt: skip
 
 
-async def _served(workflows: Workflows) -> bool:
+async def _served(objects: KubeObjects, kind: KindSpec) -> bool:
     try:
-        await workflows.list(NAMESPACE, limit=1)
+        await objects.list_page(kind, NAMESPACE, limit=1)
     except ApiException as exc:
         if exc.status == 404:
             return False
         raise
     return True
+
+
+def _kinds(samples: Sequence[Sample]) -> str:
+    counts: dict[str, int] = {}
+    for sample in samples:
+        counts[sample.run_kind.kind] = counts.get(sample.run_kind.kind, 0) + 1
+    return ", ".join(f"{n} {kind}" for kind, n in counts.items())
 
 
 async def poll(check: Callable[[], Awaitable[bool]], *, what: str) -> None:
@@ -167,21 +180,26 @@ async def poll(check: Callable[[], Awaitable[bool]], *, what: str) -> None:
 
 
 async def create_all(
-    workflows: Workflows, samples: list[Sample], finished_at: datetime, *, at_once: int
+    objects: KubeObjects, samples: list[Sample], finished_at: datetime, *, at_once: int
 ) -> None:
     # No more at once than the client's connection pool holds, or urllib3 warns and
     # throws connections away.
     slots = asyncio.Semaphore(max(1, at_once))
 
     async def create(sample: Sample) -> None:
+        kind = sample.run_kind
+        body, status = run_object(sample, finished_at)
         async with slots:
-            await workflows.create(NAMESPACE, workflow(sample, finished_at))
+            created = await objects.create(kind, NAMESPACE, body)
+            if kind is not ARGO_WORKFLOW:  # written finished, as its controller would
+                created["status"] = status
+                await objects.replace_status(kind, NAMESPACE, sample.name, created)
 
     await asyncio.gather(*(create(sample) for sample in samples))
 
 
 async def follow(
-    tracker: Tracker, workflows: Workflows, out: Output, pipeline: asyncio.Task[None]
+    tracker: Tracker, workflows: KubeObjects, out: Output, pipeline: asyncio.Task[None]
 ) -> None:
     """Until every run settled (or the last deadline is well past): refresh the view and
     look at the API server, where a kept run proves itself by still being there."""
@@ -251,16 +269,17 @@ async def following_audit(
             await sub.unsubscribe()
 
 
-async def object_names(workflows: Workflows) -> set[str]:
-    """The demo's Workflows still present (all of them were written finished)."""
+async def object_names(objects: KubeObjects) -> set[str]:
+    """The demo's run objects still present, of every sample kind (all written finished)."""
     names: set[str] = set()
-    async for page in finished_workflow_pages(workflows, NAMESPACE):
-        names.update(item["metadata"]["name"] for item in page.items)
+    for kind in RUN_KINDS:
+        async for page in finished_pages(objects, kind, NAMESPACE):
+            names.update(item["metadata"]["name"] for item in page.items)
     return names
 
 
 async def inspect_leftovers(
-    workflows: Workflows, engine: AsyncEngine, samples: list[Sample]
+    workflows: KubeObjects, engine: AsyncEngine, samples: list[Sample]
 ) -> Leftovers:
     run_ids = [s.kfp_run_id for s in samples if s.kfp_run_id is not None]
     objects = await object_names(workflows)

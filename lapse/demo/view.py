@@ -117,6 +117,10 @@ def print_summary(console: Console, summary: DemoSummary) -> None:
     rows = [
         ("objects deleted", f"{summary.objects_deleted}/{summary.objects_expected}"),
         (
+            "by kind",
+            ", ".join(f"{k} {c['deleted']}/{c['runs']}" for k, c in summary.kinds.items()),
+        ),
+        (
             "row sets deleted",
             f"{summary.row_sets_deleted}/{summary.row_sets_expected} ({summary.rows_deleted} rows)",
         ),

@@ -29,8 +29,14 @@ def test_demo_deletes_what_it_should_and_keeps_what_it_should(tmp_path: Path) ->
 
     assert summary["ok"] is True
     assert summary["problems"] == []
-    # Eight runs are one of each kind: five plain ones, two KFP runs with rows, one kept.
+    # Eight runs are one of each way to expire: four plain Workflows (two with Argo's
+    # ttlStrategy), two KFP runs with rows, one kept, a Tekton PipelineRun and a Job.
     assert summary["workflows"] == 8
+    assert summary["kinds"] == {
+        "Workflow": {"runs": 6, "deleted": 5},
+        "PipelineRun": {"runs": 1, "deleted": 1},
+        "Job": {"runs": 1, "deleted": 1},
+    }
     assert summary["objects"] == {"expected": 7, "deleted": 7}
     assert summary["rowSets"] == {"expected": 2, "deleted": 2, "rows": 14}
     assert summary["kept"] == {"expected": 1, "present": 1}
