@@ -161,6 +161,11 @@ class Tool:
     peak_rss: float = 0.0
     starts: int = 0
 
+    @property
+    def is_lapse(self) -> bool:
+        """lapse, in either of its configurations (its own phases: planner, restart)."""
+        return self.name.startswith("lapse")
+
     def start(self) -> float:
         """Start it; return the wall time it was started at."""
         started = time.time()
@@ -426,7 +431,8 @@ class Bench:
             text, summary = profile_summary(prof)
             OUT_DIR.mkdir(parents=True, exist_ok=True)
             (OUT_DIR / f"{name}-{prof.stem}.txt").write_text(text)
-            self.phases["lapse"].setdefault("profile", {})[prof.stem] = summary
+            tool = prof.stem.rsplit("-", 1)[0]  # lapse-3, lapse-1req-0
+            self.phases[tool].setdefault("profile", {})[prof.stem] = summary
 
     def say(self, text: str) -> None:
         print(f"[{datetime.now(UTC).strftime('%H:%M:%S')}] {text}", flush=True)
@@ -469,7 +475,7 @@ class Bench:
             "capped_at_s": s.backlog_cap_s,
         }
         self.phases[tool.name]["backlog"] = phase
-        if tool.name == "lapse":
+        if tool.is_lapse:
             self.phases[tool.name]["memory_small"] = {
                 "pending": s.pending_small,
                 "rss_mib": tool.sample(),
@@ -488,11 +494,11 @@ class Bench:
         tool.peak_rss = 0.0
         started = tool.run()
         self.say(f"{tool.name}: running ({time.time() - started:.1f}s to ready)")
-        if tool.name == "lapse":
+        if tool.is_lapse:
             planned = wait_planner_idle(self.stack.nats_monitor_url, s.settle_cap_s)
             phases["planner"] = planned
             self.say(
-                f"lapse: planned {planned['planned']:,} events in {planned['seconds']}s "
+                f"{tool.name}: planned {planned['planned']:,} events in {planned['seconds']}s "
                 f"({planned['events_per_s']:,.0f}/s)"
             )
         else:
@@ -619,7 +625,7 @@ class Bench:
             "restart_duplicate_deletes": kill.get("window", {}).get("duplicate_deletes"),
             "restart_lost": kill.get("window", {}).get("lost"),
         }
-        if tool.name == "lapse":
+        if tool.is_lapse:
             figures["planner_events_per_s"] = _round(p.get("planner", {}).get("events_per_s"), 1)
             figures["nats_rss_mib"] = _round(p.get("memory", {}).get("nats_rss_mib"), 1)
             small = p.get("memory_small", {})
@@ -746,30 +752,35 @@ def machine() -> dict[str, Any]:
 def make_tools(
     stack: Stack, work: Path, scale: Scale, argo: Path, only: set[str], profile: bool
 ) -> list[Tool]:
-    lapse_dir = work / "lapse"
-    lapse_dir.mkdir()
-    config = lapse_dir / "lapse.yaml"
-    config.write_text(
-        f"nats: {{url: '{stack.nats_url}'}}\n"
-        f"kubernetes: {{kubeconfig: '{stack.kubeconfig_for('lapse', lapse_dir / 'kubeconfig')}',"
-        " qps: 100000, burst: 100000}\n"
-        "safety:\n"
-        "  max_deletions_per_second: 1000000\n"
-        "  mass_deletion_brake: {enabled: false}\n"
-    )
     env = {"OTEL_SDK_DISABLED": "true"}
-    lapse = LAPSE_CLI
-    if profile:  # one profile per process start ({start}), written when it stops
-        lapse = [sys.executable, "-m", "cProfile", "-o", str(work / "lapse-{start}.prof"),
-                 *LAPSE_CLI[1:]]  # fmt: skip
-    tools = [
-        Tool(
-            "lapse", "lapse",
-            [*lapse, "--config", str(config), "up", "--state-dir", str(lapse_dir / "state"),
-             "--listen", ""],
-            "lapse is running", env=env, stop_signal=signal.SIGINT,
-        ),
-    ]  # fmt: skip
+    tools = []
+    # lapse as shipped (a fresh GET before each DELETE), and with safety.read_before_delete
+    # off (the DELETE held to the planned version: one request a deletion).
+    for name, read_first in (("lapse", True), ("lapse-1req", False)):
+        lapse_dir = work / name
+        lapse_dir.mkdir()
+        config = lapse_dir / "lapse.yaml"
+        config.write_text(
+            f"nats: {{url: '{stack.nats_url}'}}\n"
+            f"kubernetes: {{kubeconfig: '{stack.kubeconfig_for(name, lapse_dir / 'kubeconfig')}',"
+            " qps: 100000, burst: 100000}\n"
+            "safety:\n"
+            "  max_deletions_per_second: 1000000\n"
+            "  mass_deletion_brake: {enabled: false}\n"
+            f"  read_before_delete: {'true' if read_first else 'false'}\n"
+        )
+        lapse = LAPSE_CLI
+        if profile:  # one profile per process start ({start}), written when it stops
+            lapse = [sys.executable, "-m", "cProfile", "-o", str(work / f"{name}-{{start}}.prof"),
+                     *LAPSE_CLI[1:]]  # fmt: skip
+        tools.append(
+            Tool(
+                name, name,
+                [*lapse, "--config", str(config), "up", "--state-dir", str(lapse_dir / "state"),
+                 "--listen", ""],
+                "lapse is running", env=env, stop_signal=signal.SIGINT,
+            )
+        )  # fmt: skip
     for name, user, extra in (
         ("argo", "argo", []),
         ("argo-qps50", "argo-qps50", ["--qps", "50", "--burst", "100"]),
@@ -842,7 +853,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     began = time.time()
     host = machine()
     print(f"bench {args.name}: work dir {work}", flush=True)
-    users = ("lapse", "argo", "argo-qps50", "janitor", "ceiling")
+    users = ("lapse", "lapse-1req", "argo", "argo-qps50", "janitor", "ceiling")
     stack = Stack(work / "stack", users)
     tools: list[Tool] = []
     try:
@@ -926,7 +937,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="scaled down (< 15 min on 2 cores)")
     parser.add_argument("--name", help="output name: bench/out/<name>.json")
     parser.add_argument("--pending", type=int, help="override the number of pending objects")
-    parser.add_argument("--tools", help="comma-separated subset: lapse,argo,argo-qps50,janitor")
+    parser.add_argument(
+        "--tools", help="comma-separated subset: lapse,lapse-1req,argo,argo-qps50,janitor"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument(
         "--profile", action="store_true", help="run lapse under cProfile (slower; summaries)"
