@@ -1,0 +1,251 @@
+"""The kustomize package (infra/overlays/dev, production, single-process), as a user
+installs it: rendered by kubectl, accepted by the real kube-apiserver (server-side dry run,
+strict field validation) with the pinned Knative Serving/Eventing and Argo CRDs installed,
+and wired together: every name an object references is shipped by the package or is one of
+the documented Secrets, and the one list of cleaned namespaces agrees everywhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tests.conftest import KubeStack
+from tests.infra_package import (
+    INFRA,
+    OVERLAYS,
+    ROOT,
+    install_crds,
+    knative_crds,
+    kubectl,
+    rendered,
+    rendered_text,
+    schema_of,
+    unknown_fields,
+)
+
+# The Secrets the user creates (docs/deploy.md); the package ships none.
+DOCUMENTED_SECRETS = {"lapse-database", "lapse-nats"}
+KNATIVE_PATH = ("dev", "production")
+
+
+def objects(overlay: str, kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in rendered(overlay) if doc["kind"] == kind]
+
+
+def names(overlay: str, kind: str) -> set[str]:
+    return {doc["metadata"]["name"] for doc in objects(overlay, kind)}
+
+
+def pod_specs(overlay: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    for doc in rendered(overlay):
+        if doc["kind"] in ("Deployment", "Job") or (
+            doc["kind"] == "Service" and doc["apiVersion"].startswith("serving.knative.dev")
+        ):
+            yield f"{doc['kind']} {doc['metadata']['name']}", doc["spec"]["template"]["spec"]
+
+
+def lapse_yaml(overlay: str) -> dict[str, Any]:
+    (config,) = [c for c in objects(overlay, "ConfigMap") if c["metadata"]["name"] == "lapse"]
+    loaded: dict[str, Any] = yaml.safe_load(config["data"]["lapse.yaml"])
+    return loaded
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_rendered_object_passes_a_strict_server_side_dry_run(
+    kube: KubeStack, overlay: str
+) -> None:
+    install_crds(kube.api_client, knative_crds())
+    rendered_objects = rendered(overlay)
+    # The namespaces must exist for a dry run of what goes in them (a dry-run Namespace is
+    # not stored); the test API server is thrown away after the session.
+    for namespace in {d["metadata"].get("namespace") for d in rendered_objects} - {None}:
+        kube.namespace(namespace)
+    out = subprocess.run(
+        [
+            str(kubectl()), "--kubeconfig", str(kube.kubeconfig), "apply", "--server-side",
+            "--field-manager=lapse-test", "--dry-run=server", "--validate=strict", "-f", "-",
+        ],
+        input=rendered_text(overlay), capture_output=True, text=True,
+        env={**os.environ, "KUBECONFIG": str(kube.kubeconfig)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    accepted = [line for line in out.stdout.splitlines() if line.endswith("(server dry run)")]
+    assert len(accepted) == len(rendered_objects), out.stdout
+    # A dry run stores nothing.
+    with pytest.raises(ApiException) as missing:
+        client.CoreV1Api(kube.api_client).read_namespaced_config_map("lapse", "lapse-system")
+    assert missing.value.status == 404
+
+
+@pytest.mark.kube
+def test_a_misspelt_field_is_refused_by_the_same_dry_run(kube: KubeStack) -> None:
+    """The dry run above refuses unknown fields (strict validation) where the schema is
+    closed, as for a Deployment. Knative's CRDs keep any field under `spec`
+    (x-kubernetes-preserve-unknown-fields), so their objects are checked against the
+    declared schema by the next test instead."""
+    kube.namespace("lapse-system")
+    (bridge,) = [d for d in objects("dev", "Deployment") if d["metadata"]["name"] == "lapse-bridge"]
+    bridge["spec"]["replica"] = bridge["spec"].pop("replicas")
+    out = subprocess.run(
+        [
+            str(kubectl()), "--kubeconfig", str(kube.kubeconfig), "apply", "--server-side",
+            "--dry-run=server", "--validate=strict", "-f", "-",
+        ],
+        input=yaml.safe_dump(bridge), capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "replica" in out.stderr
+
+
+@pytest.mark.parametrize("overlay", KNATIVE_PATH)
+def test_knative_objects_declare_only_schema_fields(overlay: str) -> None:
+    """Also below x-kubernetes-preserve-unknown-fields (a Trigger's `delivery`, say), where
+    the API server keeps anything, so a misspelt field would pass the dry run unnoticed."""
+    crds = {(c["spec"]["group"], c["spec"]["names"]["kind"]): c for c in knative_crds()}
+    checked = 0
+    for doc in rendered(overlay):
+        group, _, version = doc["apiVersion"].rpartition("/")
+        if (group, doc["kind"]) not in crds:
+            continue
+        schema = schema_of(crds[(group, doc["kind"])], version)
+        assert unknown_fields(doc, schema) == [], f"{doc['kind']} {doc['metadata']['name']}"
+        checked += 1
+    assert checked >= 12  # Broker, Triggers, ApiServerSource, SinkBinding, Services
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_reference_is_shipped_or_a_documented_secret(overlay: str) -> None:
+    config_maps = names(overlay, "ConfigMap")
+    accounts = names(overlay, "ServiceAccount")
+    secrets_used = set()
+    for label, spec in pod_specs(overlay):
+        assert spec.get("serviceAccountName") in accounts | {None}, label
+        if "serviceAccountName" not in spec:
+            assert spec.get("automountServiceAccountToken") is False, label
+        for volume in spec.get("volumes", []):
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] in config_maps, label
+        for container in spec["containers"]:
+            for env in container.get("env", []):
+                source = env.get("valueFrom", {})
+                if "configMapKeyRef" in source:
+                    assert source["configMapKeyRef"]["name"] in config_maps, label
+                if "secretKeyRef" in source:
+                    secrets_used.add(source["secretKeyRef"]["name"])
+    assert secrets_used <= DOCUMENTED_SECRETS
+    assert names(overlay, "Secret") == set(), "the package ships no credentials"
+    services = names(overlay, "Service")
+    for doc in rendered(overlay):
+        delivery = doc.get("spec", {}).get("delivery", {})
+        if "deadLetterSink" in delivery:
+            assert delivery["deadLetterSink"]["ref"]["name"] in services
+    for binding in objects(overlay, "RoleBinding") + objects(overlay, "ClusterRoleBinding"):
+        for subject in binding["subjects"]:
+            assert subject["name"] in accounts, binding["metadata"]["name"]
+            assert subject["namespace"] == "lapse-system"
+
+
+@pytest.mark.parametrize("overlay", KNATIVE_PATH)
+def test_the_knative_path_is_complete(overlay: str) -> None:
+    docs = rendered(overlay)
+    (broker,) = objects(overlay, "Broker")
+    (source,) = objects(overlay, "ApiServerSource")
+    (binding,) = objects(overlay, "SinkBinding")
+    assert source["spec"]["sink"]["ref"]["name"] == broker["metadata"]["name"]
+    assert binding["spec"]["sink"]["ref"]["name"] == broker["metadata"]["name"]
+    assert binding["spec"]["subject"]["name"] in names(overlay, "Deployment")
+    kinds = {(r["apiVersion"], r["kind"]) for r in source["spec"]["resources"]}
+    assert kinds == {
+        ("argoproj.io/v1alpha1", "Workflow"),
+        ("tekton.dev/v1", "PipelineRun"),
+        ("tekton.dev/v1", "TaskRun"),
+        ("batch/v1", "Job"),
+        ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
+    }
+    # Every Trigger outlasts an outage and ends in the dead-letter sink, never dropped.
+    triggers = objects(overlay, "Trigger")
+    assert triggers
+    for trigger in triggers:
+        delivery = trigger["spec"]["delivery"]
+        assert delivery["retry"] >= 100 and delivery["backoffPolicy"] == "linear"
+        assert delivery["deadLetterSink"]["ref"]["name"] == "lapse-dlq-sink"
+    # Each function reads lapse.yaml where its func.yaml says.
+    for func_yaml in sorted((ROOT / "functions").glob("*/func.yaml")):
+        env = {
+            e["name"]: e.get("value") for e in yaml.safe_load(func_yaml.read_text())["run"]["envs"]
+        }
+        assert env["LAPSE_CONFIG"] == "/etc/lapse/lapse.yaml", func_yaml
+    for label, spec in pod_specs(overlay):
+        (container,) = spec["containers"]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        if label.startswith("Deployment nats"):
+            continue
+        assert env["LAPSE_CONFIG"] == "/etc/lapse/lapse.yaml", label
+        assert {"name": "config", "mountPath": "/etc/lapse", "readOnly": True} in container[
+            "volumeMounts"
+        ], label
+    assert any(doc["kind"] == "Job" for doc in docs)  # the streams
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_one_list_of_cleaned_namespaces(overlay: str) -> None:
+    """RBAC, the ApiServerSource and lapse's own scope name the same namespaces."""
+    granted = {
+        b["metadata"]["namespace"]
+        for b in objects(overlay, "RoleBinding")
+        if b["roleRef"]["name"] == "lapse-object-reaper"
+    }
+    assert granted and "kube-system" not in granted and "lapse-system" not in granted
+    assert set(lapse_yaml(overlay)["safety"]["namespaces"]["include"]) == granted
+    for source in objects(overlay, "ApiServerSource"):
+        (expression,) = source["spec"]["namespaceSelector"]["matchExpressions"]
+        assert expression["key"] == "kubernetes.io/metadata.name"
+        assert set(expression["values"]) == granted
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_nothing_may_delete_cluster_wide(overlay: str) -> None:
+    for role in objects(overlay, "ClusterRole"):
+        for rule in role["rules"]:
+            assert set(rule["verbs"]) <= {"get", "list", "watch"}, role["metadata"]["name"]
+    bound = {b["metadata"]["name"] for b in objects(overlay, "ClusterRoleBinding")}
+    # Only `lapse up`'s watcher reads cluster-wide; the Knative path binds nothing there.
+    assert bound == ({"lapse-watch"} if overlay == "single-process" else set())
+
+
+def test_production_keeps_what_production_needs() -> None:
+    config = lapse_yaml("production")
+    assert config["nats"]["replicas"] == 3
+    assert "url" not in config.get("database", {})  # from the Secret, never the ConfigMap
+    budgets = {
+        p["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"]
+        for p in objects("production", "PodDisruptionBudget")
+    }
+    assert budgets == {"lapse-bridge", "lapse-dlq-sink"}
+    for label, spec in pod_specs("production"):
+        (container,) = spec["containers"]
+        assert container["resources"]["requests"], label
+    for service in objects("production", "Service"):
+        if service["apiVersion"].startswith("serving.knative.dev"):
+            annotations = service["spec"]["template"]["metadata"]["annotations"]
+            assert "autoscaling.knative.dev/max-scale" in annotations
+    assert lapse_yaml("dev")["nats"]["replicas"] == 1
+
+
+def test_every_kustomization_is_in_the_tree_it_documents() -> None:
+    """infra/README.md names every kustomization folder; each renders on its own or is
+    included by an overlay."""
+    readme = (INFRA / "README.md").read_text()
+    for kustomization in sorted(INFRA.rglob("kustomization.yaml")):
+        folder = kustomization.parent.relative_to(INFRA).as_posix()
+        if "/namespaces/" in folder:
+            continue
+        assert f"{folder}/" in readme, folder

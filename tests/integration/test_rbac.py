@@ -1,0 +1,126 @@
+"""Least privilege, proven by the real kube-apiserver: the RBAC objects the overlays render
+are applied (for real) and every component's ServiceAccount is asked about with
+SubjectAccessReviews. Delete rights exist only in the namespaces an overlay lists."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.conftest import KubeStack
+from tests.infra_package import kubectl, rendered
+
+pytestmark = [pytest.mark.kube]
+
+RBAC_KINDS = {
+    "Namespace",
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ClusterRole",
+    "ClusterRoleBinding",
+}
+# group, resource of every kind lapse deletes.
+RUN_KINDS = [
+    ("argoproj.io", "workflows"),
+    ("tekton.dev", "pipelineruns"),
+    ("tekton.dev", "taskruns"),
+    ("batch", "jobs"),
+    ("trainer.kubeflow.org", "trainjobs"),
+]
+
+
+def apply_rbac(kube: KubeStack, overlay: str) -> None:
+    docs = [d for d in rendered(overlay) if d["kind"] in RBAC_KINDS]
+    for namespace in {d["metadata"].get("namespace") for d in docs} - {None}:
+        kube.namespace(namespace)
+    out = subprocess.run(
+        [
+            str(kubectl()), "--kubeconfig", str(kube.kubeconfig), "apply", "--server-side",
+            "--field-manager=lapse-test", "-f", "-",
+        ],
+        input=yaml.safe_dump_all(docs), capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+
+
+def may(
+    kube: KubeStack,
+    account: str,
+    verb: str,
+    resource: tuple[str, str],
+    namespace: str | None,
+) -> bool:
+    group, plural = resource
+    review = client.V1SubjectAccessReview(
+        spec=client.V1SubjectAccessReviewSpec(
+            user=f"system:serviceaccount:lapse-system:{account}",
+            groups=["system:serviceaccounts", "system:serviceaccounts:lapse-system"],
+            resource_attributes=client.V1ResourceAttributes(
+                group=group, resource=plural, verb=verb, namespace=namespace
+            ),
+        )
+    )
+    answer = client.AuthorizationV1Api(kube.api_client).create_subject_access_review(review)
+    return bool(answer.status.allowed)
+
+
+EVENTS = ("", "events")
+
+
+def test_the_object_reaper_deletes_only_in_the_namespaces_listed(kube: KubeStack) -> None:
+    apply_rbac(kube, "production")  # cleans team-a and team-b
+    reaper = "lapse-object-reaper"
+    for kind in RUN_KINDS:
+        for namespace in ("team-a", "team-b"):
+            assert may(kube, reaper, "get", kind, namespace), (kind, namespace)
+            assert may(kube, reaper, "delete", kind, namespace), (kind, namespace)
+        for namespace in ("kube-system", "lapse-system", "default", None):
+            assert not may(kube, reaper, "delete", kind, namespace), (kind, namespace)
+        assert not may(kube, reaper, "update", kind, "team-a"), kind
+        assert not may(kube, reaper, "watch", kind, "team-a"), kind
+    # A PipelineRun's TaskRuns are listed to check them; nothing else is listed.
+    assert may(kube, reaper, "list", ("tekton.dev", "taskruns"), "team-a")
+    assert not may(kube, reaper, "list", ("argoproj.io", "workflows"), "team-a")
+    assert may(kube, reaper, "create", EVENTS, "team-a")
+    assert not may(kube, reaper, "create", EVENTS, "kube-system")
+    assert not may(kube, reaper, "delete", ("", "pods"), "team-a")
+    assert not may(kube, reaper, "get", ("", "secrets"), "team-a")
+
+
+def test_the_planner_and_the_source_read_and_never_delete(kube: KubeStack) -> None:
+    apply_rbac(kube, "production")
+    for account in ("lapse-planner", "lapse-apiserversource"):
+        for kind in RUN_KINDS:
+            for verb in ("get", "list", "watch"):
+                assert may(kube, account, verb, kind, "team-a"), (account, verb, kind)
+                assert not may(kube, account, verb, kind, "kube-system"), (account, verb, kind)
+            # No cluster-wide list: the source watches namespace by namespace.
+            assert not may(kube, account, "list", kind, None), (account, kind)
+            for namespace in ("team-a", "kube-system", None):
+                for verb in ("delete", "deletecollection", "update", "patch", "create"):
+                    assert not may(kube, account, verb, kind, namespace), (account, verb, kind)
+    assert not may(kube, "lapse-planner", "create", EVENTS, "team-a")
+
+
+def test_the_other_components_may_do_nothing(kube: KubeStack) -> None:
+    apply_rbac(kube, "dev")
+    for account in ("lapse-row-reaper", "lapse-bridge", "lapse-dlq-sink", "lapse-streams"):
+        for kind in [*RUN_KINDS, EVENTS, ("", "secrets"), ("", "configmaps")]:
+            for namespace in ("default", "lapse-system", None):
+                for verb in ("get", "list", "delete", "create"):
+                    assert not may(kube, account, verb, kind, namespace), (account, verb, kind)
+
+
+def test_lapse_up_watches_everywhere_and_deletes_only_where_listed(kube: KubeStack) -> None:
+    apply_rbac(kube, "single-process")  # cleans default
+    workflows = ("argoproj.io", "workflows")
+    assert may(kube, "lapse", "watch", workflows, None)  # its one cluster-wide watch
+    assert may(kube, "lapse", "list", ("batch", "jobs"), None)
+    assert may(kube, "lapse", "delete", workflows, "default")
+    for namespace in ("kube-system", "lapse-system", None):
+        assert not may(kube, "lapse", "delete", workflows, namespace), namespace
+    assert not may(kube, "lapse", "create", EVENTS, "kube-system")
