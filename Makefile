@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock databases kube observability stack test test-unit lint format run demo functions bench bench-quick clean
+.PHONY: help install lock databases kube observability stack test test-unit lint format run demo functions images kubectl bench bench-quick clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -66,6 +66,12 @@ bench-quick: install kube ## lapse vs Argo's controller vs a janitor sweep, scal
 
 functions: install ## Prepare functions/*/ for `func build` (vendors lapse, writes pyproject.toml)
 	$(BIN)/python scripts/package-functions.py
+
+images: install ## Build every image lapse deploys, without Docker (mmdebstrap, umoci, skopeo; cached by inputs)
+	nice -n 19 $(BIN)/python scripts/build-images.py
+
+kubectl: ## Build kubectl (for `kubectl kustomize` of infra/) from the Go module proxy (cached by version)
+	bash scripts/build-kubectl.sh >/dev/null
 
 clean: ## Remove the virtualenv and caches kept inside the repository
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
