@@ -9,7 +9,10 @@ backwards by much), so they are tested without sleeping and shared by every reap
   deletion then pauses for one whole window (or until `acknowledge()`), and only the
   admission that trips it reports `tripped`, so the caller raises one alert per trip.
 
-Both are per process: with several reaper replicas the cluster-wide rate is the sum.
+Both are per process. The reaper asks for them through two ports, `RateLimit` and `Brake`:
+`LocalRateLimit` and `LocalBrake` wrap the classes here; lapse gives every reaper the ones
+kept in NATS (lapse/edges/limits.py), so the limits hold for the whole deployment however
+many processes run.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
 
 
 class TokenBucket:
@@ -102,3 +106,42 @@ class MassDeletionBrake:
         """An operator looked at the alert: release the pause now, with a fresh count."""
         self._paused_until = None
         self._recent.clear()
+
+
+# --- shared by every reaper process -------------------------------------------------------
+# The token bucket and the brake above hold for one process. A deployment with several
+# reaper processes (Knative scales the object-reaper, `lapse up` may run twice) needs limits
+# whose state lives outside any of them: the reaper asks these two ports, and lapse gives
+# it either the in-process versions below or ones kept in NATS (lapse/edges/limits.py).
+
+
+class RateLimit(Protocol):
+    async def reserve(self, now: float) -> float:
+        """Take a deletion slot; the seconds to wait before deleting (0: now)."""
+        ...
+
+
+class Brake(Protocol):
+    async def admit(self, now: float) -> BrakeDecision:
+        """Count one deletion at `now`, or refuse it while the brake is engaged."""
+        ...
+
+
+class LocalRateLimit:
+    """`RateLimit` for one process: a `TokenBucket`."""
+
+    def __init__(self, rate: float, *, now: float = 0.0) -> None:
+        self.bucket = TokenBucket(rate, now=now)
+
+    async def reserve(self, now: float) -> float:
+        return self.bucket.reserve(now)
+
+
+class LocalBrake:
+    """`Brake` for one process: a `MassDeletionBrake`."""
+
+    def __init__(self, brake: MassDeletionBrake) -> None:
+        self.brake = brake
+
+    async def admit(self, now: float) -> BrakeDecision:
+        return self.brake.admit(now)

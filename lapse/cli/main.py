@@ -18,6 +18,7 @@ import argcomplete
 from kubernetes.config.config_exception import ConfigException
 
 from lapse.cli import (
+    brake,
     bridge,
     completion,
     demo,
@@ -73,6 +74,7 @@ def build_parser() -> LapseParser:
         history,
         status,
         dlq,
+        brake,
         serve,
         bridge,
         infra,

@@ -18,6 +18,7 @@ from functions.ports import Handler
 from functions.row_reaper import RowReaper, targets_for
 from functions.ttl_planner import Planner
 from lapse.edges.kubernetes import KubeEvents
+from lapse.edges.limits import NatsBrake, NatsRateLimit, limits_bucket
 from lapse.edges.rows import DatabaseUnavailable, SqlRowStore, open_row_store
 from lapse.runtime.outages import Backoff
 from lapse.runtime.resources import Resources
@@ -58,7 +59,17 @@ async def _object_reaper(resources: Resources) -> Handler:
         if kubernetes.record_events
         else None
     )
+    # The rate limit and the brake hold for the deployment: their state is in NATS, shared
+    # by every reaper process (lapse/edges/limits.py).
+    safety = resources.config.safety
+    brake = safety.mass_deletion_brake
+    window = brake.window.total_seconds()
+    kv = await limits_bucket(
+        await resources.jetstream(), window=window, replicas=resources.config.nats.replicas
+    )
     return ObjectReaper(
+        rate_limit=NatsRateLimit(kv, safety.max_deletions_per_second),
+        brake=NatsBrake(kv, brake.max_due, window, enabled=brake.enabled),
         objects=resources.objects(),
         schedules=await resources.schedules(),
         emitter=await resources.emitter(),

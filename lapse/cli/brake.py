@@ -1,0 +1,67 @@
+"""`lapse brake status|release`: the mass-deletion brake shared by every reaper process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from datetime import UTC, datetime
+
+from lapse.cli.common import config_from, reach_nats
+from lapse.edges.limits import engaged, limits_bucket, release
+from lapse.runtime.resources import Resources
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    brake = subparsers.add_parser(
+        "brake",
+        help="the mass-deletion brake: is it engaged, release it",
+        description=(
+            "The mass-deletion brake is shared by every reaper process (its state is in the "
+            "NATS key-value bucket LAPSE_LIMITS). When more than "
+            "safety.mass_deletion_brake.max_due deletions are due within its window, "
+            "deleting pauses for one window and one cleanup.failed (stage brake) is the "
+            "alert."
+        ),
+    )
+    actions = brake.add_subparsers(dest="action", metavar="ACTION", required=True)
+    status = actions.add_parser("status", help="whether the brake is engaged, and until when")
+    status.set_defaults(run=run_brake, release=False)
+    release_ = actions.add_parser(
+        "release",
+        help="release an engaged brake now, for every process, with a fresh count",
+        description=(
+            "Release the brake for the whole deployment after looking at why it engaged "
+            "(`lapse dlq list --stage brake`). Due objects that were rescheduled while it "
+            "was engaged stay scheduled for the end of the pause."
+        ),
+    )
+    release_.set_defaults(run=run_brake, release=True)
+
+
+def _when(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
+
+
+def run_brake(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    window = config.safety.mass_deletion_brake.window.total_seconds()
+
+    async def act() -> str:
+        async with Resources(config) as resources:
+            await reach_nats(resources)
+            kv = await limits_bucket(
+                await resources.jetstream(), window=window, replicas=config.nats.replicas
+            )
+            now = datetime.now(UTC).timestamp()
+            if args.release:
+                was = await release(kv)
+                if was is None or was.until <= now:
+                    return "brake was not engaged; counts reset"
+                return f"released (engaged since {_when(was.since)}, until {_when(was.until)})"
+            current, _ = await engaged(kv)
+            if current is None or current.until <= now:
+                return "not engaged"
+            return f"engaged since {_when(current.since)}, until {_when(current.until)}"
+
+    print(asyncio.run(act()))
+    return 0

@@ -1,0 +1,215 @@
+"""Deletion limits shared by every reaper process, kept in NATS: the rate limit and the
+mass-deletion brake (`functions.ratelimit.RateLimit`, `Brake`) for the whole deployment,
+however many object-reaper pods or `lapse up` replicas run.
+
+State lives in a JetStream key-value bucket (`LAPSE_LIMITS`), changed only with optimistic
+concurrency (create-if-absent, update-if-revision-unchanged), so concurrent processes never
+both take the last slot; a lost race is simply retried on the new value.
+
+- Rate: time is cut into slots of max(1 s, 1/rate) holding rate x slot deletions each; one
+  key per slot (`rate.<n>`) counts what was taken. A reservation takes a place in the first
+  slot with room and waits for that slot: excess work is delayed in arrival order, never
+  dropped, and the deployment's rate is the configured one (bursts up to one slot's worth).
+- Brake: one key per window (`brake.<n>`) counts admitted deletions; the count over the
+  last `window` is estimated from this window's and the previous one's (weighted by how much
+  of the previous one is still inside the last `window`), so a burst straddling a boundary is
+  seen. Going over `max_count` engages the brake: `brake.engaged` holds when it ends. Exactly
+  one process wins the write that engages it and reports `tripped` (one alert per
+  deployment); the others are told to pause until the same time. `lapse brake release`
+  deletes `brake.engaged` and the counts.
+
+Keys outlive their window by the bucket's max age only (history 1): the bucket stays small.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Final
+
+from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import (
+    APIError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+)
+from nats.js.kv import KeyValue
+
+from functions.ports import RetryLater
+from functions.ratelimit import ADMITTED, BrakeDecision
+
+BUCKET: Final = "LAPSE_LIMITS"
+ENGAGED: Final = "brake.engaged"
+# How long a key is kept after its last write; longer than any window it counts.
+MIN_MAX_AGE: Final = 600.0
+
+
+async def limits_bucket(js: JetStreamContext, *, window: float, replicas: int = 1) -> KeyValue:
+    """The shared bucket, created on first use (every process may try: creating an existing
+    bucket with the same settings is a no-op)."""
+    try:
+        return await js.key_value(BUCKET)
+    except BucketNotFoundError:
+        config = KeyValueConfig(
+            bucket=BUCKET,
+            description="lapse: deletion rate and mass-deletion brake shared by every reaper",
+            history=1,
+            ttl=max(MIN_MAX_AGE, 3 * window),
+            storage=StorageType.FILE,
+            replicas=replicas,
+        )
+        try:
+            return await js.create_key_value(config=config)
+        except APIError:  # another process created it first (perhaps for another window)
+            return await js.key_value(BUCKET)
+
+
+@contextlib.asynccontextmanager
+async def _unavailable_is_transient() -> AsyncIterator[None]:
+    """NATS not answering is an outage to wait out (the event is delivered again), never a
+    reason to delete without the limits or to dead-letter the deletion."""
+    try:
+        yield
+    except (NatsError, TimeoutError) as exc:
+        raise RetryLater(f"deletion limits (NATS bucket {BUCKET}) unavailable: {exc}") from exc
+
+
+async def _count(kv: KeyValue, key: str) -> tuple[int, int]:
+    """The count under `key` and its revision (0, 0 when absent)."""
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:
+        return 0, 0
+    return int(entry.value or b"0"), entry.revision or 0
+
+
+async def _increment(kv: KeyValue, key: str, seen: int, revision: int) -> bool:
+    """seen + 1 if nobody changed the key since it was read; False when someone did."""
+    try:
+        if revision == 0:
+            await kv.create(key, str(seen + 1).encode())
+        else:
+            await kv.update(key, str(seen + 1).encode(), last=revision)
+    except KeyWrongLastSequenceError:
+        return False
+    return True
+
+
+class NatsRateLimit:
+    """`functions.ratelimit.RateLimit` for the whole deployment."""
+
+    def __init__(self, kv: KeyValue, rate: float) -> None:
+        if not rate > 0 or math.isinf(rate):
+            raise ValueError(f"rate must be a positive finite number, not {rate!r}")
+        self._kv = kv
+        self.slot = max(1.0, 1.0 / rate)
+        self.per_slot = max(1, round(rate * self.slot))
+        # One reservation in flight per process: concurrent handlers would only race each
+        # other for the same key; the races left are between processes.
+        self._one = asyncio.Lock()
+
+    async def reserve(self, now: float) -> float:
+        async with self._one, _unavailable_is_transient():
+            return await self._reserve(now)
+
+    async def _reserve(self, now: float) -> float:
+        slot = math.floor(now / self.slot)
+        while True:
+            key = f"rate.{slot}"
+            count, revision = await _count(self._kv, key)
+            if count >= self.per_slot:
+                slot += 1
+                continue
+            if await _increment(self._kv, key, count, revision):
+                return max(0.0, slot * self.slot - now)
+
+
+@dataclass(frozen=True)
+class Engaged:
+    until: float
+    since: float
+
+
+async def engaged(kv: KeyValue) -> tuple[Engaged | None, int]:
+    try:
+        entry = await kv.get(ENGAGED)
+    except KeyNotFoundError:
+        return None, 0
+    data = json.loads(entry.value or b"{}")
+    return Engaged(until=float(data["until"]), since=float(data["since"])), entry.revision or 0
+
+
+class NatsBrake:
+    """`functions.ratelimit.Brake` for the whole deployment."""
+
+    def __init__(self, kv: KeyValue, max_count: int, window: float, *, enabled: bool = True):
+        if max_count < 1:
+            raise ValueError(f"max_count must be at least 1, not {max_count!r}")
+        if not window > 0:
+            raise ValueError(f"window must be positive, not {window!r}")
+        self._kv = kv
+        self.max_count = max_count
+        self.window = float(window)
+        self.enabled = enabled
+        self._one = asyncio.Lock()  # as NatsRateLimit's
+
+    async def admit(self, now: float) -> BrakeDecision:
+        if not self.enabled:
+            return ADMITTED
+        async with self._one, _unavailable_is_transient():
+            return await self._admit(now)
+
+    async def _admit(self, now: float) -> BrakeDecision:
+        while True:
+            current, revision = await engaged(self._kv)
+            if current is not None and now < current.until:
+                return BrakeDecision(admitted=False, until=current.until)
+            index = math.floor(now / self.window)
+            count, count_revision = await _count(self._kv, f"brake.{index}")
+            previous, _ = await _count(self._kv, f"brake.{index - 1}")
+            still_inside = 1.0 - (now / self.window - index)
+            # Counting only since the brake last released: a pause is one whole window, so
+            # the previous window's deletions were judged before it.
+            if current is not None and current.since >= (index - 1) * self.window:
+                previous = 0
+            if count + previous * still_inside >= self.max_count:
+                if await self._engage(now, revision):
+                    return BrakeDecision(admitted=False, until=now + self.window, tripped=True)
+                continue  # another process engaged it first: pause until its time
+            if await _increment(self._kv, f"brake.{index}", count, count_revision):
+                return ADMITTED
+
+    async def _engage(self, now: float, revision: int) -> bool:
+        value = json.dumps({"until": now + self.window, "since": now}).encode()
+        try:
+            if revision == 0:
+                await self._kv.create(ENGAGED, value)
+            else:
+                await self._kv.update(ENGAGED, value, last=revision)
+        except KeyWrongLastSequenceError:
+            return False
+        return True
+
+
+async def release(kv: KeyValue) -> Engaged | None:
+    """Release an engaged brake for every process, with a fresh count. Returns what was
+    engaged (None: it was not)."""
+    current, _ = await engaged(kv)
+    keys = [k for k in await _keys(kv) if k.startswith("brake.")]
+    for key in keys:
+        await kv.purge(key)
+    return current
+
+
+async def _keys(kv: KeyValue) -> list[str]:
+    try:
+        return list(await kv.keys())
+    except Exception:  # nats-py raises NoKeysError on an empty bucket
+        return []
