@@ -18,6 +18,9 @@ both take the last slot; a lost race is simply retried on the new value.
   deployment); the others are told to pause until the same time. `lapse brake release`
   deletes `brake.engaged` and the counts.
 
+Each process takes places and counts in leases (a tenth of a slot, a fiftieth of
+`max_count`) and hands them out itself, so a deletion costs a fraction of a round trip;
+what it leaves unused is lost, which errs on the safe side (slower, a brake sooner).
 Keys outlive their window by the bucket's max age only (history 1): the bucket stays small.
 """
 
@@ -90,13 +93,13 @@ async def _count(kv: KeyValue, key: str) -> tuple[int, int]:
     return int(entry.value or b"0"), entry.revision or 0
 
 
-async def _increment(kv: KeyValue, key: str, seen: int, revision: int) -> bool:
-    """seen + 1 if nobody changed the key since it was read; False when someone did."""
+async def _increment(kv: KeyValue, key: str, seen: int, revision: int, by: int = 1) -> bool:
+    """seen + by if nobody changed the key since it was read; False when someone did."""
     try:
         if revision == 0:
-            await kv.create(key, str(seen + 1).encode())
+            await kv.create(key, str(seen + by).encode())
         else:
-            await kv.update(key, str(seen + 1).encode(), last=revision)
+            await kv.update(key, str(seen + by).encode(), last=revision)
     except KeyWrongLastSequenceError:
         return False
     return True
@@ -111,6 +114,12 @@ class NatsRateLimit:
         self._kv = kv
         self.slot = max(1.0, 1.0 / rate)
         self.per_slot = max(1, round(rate * self.slot))
+        # Places are taken a tenth of a slot at a time and handed out here, so a deletion
+        # costs a fraction of a round trip. Places a process leaves unused in a slot are
+        # lost to it: the deployment may delete a little slower than the rate, never faster.
+        self.lease = max(1, math.ceil(self.per_slot / 10))
+        self._leased_slot = -1
+        self._left = 0
         # One reservation in flight per process: concurrent handlers would only race each
         # other for the same key; the races left are between processes.
         self._one = asyncio.Lock()
@@ -121,13 +130,19 @@ class NatsRateLimit:
 
     async def _reserve(self, now: float) -> float:
         slot = math.floor(now / self.slot)
+        if self._left > 0 and self._leased_slot >= slot:
+            self._left -= 1
+            return max(0.0, self._leased_slot * self.slot - now)
+        slot = max(slot, self._leased_slot)  # never back to a slot already given out here
         while True:
             key = f"rate.{slot}"
             count, revision = await _count(self._kv, key)
             if count >= self.per_slot:
                 slot += 1
                 continue
-            if await _increment(self._kv, key, count, revision):
+            take = min(self.lease, self.per_slot - count)
+            if await _increment(self._kv, key, count, revision, by=take):
+                self._leased_slot, self._left = slot, take - 1
                 return max(0.0, slot * self.slot - now)
 
 
@@ -158,6 +173,11 @@ class NatsBrake:
         self.max_count = max_count
         self.window = float(window)
         self.enabled = enabled
+        # Counts are taken a fiftieth of max_count at a time, as NatsRateLimit's places:
+        # counted when taken, so unused ones only make the brake trip a little sooner.
+        self.lease = max(1, max_count // 50)
+        self._leased_window = -1
+        self._left = 0
         self._one = asyncio.Lock()  # as NatsRateLimit's
 
     async def admit(self, now: float) -> BrakeDecision:
@@ -167,11 +187,14 @@ class NatsBrake:
             return await self._admit(now)
 
     async def _admit(self, now: float) -> BrakeDecision:
+        index = math.floor(now / self.window)
+        if self._left > 0 and self._leased_window == index:
+            self._left -= 1
+            return ADMITTED
         while True:
             current, revision = await engaged(self._kv)
             if current is not None and now < current.until:
                 return BrakeDecision(admitted=False, until=current.until)
-            index = math.floor(now / self.window)
             count, count_revision = await _count(self._kv, f"brake.{index}")
             previous, _ = await _count(self._kv, f"brake.{index - 1}")
             still_inside = 1.0 - (now / self.window - index)
@@ -179,11 +202,14 @@ class NatsBrake:
             # the previous window's deletions were judged before it.
             if current is not None and current.since >= (index - 1) * self.window:
                 previous = 0
-            if count + previous * still_inside >= self.max_count:
+            room = self.max_count - (count + previous * still_inside)
+            if room < 1:
                 if await self._engage(now, revision):
                     return BrakeDecision(admitted=False, until=now + self.window, tripped=True)
                 continue  # another process engaged it first: pause until its time
-            if await _increment(self._kv, f"brake.{index}", count, count_revision):
+            take = min(self.lease, int(room))
+            if await _increment(self._kv, f"brake.{index}", count, count_revision, by=take):
+                self._leased_window, self._left = index, take - 1
                 return ADMITTED
 
     async def _engage(self, now: float, revision: int) -> bool:
