@@ -32,7 +32,7 @@ kube: ## Build etcd + kube-apiserver from the Go module proxy (cached by version
 observability: ## Build Prometheus, an OpenTelemetry Collector and Jaeger from the Go module proxy (cached)
 	bash scripts/build-observability.sh >/dev/null
 
-stack: databases kube observability ## Everything the integration tests need (NATS is started by the tests)
+stack: databases kube kubectl observability images ## Everything the integration tests need (NATS is started by the tests)
 
 test: install stack ## Run the whole test suite against real servers
 	$(BIN)/pytest
@@ -68,7 +68,8 @@ functions: install ## Prepare functions/*/ for `func build` (vendors lapse, writ
 	$(BIN)/python scripts/package-functions.py
 
 images: install ## Build every image lapse deploys, without Docker (mmdebstrap, umoci, skopeo; cached by inputs)
-	nice -n 19 $(BIN)/python scripts/build-images.py
+	bash scripts/debian-packages.sh mmdebstrap umoci skopeo
+	nice -n 19 $(BIN)/python scripts/build-images.py >/dev/null
 
 kubectl: ## Build kubectl (for `kubectl kustomize` of infra/) from the Go module proxy (cached by version)
 	bash scripts/build-kubectl.sh >/dev/null
