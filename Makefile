@@ -5,7 +5,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock databases kube observability stack test test-unit lint format run demo functions bench bench-quick clean
+# What `make cluster` installs on Kubernetes: eventing, or "eventing serving".
+CLUSTER_KNATIVE ?= eventing
+.PHONY: help install lock databases kube observability stack test test-unit lint format run demo functions bench bench-quick cluster cluster-stop test-cluster clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -66,6 +68,16 @@ bench-quick: install kube ## lapse vs Argo's controller vs a janitor sweep, scal
 
 functions: install ## Prepare functions/*/ for `func build` (vendors lapse, writes pyproject.toml)
 	$(BIN)/python scripts/package-functions.py
+
+cluster: ## Start a single-node Kubernetes + Knative Eventing on this machine (root; docs/cluster.md)
+	bash scripts/cluster/start.sh >/dev/null
+	bash scripts/cluster/knative.sh $(CLUSTER_KNATIVE)
+
+cluster-stop: ## Stop that cluster and restore the host (processes, mounts, iptables, cgroups, sysctls)
+	bash scripts/cluster/stop.sh
+
+test-cluster: install cluster ## Smoke test of the cluster: a pod, Broker + Trigger, ApiServerSource
+	$(BIN)/pytest -p no:cacheprovider tests/cluster
 
 clean: ## Remove the virtualenv and caches kept inside the repository
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
