@@ -77,7 +77,7 @@ cluster-stop: ## Stop that cluster and restore the host (processes, mounts, ipta
 	bash scripts/cluster/stop.sh
 
 test-cluster: install cluster ## Smoke test of the cluster: a pod, Broker + Trigger, ApiServerSource
-	$(BIN)/pytest -p no:cacheprovider tests/cluster
+	LAPSE_TEST_CLUSTER=1 $(BIN)/pytest -p no:cacheprovider -s tests/cluster
 
 clean: ## Remove the virtualenv and caches kept inside the repository
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

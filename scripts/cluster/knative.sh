@@ -34,7 +34,7 @@ install_eventing() {
   bash "$HERE/build-images.sh" eventing >/dev/null
   dir=$(moddir knative.dev/eventing "$EVENTING_VERSION")
   out="$MANIFESTS/eventing-$EVENTING_VERSION"; mkdir -p "$out"
-  python3 "$HERE/render.py" "$dir" knative.dev/eventing "$EVENTING_VERSION" localhost/knative/eventing config/core > "$out/eventing-core.yaml"
+  python3 "$HERE/render.py" "$dir" knative.dev/eventing "$EVENTING_VERSION" localhost/knative/eventing config/core third_party/eventing-integrations-latest > "$out/eventing-core.yaml"
   python3 "$HERE/render.py" "$dir" knative.dev/eventing "$EVENTING_VERSION" localhost/knative/eventing config/channels/in-memory-channel > "$out/in-memory-channel.yaml"
   python3 "$HERE/render.py" "$dir" knative.dev/eventing "$EVENTING_VERSION" localhost/knative/eventing config/brokers/mt-channel-broker > "$out/mt-channel-broker.yaml"
   bash "$HERE/import-images.sh" >/dev/null

@@ -7,7 +7,8 @@ KUBE_VERSION="${LAPSE_KUBE_VERSION:-$(sed -n 's/^KUBE_VERSION="\${LAPSE_KUBE_VER
 KUBE_BIN="$CACHE_ROOT/kube/$KUBE_VERSION"
 COREDNS_VERSION="${LAPSE_COREDNS_VERSION:-v1.15.0}"
 EVENTING_VERSION="${LAPSE_EVENTING_VERSION:-v0.50.0}"
-SERVING_VERSION="${LAPSE_SERVING_VERSION:-v0.51.0}"
+# v0.51.0 needs knative.dev/pkg and networking pseudo-versions the module proxy refuses (403).
+SERVING_VERSION="${LAPSE_SERVING_VERSION:-v0.50.0}"
 KOURIER_VERSION="${LAPSE_KOURIER_VERSION:-v0.48.0}"
 ENVOY_VERSION="${LAPSE_ENVOY_VERSION:-1.40.0}"
 # Built images and binaries other than the node's: kept across stops, keyed by version.
