@@ -48,7 +48,7 @@ wait_for() {  # wait_for SECONDS WHAT CMD...
 }
 
 # Paths the kubelet and CNI use whatever they are told: remember which ones we create.
-for p in /var/lib/kubelet /var/log/containers /var/log/pods /var/lib/cni /etc/cni; do
+for p in /var/lib/kubelet /var/log/containers /var/log/pods /var/lib/cni /etc/cni /run/netns; do
   [ -e "$p" ] || { grep -qxF "$p" "$STATE/created-paths" 2>/dev/null || echo "$p" >> "$STATE/created-paths"; }
 done
 
@@ -61,6 +61,9 @@ if [ ! -f "$STATE/sysctl.saved" ]; then
   for k in "${SYSCTLS[@]}"; do v=$(sysctl -n "$k" 2>/dev/null) && echo "$k=$v"; done > "$STATE/sysctl.saved.tmp"
   mv "$STATE/sysctl.saved.tmp" "$STATE/sysctl.saved"
 fi
+# iptables here is iptables-nft: its first use creates nftables tables; stop.sh removes the
+# ones that did not exist before, once they hold no rule.
+[ -f "$STATE/nft-tables.before" ] || nft list tables > "$STATE/nft-tables.before" 2>/dev/null || true
 sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 >/dev/null
 
 # --- certificates: one CA for everything ----------------------------------------------------

@@ -73,7 +73,17 @@ for ipt in iptables ip6tables; do
     for c in $chains; do "$ipt" -t "$table" -X "$c" 2>/dev/null; done
   done
 done
-command -v nft >/dev/null && for t in "ip kube-proxy" "ip6 kube-proxy"; do nft delete table $t 2>/dev/null; done
+if command -v nft >/dev/null; then
+  for t in "ip kube-proxy" "ip6 kube-proxy"; do nft delete table $t 2>/dev/null; done
+  if [ -f "$STATE/nft-tables.before" ]; then
+    nft list tables 2>/dev/null | while read -r _ fam name; do
+      grep -qxF "table $fam $name" "$STATE/nft-tables.before" && continue
+      # a rule is a line with a handle that declares no table or chain
+      nft -a list table "$fam" "$name" | grep '# handle' | grep -qvE '^\s*(table|chain) ' || nft delete table "$fam" "$name"
+    done
+    rm -f "$STATE/nft-tables.before"
+  fi
+fi
 
 # 5. The kubelet's cgroups (cgroupfs driver: /kubepods in every v1 hierarchy), leaves first.
 for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do

@@ -53,10 +53,19 @@ class Cluster:
         return out
 
     def wait_ready(self, namespace: str, what: str, timeout: float = 120) -> None:
-        """Wait for a Knative object's Ready condition (kubectl wait, with its reason on failure)."""
+        """Wait for a Knative object's Ready condition; on failure, say its conditions."""
         result = subprocess.run(
-            [self.kubectl_bin, "--kubeconfig", self.kubeconfig, "-n", namespace, "wait", what,
-             "--for=condition=Ready", f"--timeout={int(timeout)}s"],
+            [
+                self.kubectl_bin,
+                "--kubeconfig",
+                self.kubeconfig,
+                "-n",
+                namespace,
+                "wait",
+                what,
+                "--for=condition=Ready",
+                f"--timeout={int(timeout)}s",
+            ],
             capture_output=True,
             text=True,
         )

@@ -85,8 +85,13 @@ def broker_and_subscriber(cluster: Cluster, ns: str) -> str:
     """A Broker `default` and the subscriber in `ns`; returns the subscriber's ClusterIP."""
     cluster.apply(
         ns,
-        json.dumps({"apiVersion": "eventing.knative.dev/v1", "kind": "Broker",
-                    "metadata": {"name": "default"}}),
+        json.dumps(
+            {
+                "apiVersion": "eventing.knative.dev/v1",
+                "kind": "Broker",
+                "metadata": {"name": "default"},
+            }
+        ),
     )
     cluster.apply(ns, subscriber_manifest(cluster.python_image))
     cluster.kubectl("-n", ns, "rollout", "status", "deploy/subscriber", "--timeout=120s")
@@ -106,8 +111,9 @@ def trigger(cluster: Cluster, ns: str, name: str, event_type: str) -> None:
                 "spec": {
                     "broker": "default",
                     "filter": {"attributes": {"type": event_type}},
-                    "subscriber": {"ref": {"apiVersion": "v1", "kind": "Service",
-                                           "name": "subscriber"}},
+                    "subscriber": {
+                        "ref": {"apiVersion": "v1", "kind": "Service", "name": "subscriber"}
+                    },
                 },
             }
         ),
