@@ -141,7 +141,8 @@ build_python() {
   log "python base: mmdebstrap (Debian bookworm, python3-minimal)"
   nice -n 19 mmdebstrap --variant=essential --include=python3-minimal,python3,ca-certificates bookworm "$work/root" >/dev/null 2>&1
   rm -rf "$work/root/var/cache/apt/archives/"*.deb "$work/root/var/lib/apt/lists/"*
-  pack "localhost/lapse/python:3.11" "$out" "$work/root" /usr/bin/python3 ""
+  pack "$REGISTRY/lapse/python:3.11" "$out" "$work/root" /usr/bin/python3 ""
+  touch "$out.registry"  # start.sh pushes it to the local registry; pods pull it from there
   rm -rf "$work"
 }
 

@@ -52,11 +52,21 @@ YAML
 
 install_serving() {
   local t0 dir kdir out; t0=$(date +%s)
-  bash "$HERE/build-images.sh" serving envoy >/dev/null
+  bash "$HERE/build-images.sh" serving envoy python >/dev/null
   dir=$(moddir knative.dev/serving "$SERVING_VERSION")
   kdir=$(moddir knative.dev/net-kourier "$KOURIER_VERSION")
   out="$MANIFESTS/serving-$SERVING_VERSION"; mkdir -p "$out"
-  python3 "$HERE/render.py" "$dir" knative.dev/serving "$SERVING_VERSION" localhost/knative/serving config/core > "$out/serving-core.yaml"
+  # The module zip drops the symlinks serving's config/core has into knative.dev/networking
+  # (its CRDs, config-network) and knative.dev/caching (the Image CRD): add them from those
+  # modules, at the versions serving's go.mod pins.
+  local gomod net cache
+  gomod=$(go mod download -json "knative.dev/serving@$SERVING_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
+  net=$(moddir knative.dev/networking "$(awk '$1 == "knative.dev/networking" {print $2; exit}' "$gomod")")
+  cache=$(moddir knative.dev/caching "$(awk '$1 == "knative.dev/caching" {print $2; exit}' "$gomod")")
+  { python3 "$HERE/render.py" "$net" knative.dev/networking - - config
+    echo "---"; python3 "$HERE/render.py" "$cache" knative.dev/caching - - config
+    echo "---"; python3 "$HERE/render.py" "$dir" knative.dev/serving "$SERVING_VERSION" localhost/knative/serving config/core
+  } > "$out/serving-core.yaml"
   python3 "$HERE/render.py" "$kdir" knative.dev/net-kourier "$KOURIER_VERSION" localhost/knative/net-kourier config \
     | sed "s|docker.io/envoyproxy/envoy:[^ \"]*|localhost/lapse/envoy:$ENVOY_VERSION|" > "$out/net-kourier.yaml"
   bash "$HERE/import-images.sh" >/dev/null

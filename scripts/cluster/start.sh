@@ -24,7 +24,7 @@ fi
 
 # --- binaries and images (cached by version) ----------------------------------------------
 bash "$(dirname "$0")/build-node.sh" >/dev/null
-bash "$(dirname "$0")/build-images.sh" pause coredns >/dev/null
+bash "$(dirname "$0")/build-images.sh" pause coredns python >/dev/null
 
 NODE_IP=$(node_ip); [ -n "$NODE_IP" ] || die "no address on the default route"
 NODE_NAME=lapse-node
@@ -168,6 +168,14 @@ storage: {filesystem: {rootdirectory: "$STATE/registry"}, delete: {enabled: true
 http: {addr: "$REGISTRY"}
 YML
 launch registry docker-registry serve "$RUN/registry.yml"
+wait_for 30 registry python3 -c "import urllib.request; urllib.request.urlopen('http://$REGISTRY/v2/')"
+# Images meant to be pulled (marked .registry by build-images.sh) go to the registry.
+for tar in "$CLUSTER_CACHE/images"/*.tar; do
+  [ -f "$tar.registry" ] || continue
+  ref=$(cat "$tar.ref"); repo=${ref#"$REGISTRY"/}
+  python3 -c "import urllib.request; urllib.request.urlopen(urllib.request.Request('http://$REGISTRY/v2/${repo%:*}/manifests/${repo##*:}', method='HEAD'))" 2>/dev/null \
+    || skopeo copy -q --dest-tls-verify=false "docker-archive:$tar" "docker://$ref"
+done
 
 # --- etcd, kube-apiserver -------------------------------------------------------------------
 launch etcd "$KUBE_BIN/etcd" --name lapse --data-dir "$RUN/etcd" --unsafe-no-fsync \

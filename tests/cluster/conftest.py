@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 class Cluster:
     kubectl_bin: str
     kubeconfig: str
-    python_image: str
+    python_image: str  # a Debian Python 3.11 in the local registry (containerd pulls it)
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
         result = subprocess.run(

@@ -10,10 +10,13 @@ import urllib.request
 import uuid
 from typing import Any
 
+import pytest
+
 from tests.cluster.conftest import Cluster, poll
 
 # A subscriber: keeps every CloudEvent POSTed to it (binary or structured mode) and lists
-# them on GET /events. Runs on the Debian python image build-images.sh makes.
+# them on GET /events. Runs on the Debian python image build-images.sh makes, pulled from
+# the local registry.
 SUBSCRIBER = r"""
 import json, http.server
 seen = []
@@ -54,7 +57,7 @@ def subscriber_manifest(image: str) -> str:
                                     {
                                         "name": "subscriber",
                                         "image": image,
-                                        "imagePullPolicy": "Never",
+                                        "imagePullPolicy": "IfNotPresent",
                                         "command": ["python3", "-u", "-c", SUBSCRIBER],
                                         "ports": [{"containerPort": 8080}],
                                         "readinessProbe": {
@@ -136,7 +139,7 @@ def broker_ingress(cluster: Cluster, ns: str) -> str:
 def test_a_pod_runs(cluster: Cluster, namespace: str) -> None:
     cluster.kubectl(
         "-n", namespace, "run", "hello", f"--image={cluster.python_image}",
-        "--image-pull-policy=Never", "--restart=Never", "--command", "--",
+        "--image-pull-policy=IfNotPresent", "--restart=Never", "--command", "--",
         "python3", "-c", "import socket; print('hello from', socket.gethostname())",
     )  # fmt: skip
     poll(
@@ -250,3 +253,68 @@ def test_apiserversource_delivers_an_add_event_through_the_broker(
     assert obj["kind"] == "ConfigMap"
     assert obj["metadata"]["namespace"] == namespace
     print(f"add event after {len(created)} ConfigMap(s), source {event.get('source')}")
+
+
+HELLO = r"""
+import http.server, os
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("content-length", "5")
+        self.end_headers(); self.wfile.write(b"hello")
+    def log_message(self, *args): pass
+http.server.ThreadingHTTPServer(("", int(os.environ["PORT"])), H).serve_forever()
+"""
+
+
+def test_a_knative_service_scales_from_zero_on_a_request(cluster: Cluster, namespace: str) -> None:
+    if not cluster.kubectl(
+        "get", "namespace", "knative-serving", "--ignore-not-found", "-o", "name"
+    ):
+        pytest.skip("Serving is not installed: make cluster CLUSTER_KNATIVE='eventing serving'")
+    service = {
+        "apiVersion": "serving.knative.dev/v1",
+        "kind": "Service",
+        "metadata": {"name": "hello"},
+        "spec": {
+            "template": {
+                "metadata": {
+                    "annotations": {
+                        "autoscaling.knative.dev/min-scale": "0",
+                        "autoscaling.knative.dev/window": "6s",
+                    }
+                },
+                "spec": {
+                    "containers": [
+                        {
+                            # from the local registry: Serving skips resolving its digest
+                            # (config-deployment), containerd pulls it over plain http
+                            "image": cluster.python_image,
+                            "command": ["python3", "-u", "-c", HELLO],
+                        }
+                    ]
+                },
+            }
+        },
+    }
+    cluster.apply(namespace, json.dumps(service))
+    cluster.wait_ready(namespace, "ksvc/hello", timeout=180)
+    host = cluster.get(namespace, "ksvc/hello")["status"]["url"].split("://", 1)[1]
+    # No domain is configured, so the route is cluster-local (*.svc.cluster.local), served by
+    # Kourier's internal gateway.
+    gateway = cluster.get("kourier-system", "service/kourier-internal")["spec"]["clusterIP"]
+
+    def serving_pods() -> list[Any]:
+        items = cluster.get(namespace, "pods")["items"]
+        return [p for p in items if "deletionTimestamp" not in p["metadata"]]
+
+    # scaled to zero: no pod left that is not terminating (the 6 s window, then Serving's
+    # scale-to-zero grace period)
+    poll("hello scaled to zero", lambda: not serving_pods(), timeout=180, interval=1)
+    start = time.monotonic()
+    request = urllib.request.Request(f"http://{gateway}/", headers={"Host": host})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        body = answer.read()
+    cold_start = time.monotonic() - start
+    assert body == b"hello"
+    assert serving_pods(), "the request was answered by a new pod"
+    print(f"scale from zero through Kourier and the activator: {cold_start:.2f} s")
