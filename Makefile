@@ -5,8 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-# What `make cluster` installs on Kubernetes: eventing, or "eventing serving".
-CLUSTER_KNATIVE ?= eventing
+# What `make cluster` installs on Kubernetes after the node: "eventing serving" or "eventing".
+CLUSTER_KNATIVE ?= eventing serving
 .PHONY: help install lock databases kube observability stack test test-unit lint format run demo functions bench bench-quick cluster cluster-stop test-cluster clean
 
 help: ## Show the targets
@@ -69,14 +69,14 @@ bench-quick: install kube ## lapse vs Argo's controller vs a janitor sweep, scal
 functions: install ## Prepare functions/*/ for `func build` (vendors lapse, writes pyproject.toml)
 	$(BIN)/python scripts/package-functions.py
 
-cluster: ## Start a single-node Kubernetes + Knative Eventing on this machine (root; docs/cluster.md)
+cluster: ## Start a single-node Kubernetes with Knative Eventing + Serving here (root; docs/cluster.md)
 	bash scripts/cluster/start.sh >/dev/null
 	bash scripts/cluster/knative.sh $(CLUSTER_KNATIVE)
 
 cluster-stop: ## Stop that cluster and restore the host (processes, mounts, iptables, cgroups, sysctls)
 	bash scripts/cluster/stop.sh
 
-test-cluster: install cluster ## Smoke test of the cluster: a pod, Broker + Trigger, ApiServerSource
+test-cluster: install cluster ## Smoke test: a pod, Broker + Trigger, ApiServerSource, a Knative Service from zero
 	LAPSE_TEST_CLUSTER=1 $(BIN)/pytest -p no:cacheprovider -s tests/cluster
 
 clean: ## Remove the virtualenv and caches kept inside the repository

@@ -31,6 +31,12 @@ NODE_NAME=lapse-node
 mkdir -p "$RUN" "$LOGS" "$STATE/containerd" "$STATE/cni/net.d" "$STATE/kubelet" /run/lapse-cluster
 echo "$NODE_IP" > "$RUN/node-ip"
 
+# put FILE: write stdin to FILE only if it differs (kube-proxy exits when its config changes,
+# so a second start must not rewrite it)
+put() {
+  local t; t=$(mktemp "$1.XXXXXX"); cat > "$t"
+  if cmp -s "$t" "$1"; then rm -f "$t"; else mv "$t" "$1"; fi
+}
 running() { [ -f "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
 # launch NAME CMD...: start CMD in the background with its own log and pid file
 launch() {
@@ -92,7 +98,7 @@ subjectAltName=$3"
   cd - >/dev/null
 fi
 kubeconfig() {  # kubeconfig NAME CERT
-  cat > "$RUN/$1.kubeconfig" <<KC
+  put "$RUN/$1.kubeconfig" <<KC
 apiVersion: v1
 kind: Config
 clusters:
@@ -111,7 +117,7 @@ kubeconfig admin admin; kubeconfig controller-manager controller-manager; kubeco
 kubeconfig kubelet kubelet; kubeconfig kube-proxy kube-proxy
 
 # --- containerd -----------------------------------------------------------------------------
-cat > "$RUN/containerd.toml" <<TOML
+put "$RUN/containerd.toml" <<TOML
 version = 2
 root = "$STATE/containerd"
 state = "/run/lapse-cluster/containerd"
@@ -142,7 +148,7 @@ state = "/run/lapse-cluster/containerd"
   [plugins."io.containerd.grpc.v1.cri".registry.mirrors."localhost:5000"]
     endpoint = ["http://$REGISTRY"]
 TOML
-cat > "$STATE/cni/net.d/10-lapse.conflist" <<CNI
+put "$STATE/cni/net.d/10-lapse.conflist" <<CNI
 {
   "cniVersion": "1.0.0",
   "name": "lapse-pods",
@@ -161,7 +167,7 @@ bash "$(dirname "$0")/import-images.sh"
 
 # --- local registry (Debian docker-registry) on 127.0.0.1:5000 ------------------------------
 mkdir -p "$STATE/registry"
-cat > "$RUN/registry.yml" <<YML
+put "$RUN/registry.yml" <<YML
 version: 0.1
 log: {level: warn}
 storage: {filesystem: {rootdirectory: "$STATE/registry"}, delete: {enabled: true}}
@@ -205,7 +211,7 @@ launch kube-scheduler "$KUBE_BIN/kube-scheduler" --kubeconfig "$RUN/scheduler.ku
   --leader-elect=false --bind-address 127.0.0.1 --secure-port 0 --profiling=false
 
 # --- kubelet, kube-proxy --------------------------------------------------------------------
-cat > "$RUN/kubelet.yaml" <<YAML
+put "$RUN/kubelet.yaml" <<YAML
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
@@ -233,7 +239,7 @@ YAML
 launch kubelet "$KUBE_BIN/kubelet" --config "$RUN/kubelet.yaml" --kubeconfig "$RUN/kubelet.kubeconfig" \
   --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --root-dir "$STATE/kubelet" --cert-dir "$STATE/kubelet/pki" \
   --volume-plugin-dir "$STATE/kubelet-plugins"
-cat > "$RUN/kube-proxy.yaml" <<YAML
+put "$RUN/kube-proxy.yaml" <<YAML
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: iptables
