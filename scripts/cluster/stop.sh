@@ -31,11 +31,13 @@ if alive kube-apiserver && alive kubelet && [ -f "$KUBECONFIG_ADMIN" ]; then
   # Webhooks whose pods are going away would refuse the deletions below.
   kctl delete validatingwebhookconfigurations,mutatingwebhookconfigurations --all --wait=false >/dev/null 2>&1
   kctl delete pods -A --all --grace-period=2 --wait=false >/dev/null 2>&1
+  log "pods deleted, waiting for the kubelet to stop them"
   for _ in $(seq 60); do
     [ -z "$(kctl get pods -A -o name 2>/dev/null)" ] && break
     sleep 1
   done
 fi
+log "stopping kubelet, kube-proxy, containerd"
 stop kubelet
 stop kube-proxy
 [ -x "$KUBE_BIN/kube-proxy" ] && "$KUBE_BIN/kube-proxy" --cleanup >/dev/null 2>&1
