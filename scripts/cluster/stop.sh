@@ -32,8 +32,18 @@ if alive kube-apiserver && alive kubelet && [ -f "$KUBECONFIG_ADMIN" ]; then
   kctl delete validatingwebhookconfigurations,mutatingwebhookconfigurations --all --wait=false >/dev/null 2>&1
   kctl delete pods -A --all --grace-period=2 --wait=false >/dev/null 2>&1
   log "pods deleted, waiting for the kubelet to stop them"
-  for _ in $(seq 60); do
+  for _ in $(seq 20); do
     [ -z "$(kctl get pods -A -o name 2>/dev/null)" ] && break
+    sleep 1
+  done
+  # Pods already terminating with a long grace period (Knative revisions' queue-proxy drains
+  # for minutes) keep it: force them out of the API, the kubelet then kills them and tears
+  # down their sandboxes (CNI included) as orphans.
+  if [ -n "$(kctl get pods -A -o name 2>/dev/null)" ]; then
+    kctl delete pods -A --all --force --grace-period=0 >/dev/null 2>&1
+  fi
+  for _ in $(seq 30); do
+    [ -z "$(ctr_ tasks ls -q 2>/dev/null)" ] && break
     sleep 1
   done
 fi
