@@ -10,7 +10,7 @@ CLUSTER_KNATIVE ?= eventing serving
 .PHONY: help install lock databases kube observability stack test test-unit lint format run demo functions bench bench-quick cluster cluster-stop test-cluster clean
 
 help: ## Show the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 install: $(STAMP) ## Create .venv and install lapse (with the embedded NATS server) and its dev tools
 
