@@ -13,7 +13,7 @@ t0=$(date +%s)
 need=()
 for pkg_cmd in containerd:containerd runc:runc containernetworking-plugins:/usr/lib/cni/bridge \
   iptables:iptables umoci:umoci skopeo:skopeo docker-registry:docker-registry conntrack:conntrack \
-  mmdebstrap:mmdebstrap openssl:openssl; do
+  mmdebstrap:mmdebstrap openssl:openssl nftables:nft gcc:gcc libc6-dev:/usr/lib/x86_64-linux-gnu/libc.a; do
   command -v "${pkg_cmd#*:}" >/dev/null 2>&1 || [ -x "${pkg_cmd#*:}" ] || need+=("${pkg_cmd%%:*}")
 done
 if [ ${#need[@]} -gt 0 ]; then
