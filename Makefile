@@ -5,10 +5,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock databases kube observability stack test test-unit lint format run demo functions images kubectl bench bench-quick clean
+# What `make cluster` installs on Kubernetes after the node: "eventing serving" or "eventing".
+CLUSTER_KNATIVE ?= eventing serving
+.PHONY: help install lock databases kube observability stack test test-unit lint format run demo functions images kubectl bench bench-quick cluster cluster-stop test-cluster clean
 
 help: ## Show the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 install: $(STAMP) ## Create .venv and install lapse (with the embedded NATS server) and its dev tools
 
@@ -34,8 +36,9 @@ observability: ## Build Prometheus, an OpenTelemetry Collector and Jaeger from t
 
 stack: databases kube kubectl observability images ## Everything the integration tests need (NATS is started by the tests)
 
-test: install stack ## Run the whole test suite against real servers
+test: install stack ## Run the whole test suite against real servers, then on the real cluster
 	$(BIN)/pytest
+	$(MAKE) test-cluster
 
 test-unit: install ## Run only the unit tests (no servers)
 	$(BIN)/pytest tests/unit
@@ -73,6 +76,17 @@ images: install ## Build every image lapse deploys, without Docker (mmdebstrap, 
 
 kubectl: ## Build kubectl (for `kubectl kustomize` of infra/) from the Go module proxy (cached by version)
 	bash scripts/build-kubectl.sh >/dev/null
+
+cluster: ## Start a single-node Kubernetes with Knative Eventing + Serving here (root; docs/cluster.md)
+	bash scripts/cluster/start.sh >/dev/null
+	bash scripts/cluster/knative.sh $(CLUSTER_KNATIVE)
+
+cluster-stop: ## Stop that cluster and restore the host (processes, mounts, iptables, cgroups, sysctls)
+	bash scripts/cluster/stop.sh
+
+test-cluster: install cluster ## The tests on the real cluster (started here, stopped after, pass or fail)
+	$(BIN)/pytest -p no:cacheprovider tests/cluster; status=$$?; \
+	  bash scripts/cluster/stop.sh; exit $$status
 
 clean: ## Remove the virtualenv and caches kept inside the repository
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

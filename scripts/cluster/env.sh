@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Prints where the running cluster is, as KEY=value lines (read by tests/cluster).
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+echo "KUBECONFIG=$KUBECONFIG_ADMIN"
+echo "KUBECTL=$KUBE_BIN/kubectl"
+echo "STATE=$STATE"
+echo "PYTHON_IMAGE=$REGISTRY/lapse/python:3.11"
+echo "REGISTRY=$REGISTRY"

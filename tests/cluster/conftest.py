@@ -1,0 +1,99 @@
+"""Tests on the real single-node cluster: `make test-cluster` starts it (`make cluster`,
+root), runs them and stops it; `make test` runs them after the rest of the suite."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Cluster:
+    kubectl_bin: str
+    kubeconfig: str
+    python_image: str  # a Debian Python 3.11 in the local registry (containerd pulls it)
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        result = subprocess.run(
+            [self.kubectl_bin, "--kubeconfig", self.kubeconfig, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        return result.stdout
+
+    def apply(self, namespace: str, manifest: str) -> None:
+        self.kubectl("-n", namespace, "apply", "-f", "-", stdin=manifest)
+
+    def get(self, namespace: str, what: str) -> dict[str, Any]:
+        out: dict[str, Any] = json.loads(self.kubectl("-n", namespace, "get", what, "-o", "json"))
+        return out
+
+    def wait_ready(self, namespace: str, what: str, timeout: float = 120) -> None:
+        """Wait for a Knative object's Ready condition; on failure, say its conditions."""
+        result = subprocess.run(
+            [
+                self.kubectl_bin,
+                "--kubeconfig",
+                self.kubeconfig,
+                "-n",
+                namespace,
+                "wait",
+                what,
+                "--for=condition=Ready",
+                f"--timeout={int(timeout)}s",
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            status = self.get(namespace, what).get("status", {})
+            raise AssertionError(f"{what} not Ready: {status.get('conditions')}")
+
+
+def _cluster_env() -> dict[str, str]:
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts/cluster/env.sh")], capture_output=True, text=True, check=True
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Cluster:
+    env = _cluster_env()
+    if not Path(env["KUBECONFIG"]).exists():
+        pytest.fail("no cluster is running: `make cluster` first (make test-cluster does)")
+    return Cluster(env["KUBECTL"], env["KUBECONFIG"], env["PYTHON_IMAGE"])
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    name = f"smoke-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def poll(what: str, probe: Any, timeout: float, interval: float = 1.0) -> Any:
+    """Call probe() until it returns something truthy; fail with `what` after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s: {what}")
+        time.sleep(interval)
