@@ -10,17 +10,8 @@ source "$(dirname "$0")/lib.sh"
 t0=$(date +%s)
 
 # --- packages (Debian) --------------------------------------------------------------------
-need=()
-for pkg_cmd in containerd:containerd runc:runc containernetworking-plugins:/usr/lib/cni/bridge \
-  iptables:iptables umoci:umoci skopeo:skopeo docker-registry:docker-registry conntrack:conntrack \
-  mmdebstrap:mmdebstrap openssl:openssl nftables:nft gcc:gcc libc6-dev:/usr/lib/x86_64-linux-gnu/libc.a; do
-  command -v "${pkg_cmd#*:}" >/dev/null 2>&1 || [ -x "${pkg_cmd#*:}" ] || need+=("${pkg_cmd%%:*}")
-done
-if [ ${#need[@]} -gt 0 ]; then
-  log "installing ${need[*]} (apt)"
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+bash "$(dirname "$0")/../debian-packages.sh" containerd runc containernetworking-plugins \
+  iptables umoci skopeo docker-registry conntrack mmdebstrap openssl nftables gcc libc6-dev
 
 # --- binaries and images (cached by version) ----------------------------------------------
 bash "$(dirname "$0")/build-node.sh" >/dev/null
