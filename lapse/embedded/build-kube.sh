@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver and etcd from the Go module proxy (no registry here ships them)
-# and caches them outside the repository, keyed by version. Idempotent: a cached build is
-# reused. Prints the directory holding the binaries on stdout (last line).
+# Builds kube-apiserver and etcd from the Go module proxy (no registry here ships them),
+# and any more binaries of the same release named as arguments (`kubectl`, `kubelet`,
+# `kube-controller-manager`, ...: k8s.io/kubernetes/cmd/<name>), and caches them outside the
+# repository, keyed by version. Idempotent: what is cached is reused, only what is missing
+# is built. Prints the directory holding the binaries on stdout (last line).
 #
 # Why a wrapper module: k8s.io/kubernetes' go.mod replaces its ~31 staging modules
 # (k8s.io/api, k8s.io/apiserver, ...) with local paths, so `go install ...@vX` fails.
 # The wrapper requires k8s.io/kubernetes and replaces each staging module with its
 # published k8s.io/<name> v0.Y.Z. etcd is built inside the same module graph, at the
-# version k8s.io/kubernetes pins.
+# version k8s.io/kubernetes pins. The one place this recipe lives: scripts/build-kubectl.sh
+# and scripts/cluster/build-node.sh call this script.
 set -euo pipefail
 
 KUBE_VERSION="${LAPSE_KUBE_VERSION:-v1.35.4}"
@@ -16,7 +19,16 @@ OUT="$CACHE_ROOT/kube/$KUBE_VERSION"
 # Bump when the way the binaries are built changes, so caches from an older recipe rebuild.
 RECIPE=2
 
+core=1
 if [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/etcd" ] && [ "$(cat "$OUT/recipe" 2>/dev/null)" = "$RECIPE" ]; then
+  core=0
+fi
+extra=()
+for name in "$@"; do
+  [[ "$name" =~ ^[a-z][a-z0-9-]*$ ]] || { echo "kube-binaries: $name is not a command name" >&2; exit 2; }
+  [ -x "$OUT/$name" ] || extra+=("$name")
+done
+if [ "$core" = 0 ] && [ ${#extra[@]} -eq 0 ]; then
   echo "$OUT"
   exit 0
 fi
@@ -24,9 +36,10 @@ fi
 command -v go >/dev/null || { echo "kube-binaries: the 'go' tool is required" >&2; exit 1; }
 
 staging_version="v0.${KUBE_VERSION#v1.}"
-work="$CACHE_ROOT/kube/build-$KUBE_VERSION"
-rm -rf "$work"
-mkdir -p "$work" "$OUT"
+# One work directory per run: builds of different binaries may run at the same time.
+mkdir -p "$CACHE_ROOT/kube" "$OUT"
+work=$(mktemp -d "$CACHE_ROOT/kube/build-$KUBE_VERSION.XXXXXX")
+trap 'rm -rf "$work"' EXIT
 cd "$work"
 
 gomod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
@@ -49,27 +62,34 @@ etcd_version=$(awk '$1 == "go.etcd.io/etcd/server/v3" {print $2; exit}' "$gomod"
   echo ")"
 } > go.mod
 
-cat > tools.go <<'GO'
-//go:build tools
+{
+  echo "//go:build tools"
+  echo
+  echo "package kubebuild"
+  echo
+  echo "import ("
+  echo "	_ \"go.etcd.io/etcd/server/v3\""
+  echo "	_ \"k8s.io/kubernetes/cmd/kube-apiserver\""
+  for name in "${extra[@]}"; do echo "	_ \"k8s.io/kubernetes/cmd/$name\""; done
+  echo ")"
+} > tools.go
 
-package kubebuild
-
-import (
-	_ "go.etcd.io/etcd/server/v3"
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-)
-GO
-
-echo "kube-binaries: building kube-apiserver $KUBE_VERSION and etcd $etcd_version (a cold build takes 10-20 minutes)" >&2
 go mod tidy -e >&2 2>/dev/null || true
 export CGO_ENABLED=0
 minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
 kube_ldflags="-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
-go build -mod=mod -trimpath -ldflags "$kube_ldflags" -o "$OUT/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
-go build -mod=mod -trimpath -o "$OUT/etcd.tmp" go.etcd.io/etcd/server/v3
-mv "$OUT/kube-apiserver.tmp" "$OUT/kube-apiserver"
-mv "$OUT/etcd.tmp" "$OUT/etcd"
-echo "$etcd_version" > "$OUT/etcd.version"
-echo "$RECIPE" > "$OUT/recipe"
-rm -rf "$work"
+if [ "$core" = 1 ]; then
+  echo "kube-binaries: building kube-apiserver $KUBE_VERSION and etcd $etcd_version (a cold build takes 10-20 minutes)" >&2
+  go build -mod=mod -trimpath -ldflags "$kube_ldflags" -o "$OUT/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+  go build -mod=mod -trimpath -o "$OUT/etcd.tmp" go.etcd.io/etcd/server/v3
+  mv "$OUT/kube-apiserver.tmp" "$OUT/kube-apiserver"
+  mv "$OUT/etcd.tmp" "$OUT/etcd"
+  echo "$etcd_version" > "$OUT/etcd.version"
+  echo "$RECIPE" > "$OUT/recipe"
+fi
+for name in "${extra[@]}"; do
+  echo "kube-binaries: building $name $KUBE_VERSION" >&2
+  go build -mod=mod -trimpath -ldflags "$kube_ldflags" -o "$OUT/$name.tmp.$$" "k8s.io/kubernetes/cmd/$name"
+  mv "$OUT/$name.tmp.$$" "$OUT/$name"
+done
 echo "$OUT"
