@@ -1,5 +1,6 @@
-"""The ASGI types lapse's two HTTP entry points share (the ingress and the Knative function
-shell), and their one way to answer with a status and a line of text."""
+"""The ASGI types lapse's HTTP entry points share (the ingress, the Knative function shell,
+the bridge's health, the dead-letter sink), their one way to answer with a status and a
+line of text, and the one gate in front of an endpoint that takes POSTed CloudEvents."""
 
 from __future__ import annotations
 
@@ -31,3 +32,21 @@ async def lifespan(receive: Receive, send: Send) -> None:
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
+
+
+async def posted_headers(scope: Scope, receive: Receive, send: Send) -> dict[str, str] | None:
+    """For an endpoint that takes POSTed CloudEvents: answers lifespan, health probes
+    (`/healthz`, `/readyz`) and anything but POST itself and returns None; for a POST,
+    returns its headers, names lower-cased, for the caller to handle."""
+    if scope["type"] == "lifespan":
+        await lifespan(receive, send)
+        return None
+    if scope["type"] != "http":
+        return None
+    if scope["path"] in ("/healthz", "/readyz"):
+        await respond(send, 200, "ok")
+        return None
+    if scope["method"] != "POST":
+        await respond(send, 405, "POST a CloudEvent")
+        return None
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}

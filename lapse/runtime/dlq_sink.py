@@ -33,7 +33,7 @@ from events.models import CleanupDue, CleanupFailed
 from events.original import capture_event
 from events.types import EventType
 from lapse.config import LapseConfig, load_config
-from lapse.runtime.asgi import Receive, Scope, Send, lifespan, respond
+from lapse.runtime.asgi import Receive, Scope, Send, posted_headers, respond
 from lapse.runtime.resources import Resources
 
 log = logging.getLogger(__name__)
@@ -68,18 +68,9 @@ class DeadLetterSink:
         self._emit = emit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await lifespan(receive, send)
+        headers = await posted_headers(scope, receive, send)
+        if headers is None:
             return
-        if scope["type"] != "http":
-            return
-        if scope["path"] in ("/healthz", "/readyz"):
-            await respond(send, 200, "ok")
-            return
-        if scope["method"] != "POST":
-            await respond(send, 405, "POST a CloudEvent")
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         body = await _body(receive)
         try:
             event = from_http_event(HTTPMessage(headers=headers, body=body))

@@ -43,7 +43,7 @@ from lapse.config import ConfigError, LapseConfig
 from lapse.config.schema import DEFAULT_MAX_BODY_BYTES
 from lapse.edges.nats import max_payload
 from lapse.edges.publishing import NatsEmitter, NatsPublisher
-from lapse.runtime.asgi import Receive, Scope, Send, lifespan, respond
+from lapse.runtime.asgi import Receive, Scope, Send, posted_headers, respond
 from lapse.telemetry import names, server_span
 from lapse.telemetry.providers import instruments
 
@@ -115,18 +115,9 @@ class Ingress:
         self._recording: set[asyncio.Task[None]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await lifespan(receive, send)
+        headers = await posted_headers(scope, receive, send)
+        if headers is None:
             return
-        if scope["type"] != "http":
-            return
-        if scope["path"] in ("/healthz", "/readyz"):
-            await respond(send, 200, "ok")
-            return
-        if scope["method"] != "POST":
-            await respond(send, 405, "POST a CloudEvent")
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             event, ignored = await self._accept(headers, receive)
         except _Refused as refused:
