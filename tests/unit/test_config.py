@@ -234,8 +234,8 @@ def test_lapse_variables_without_a_double_underscore_are_not_overrides() -> None
         (
             "nats:\n  url: nats://x\n  urll: nats://y\n",
             "lapse.yaml: nats.urll: unknown key (expected one of: url, streams, replicas, "
-            "placement, audit_max_age, max_deliver, ack_wait, user, password, password_file, token, "
-            "token_file, nkey_file, creds_file, tls)",
+            "placement, audit_max_age, max_deliver, ack_wait, user, password, password_file, "
+            "token, token_file, nkey_file, creds_file, tls)",
         ),
         (
             "natz: {}\n",
