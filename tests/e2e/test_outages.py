@@ -1,6 +1,6 @@
 """Outages are waited out, never dead-lettered: `lapse up` (a subprocess) against a
-kube-apiserver that is killed with SIGKILL while deletions come due, and a PostgreSQL that
-becomes unreachable while row deletions come due.
+kube-apiserver, or the etcd under it, killed with SIGKILL while deletions come due, and a
+PostgreSQL that becomes unreachable while row deletions come due.
 
 Bounded for `make test` (a 25 s outage; the issue's 60 s behaves the same, with longer
 back-off). Each test reports what it measured on stdout (`pytest -s` shows it).
@@ -13,7 +13,7 @@ import contextlib
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,12 @@ from lapse.edges.database import create_engine
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
 from tests.conftest import KubeStack, kube_stack
+from tests.e2e.apiserver_audit import (
+    audited_kube_stack,
+    check_one_delete_each,
+    deletes,
+    unanswered,
+)
 from tests.e2e.test_lapse_up import LapseUp, finished_workflow, lapse_json
 from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_counts
 from tests.stack import Database, scratch_database, wait_for
@@ -115,9 +121,29 @@ def outcomes_by_name(history: list[dict[str, Any]], target: str) -> Counter[tupl
     return Counter((row["name"], row["outcome"]) for row in history if row["target"] == target)
 
 
-async def test_a_killed_api_server_is_waited_out_and_every_deletion_happens(
-    tmp_path: Path, own_nats: EmbeddedNats, own_kube: KubeStack
+@pytest.fixture
+def audited_kube(tmp_path: Path) -> Iterator[tuple[KubeStack, Path]]:
+    # Its own API server and etcd, which these tests kill; every DELETE in its audit log.
+    with audited_kube_stack(tmp_path / "kube") as (stack, log):
+        yield stack, log
+
+
+# etcd's outage outlasts the reaper's 30 s request timeout: without etcd the API server
+# neither answers nor refuses, so the reads in flight wait, then time out and are retried.
+@pytest.mark.parametrize(("killed", "outage"), [("kube-apiserver", OUTAGE_SECONDS), ("etcd", 45.0)])
+async def test_a_killed_control_plane_is_waited_out_and_every_deletion_happens_once(
+    tmp_path: Path,
+    own_nats: EmbeddedNats,
+    audited_kube: tuple[KubeStack, Path],
+    killed: str,
+    outage: float,
 ) -> None:
+    own_kube, audit_log = audited_kube
+    server = own_kube.server
+    kill, restart = {
+        "kube-apiserver": (server.kill_apiserver, server.restart_apiserver),
+        "etcd": (server.kill_etcd, server.restart_etcd),
+    }[killed]
     config = config_file(tmp_path / "lapse.yaml", own_nats.url, own_kube.kubeconfig, None)
     ns = own_kube.namespace("outage-api")
     up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
@@ -128,16 +154,23 @@ async def test_a_killed_api_server_is_waited_out_and_every_deletion_happens(
             ttl = 6 + (i % 10)  # due 6..15 s from now: all inside the outage below
             body = finished_workflow(f"wf-{i}", annotations={"lapse.dev/ttl": f"{ttl}s"})
             await own_kube.workflows.create(ns, body)
-        await asyncio.sleep(3)  # planned (schedules in NATS) before the API server goes
-        own_kube.server.kill_apiserver()
+        await asyncio.sleep(3)  # planned (schedules in NATS) before the outage
+        kill()
         down_at = datetime.now(UTC)
-        await asyncio.sleep(OUTAGE_SECONDS - 3)
+
+        async def reaper_waiting() -> dict[str, Any] | None:
+            status: dict[str, Any] = lapse_json("status", config=config)
+            waiting = [w for w in status["waiting"] if w["function"] == "workflow-reaper"]
+            return status if waiting else None
+
         # Meanwhile `lapse status` says what is being waited out, and that nothing is lost.
-        during = lapse_json("status", config=config)
-        own_kube.server.restart_apiserver()
+        during = await wait_for(reaper_waiting, timeout=outage - 2, interval=1.0)
         (waiting,) = [w for w in during["waiting"] if w["function"] == "workflow-reaper"]
         assert waiting["events"] > 0 and waiting["seconds"] > 0, during["waiting"]
         assert during["deadLetters"] == 0
+        left = down_at + timedelta(seconds=outage) - datetime.now(UTC)
+        await asyncio.sleep(left.total_seconds())
+        await asyncio.to_thread(restart)
         up_at = datetime.now(UTC)
 
         async def all_gone() -> bool:
@@ -145,18 +178,29 @@ async def test_a_killed_api_server_is_waited_out_and_every_deletion_happens(
 
         await wait_for(all_gone, timeout=120, interval=0.5)
         recovered = (datetime.now(UTC) - up_at).total_seconds()
+        await asyncio.sleep(1)  # the last DELETE's audit line follows its commit
         history = lapse_json("history", "-n", ns, "--target", "kubernetes", config=config)
         status = lapse_json("status", config=config)
         outcomes = outcomes_by_name(history, "kubernetes")
-        deleted = {name for (name, outcome), n in outcomes.items() if outcome == "deleted"}
-        assert deleted == {f"wf-{i}" for i in range(count)}, outcomes
+        names = {f"wf-{i}" for i in range(count)}
+        assert {name for name, _ in outcomes} == names, outcomes
         assert all(n == 1 for n in outcomes.values()), "one outcome per due event"
-        assert {outcome for _, outcome in outcomes} == {"deleted"}
+        # `already_gone` only for a DELETE that committed although its answer was an error
+        # (etcd went away under it): the API server's audit log shows which.
+        per_object = deletes(audit_log, ns)
+        check_one_delete_each(per_object, names)
+        assert {name for name, outcome in outcomes if outcome != "deleted"} <= {
+            name for name, rs in per_object.items() if unanswered(rs)
+        }, outcomes
+        assert {outcome for _, outcome in outcomes} <= {"deleted", "already_gone"}
         assert all(row["latencySeconds"] >= 0 for row in history), "none deleted early"
         assert status["deadLetters"] == 0
+        attempts = sum(len(rs) for rs in per_object.values())
+        cut = sum(len(unanswered(rs)) for rs in per_object.values())
         print(
-            f"\napi-server outage {(up_at - down_at).total_seconds():.0f}s, {count} due in it, "
-            f"lost 0, all deleted {recovered:.1f}s after the restart"
+            f"\n{killed} killed for {(up_at - down_at).total_seconds():.0f}s, {count} due in it, "
+            f"lost 0, all deleted {recovered:.1f}s after the restart; {attempts} DELETEs "
+            f"({cut} answered 5xx), at most one successful per object, one outcome each"
         )
     finally:
         assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
