@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -47,36 +48,56 @@ def own_kube(tmp_path: Path) -> Iterator[KubeStack]:
 
 
 class Blackhole:
-    """A TCP relay between lapse and a real server that can cut the line: open
-    connections are dropped and new ones refused while it is cut. A network partition,
-    injected here because the shared database server must keep serving the other tests."""
+    """A TCP relay between lapse and a real server that can cut the line, injected here
+    because the shared database server must keep serving the other tests. Two faults:
+
+    - `sever()`: refused. Open connections are reset and new ones refused, as when the
+      server's host is up and the server is not (the client hears of it at once).
+    - `sever(drop=True)`: black-holed. Packets are dropped, nothing is refused: open
+      connections go silent and stay silent (a firewall or NAT that dropped its state drops
+      their packets for good, so they never answer again), and new connections are accepted
+      and never answered. The client hears nothing; only its own timeouts end the wait.
+
+    `mend()` lets new connections through again."""
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
         self.port = free_port()
         self.cut = False
+        self.dropping = False
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        # Black-holed connections: data read from them is discarded until they close.
+        self._silenced: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
 
     async def stop(self) -> None:
         self.sever()
+        for writer in list(self._silenced):
+            writer.transport.abort()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
 
-    def sever(self) -> None:
-        self.cut = True
-        for writer in list(self._writers):
-            writer.transport.abort()
+    def sever(self, *, drop: bool = False) -> None:
+        self.cut, self.dropping = True, drop
+        if drop:
+            self._silenced.update(self._writers)
+        else:
+            for writer in list(self._writers):
+                writer.transport.abort()
         self._writers.clear()
 
     def mend(self) -> None:
-        self.cut = False
+        self.cut = self.dropping = False
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.cut and self.dropping:
+            self._silenced.add(writer)
+            await self._swallow(reader, writer)
+            return
         if self.cut:
             writer.transport.abort()
             return
@@ -90,6 +111,8 @@ class Blackhole:
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             with contextlib.suppress(Exception):
                 while data := await src.read(65536):
+                    if dst in self._silenced or writer in self._silenced:
+                        continue  # dropped on the floor, in both directions
                     dst.write(data)
                     await dst.drain()
             dst.transport.abort()
@@ -97,6 +120,14 @@ class Blackhole:
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         self._writers.discard(writer)
         self._writers.discard(up_writer)
+        self._silenced.discard(writer)
+
+    async def _swallow(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            while await reader.read(65536):
+                pass
+        self._silenced.discard(writer)
+        writer.transport.abort()
 
 
 def config_file(path: Path, nats_url: str, kubeconfig: Path, database_url: str | None) -> Path:
@@ -215,8 +246,15 @@ async def kfp_database() -> AsyncIterator[Database]:
         yield db
 
 
+# Black-holed, a call in flight learns nothing until its own timeout (the row store's
+# 60 s): the test then proves lapse neither hangs nor dead-letters, only that it waits.
+@pytest.mark.parametrize("drop", [False, True], ids=["refused", "black-holed"])
 async def test_an_unreachable_database_is_waited_out_and_every_row_deletion_happens(
-    tmp_path: Path, own_nats: EmbeddedNats, own_kube: KubeStack, kfp_database: Database
+    tmp_path: Path,
+    own_nats: EmbeddedNats,
+    own_kube: KubeStack,
+    kfp_database: Database,
+    drop: bool,
 ) -> None:
     kube = own_kube
     real = make_url(kfp_database.url)
@@ -236,31 +274,38 @@ async def test_an_unreachable_database_is_waited_out_and_every_row_deletion_happ
             labels = {"pipeline/runid": run_id, "pipeline/persistedFinalState": "true"}
             await kube.workflows.create(ns, finished_workflow(f"kfp-{i}", labels=labels))
         await asyncio.sleep(2)  # planned; the rows come due 6 s after finishing
-        line.sever()
+        line.sever(drop=drop)
         await asyncio.sleep(OUTAGE_SECONDS)
+        during = lapse_json("status", config=config)
         line.mend()
         mended = datetime.now(UTC)
+        assert during["deadLetters"] == 0
 
         async def rows_gone() -> bool:
             async with engine.connect() as conn:
                 counts = [await kfp_counts(conn, r) for r in run_ids]
             return all(sum(c.values()) == 0 for c in counts)
 
-        await wait_for(rows_gone, timeout=120, interval=0.5)
+        await wait_for(rows_gone, timeout=180, interval=0.5)
         recovered = (datetime.now(UTC) - mended).total_seconds()
         history = lapse_json("history", "-n", ns, "--target", "database", config=config)
         outcomes = outcomes_by_name(history, "database")
+        late = max(row["latencySeconds"] for row in history)
         assert {name for name, outcome in outcomes if outcome == "deleted"} == {
             f"kfp-{i}" for i in range(len(run_ids))
         }, outcomes
         assert all(n == 1 for n in outcomes.values()), "one outcome per due event"
         assert lapse_json("status", config=config)["deadLetters"] == 0
         print(
-            f"\ndatabase outage {OUTAGE_SECONDS:.0f}s, {len(run_ids)} runs' rows due in it, "
-            f"lost 0, all deleted {recovered:.1f}s after it ended"
+            f"\ndatabase {'black-holed' if drop else 'refusing'} {OUTAGE_SECONDS:.0f}s, "
+            f"{len(run_ids)} runs' rows due in it, lost 0, all deleted {recovered:.1f}s after "
+            f"it ended (latest {late:.1f}s after its deadline), one outcome each, DLQ 0"
         )
     finally:
-        assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
+        # Not hung either: a stop is prompt even with connections that never answer.
+        began = asyncio.get_running_loop().time()
+        assert up.stop(signal.SIGTERM) == 0, (tmp_path / "up.log").read_text()[-3000:]
+        assert asyncio.get_running_loop().time() - began < 30
         await engine.dispose()
         await line.stop()
 
