@@ -61,7 +61,8 @@ class Backoff:
         exponential = min(self.cap, self.first * 2.0 ** max(0, attempt - 1))
         base = max(exponential, hint or 0.0)
         spread = (rng or random).uniform(1 - self.jitter, 1 + self.jitter)
-        return float(max(0.01, base * spread))
+        # The jitter spreads retries out, but never to before the server's Retry-After.
+        return float(max(0.01, hint or 0.0, base * spread))
 
 
 @dataclass

@@ -12,26 +12,29 @@ from pathlib import Path
 from bench.report import Request, parse_audit_line
 from tests.conftest import KubeStack, kube_stack
 
-# Every DELETE of a Workflow, at Metadata level: who, which object, the answer, and when
-# the server received and finished it.
+# Every request with these verbs on a Workflow, at Metadata level: who, which object, the
+# answer, and when the server received and finished it.
 AUDIT_POLICY = """\
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived", "ResponseStarted"]
 rules:
   - level: Metadata
-    verbs: ["delete"]
-    resources: [{group: argoproj.io, resources: [workflows]}]
+    verbs: {verbs}
+    resources: [{{group: argoproj.io, resources: [workflows]}}]
   - level: None
 """
 
 
 @contextlib.contextmanager
-def audited_kube_stack(work_dir: Path, *extra_args: str) -> Iterator[tuple[KubeStack, Path]]:
-    """A kube stack whose API server writes every Workflow DELETE to the returned log."""
+def audited_kube_stack(
+    work_dir: Path, *extra_args: str, verbs: tuple[str, ...] = ("delete",)
+) -> Iterator[tuple[KubeStack, Path]]:
+    """A kube stack whose API server writes every Workflow request with one of `verbs`
+    (DELETEs by default) to the returned log."""
     work_dir.mkdir(parents=True, exist_ok=True)
     policy = work_dir / "audit-policy.yaml"
-    policy.write_text(AUDIT_POLICY)
+    policy.write_text(AUDIT_POLICY.format(verbs=list(verbs)))
     log = work_dir / "audit.log"
     audit = (
         "--audit-policy-file", str(policy),
@@ -47,10 +50,21 @@ def audited_kube_stack(work_dir: Path, *extra_args: str) -> Iterator[tuple[KubeS
 
 def deletes(audit_log: Path, namespace: str) -> dict[str, list[Request]]:
     """Workflow name -> its DELETE requests in `namespace`, in the order received."""
+    return requests(audit_log, namespace, "delete")
+
+
+def requests(audit_log: Path, namespace: str, *verbs: str) -> dict[str, list[Request]]:
+    """Workflow name -> its requests with one of `verbs` in `namespace`, in the order
+    received."""
     found: dict[str, list[Request]] = defaultdict(list)
     for line in audit_log.read_text().splitlines():
         request = parse_audit_line(line)
-        if request is not None and request.namespace == namespace and request.name:
+        if (
+            request is not None
+            and request.namespace == namespace
+            and request.name
+            and request.verb in verbs
+        ):
             found[request.name].append(request)
     for requests in found.values():
         requests.sort(key=lambda r: r.at)
