@@ -176,7 +176,7 @@ async def test_throttled_with_429_every_deletion_completes_after_retry_after(
         name: [r for r in rs if r.user == LAPSE_USER] for name, rs in by_object.items()
     }
     rejected = [r for rs in lapse_requests.values() for r in rs if r.code == 429]
-    assert len(rejected) >= COUNT // 4, "lapse must really have been throttled"
+    assert len(rejected) >= 5, "lapse must really have been throttled"
     # Retry-After honoured: after a 429, the next request for that object came no sooner.
     gaps = []
     for rs in lapse_requests.values():
