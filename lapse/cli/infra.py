@@ -6,7 +6,7 @@ import argparse
 import asyncio
 
 from lapse.cli.common import config_from, reach_nats
-from lapse.edges.streams import ensure_streams, stream_configs
+from lapse.edges.streams import configured_streams, ensure_streams
 from lapse.runtime.resources import Resources
 
 
@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="create or update the streams (idempotent)",
         description=(
             "Create or update the JetStream streams from infra/nats/streams.yaml, with the "
-            "names, replicas and audit retention from the configuration. Safe to run again."
+            "names, replicas, placement and audit retention from the configuration (nats:). "
+            "Safe to run again; a changed replica count or placement is applied in place."
         ),
     )
     apply.set_defaults(run=run_apply)
@@ -33,14 +34,7 @@ def run_apply(args: argparse.Namespace) -> int:
         async with Resources(config) as resources:
             await reach_nats(resources)
             js = await resources.jetstream()
-            return await ensure_streams(
-                js,
-                stream_configs(
-                    config.nats.streams,
-                    replicas=config.nats.replicas,
-                    audit_max_age=config.nats.audit_max_age,
-                ),
-            )
+            return await ensure_streams(js, configured_streams(config.nats))
 
     for line in asyncio.run(apply()):
         print(line)

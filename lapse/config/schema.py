@@ -104,6 +104,14 @@ class Streams(_Section):
         return self
 
 
+class StreamPlacement(_Section):
+    """Which NATS servers hold the streams' replicas (JetStream placement): a cluster by
+    name, and server tags every chosen server must have. Unset: the server decides."""
+
+    cluster: str | None = Field(default=None, min_length=1)
+    tags: tuple[Annotated[str, Field(min_length=1)], ...] = ()
+
+
 def _secret_text(value: object) -> object:
     # A secret is never echoed, not even in an error: YAML turns an unquoted 12345 or yes
     # into a number or a boolean, and the generic messages show the value they got.
@@ -147,7 +155,9 @@ class NatsConfig(_Section):
     # Absent: `lapse up` / `lapse demo` start an embedded nats-server.
     url: Annotated[str, AfterValidator(_nats_url)] | None = Field(default=None, repr=False)
     streams: Streams = Streams()
+    # Copies of each stream (RAFT) in a JetStream cluster: 3 survives losing one server.
     replicas: int = Field(default=1, ge=1, le=5)
+    placement: StreamPlacement = StreamPlacement()
     audit_max_age: PositiveDuration = timedelta(days=30)
     max_deliver: int = Field(default=5, ge=1)
     # Short: it only decides how soon a dead process's work is delivered again; live work is

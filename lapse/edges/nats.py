@@ -64,7 +64,10 @@ async def connect(url: str, *, name: str = "lapse", config: NatsConfig | None = 
         "error_cb": on_error,
         **options,
     }
-    attempt = asyncio.ensure_future(client.connect(url, **settings))
+    # nats.url may name several servers, comma-separated (a cluster): nats-py takes them as
+    # a list and fails over between them; given the text whole it refuses the URL.
+    servers = [server.strip() for server in url.split(",") if server.strip()]
+    attempt = asyncio.ensure_future(client.connect(servers, **settings))
     racing: set[asyncio.Future[Any]] = {attempt, refused}
     await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
     if attempt.done() and attempt.exception() is None:

@@ -8,8 +8,11 @@ untouched.
 
 from __future__ import annotations
 
+import asyncio
+
 from cloudevents.core.base import BaseCloudEvent
 from nats.js import JetStreamContext
+from nats.js.errors import APIError
 
 from events.nats_binding import NatsMessage, to_nats
 from events.subjects import audit_subject, dlq_subject, event_subject
@@ -44,12 +47,27 @@ class NatsPublisher:
         await publish_event(self._js, event_subject(event.get_type()), self._stream, event)
 
 
+# JetStream's answer when a message with the same Nats-Msg-Id is being stored right now
+# (replicated streams: another lapse published the same event a moment earlier).
+DUPLICATE_IN_PROCESS = 10158
+# Waits before publishing again meanwhile: by then the other copy is stored (and ours is
+# acknowledged as its duplicate), or it failed (and ours is stored).
+IN_PROCESS_RETRIES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+
+
 async def publish_event(
     js: JetStreamContext, subject: str, stream: str, event: BaseCloudEvent
 ) -> None:
     with send_span(subject, event) as hop:
         message = encode(event, hop)
-        await js.publish(subject, message.body, stream=stream, headers=message.headers)
+        for wait in (*IN_PROCESS_RETRIES, None):
+            try:
+                await js.publish(subject, message.body, stream=stream, headers=message.headers)
+                return
+            except APIError as exc:
+                if exc.err_code != DUPLICATE_IN_PROCESS or wait is None:
+                    raise
+            await asyncio.sleep(wait)
 
 
 def encode(event: BaseCloudEvent, hop: HopContext) -> NatsMessage:

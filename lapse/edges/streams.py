@@ -10,12 +10,20 @@ from typing import Any
 
 import yaml
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    Placement,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError, NotFoundError
 
 import infra
 from functions.durations import parse_duration
-from lapse.config import Streams
+from lapse.config import ConfigError, NatsConfig, Streams
+from lapse.config.schema import StreamPlacement
 
 
 def _seconds(value: str | int | float) -> float:
@@ -38,10 +46,28 @@ def _definitions() -> dict[str, dict[str, Any]]:
     return streams
 
 
+def configured_streams(nats: NatsConfig) -> list[StreamConfig]:
+    """The streams as `nats:` configures them: names, replicas, placement, audit retention
+    (what `lapse infra apply` and `lapse up` create or update)."""
+    return stream_configs(
+        nats.streams,
+        replicas=nats.replicas,
+        placement=nats.placement,
+        audit_max_age=nats.audit_max_age,
+    )
+
+
 def stream_configs(
-    names: Streams | None = None, *, replicas: int = 1, audit_max_age: timedelta | None = None
+    names: Streams | None = None,
+    *,
+    replicas: int = 1,
+    placement: StreamPlacement | None = None,
+    audit_max_age: timedelta | None = None,
 ) -> list[StreamConfig]:
     names = names or Streams()
+    where = None
+    if placement is not None and (placement.cluster or placement.tags):
+        where = Placement(cluster=placement.cluster, tags=list(placement.tags) or None)
     configs = []
     for key, spec in _definitions().items():
         max_age: str | float = spec.get("max_age", 0)
@@ -55,6 +81,7 @@ def stream_configs(
                 storage=StorageType(spec.get("storage", "file")),
                 max_age=_seconds(max_age),
                 num_replicas=replicas,
+                placement=where,
                 allow_msg_schedules=bool(spec.get("allow_msg_schedules")) or None,
                 allow_msg_ttl=bool(spec.get("allow_msg_ttl")) or None,
                 # Publishers set Nats-Msg-Id to the CloudEvent id: duplicates within this
@@ -65,19 +92,48 @@ def stream_configs(
     return configs
 
 
+# JetStream's error codes for a stream it cannot place as asked.
+NO_SUITABLE_PEERS = 10005
+INSUFFICIENT_RESOURCES = 10023
+
+
+class StreamRefused(ConfigError):
+    """NATS refused a stream definition (400): the configuration must change."""
+
+
 async def ensure_streams(js: JetStreamContext, configs: list[StreamConfig]) -> list[str]:
-    """Create each stream or update it in place. Returns what was done, one line each."""
+    """Create each stream or update it in place (a changed replica count or placement is
+    applied by the servers). Returns what was done, one line each; a definition the servers
+    refuse raises `StreamRefused` naming the keys to change."""
     done = []
     for cfg in configs:
         try:
-            await js.stream_info(cfg.name or "")
-        except NotFoundError:
-            await js.add_stream(cfg)
-            done.append(f"created {cfg.name}")
-        else:
-            await js.update_stream(cfg)
-            done.append(f"updated {cfg.name}")
+            try:
+                await js.stream_info(cfg.name or "")
+            except NotFoundError:
+                await js.add_stream(cfg)
+                done.append(f"created {cfg.name}")
+            else:
+                await js.update_stream(cfg)
+                done.append(f"updated {cfg.name}")
+        except BadRequestError as exc:
+            raise StreamRefused([_refusal(cfg, exc)]) from None
     return done
+
+
+def _refusal(cfg: StreamConfig, exc: BadRequestError) -> str:
+    reason = exc.description or str(exc)
+    if exc.err_code in (NO_SUITABLE_PEERS, INSUFFICIENT_RESOURCES):
+        where = cfg.placement
+        wanted = f"{cfg.num_replicas} replica(s)"
+        if where is not None:
+            wanted += f" on servers with cluster={where.cluster} tags={where.tags or []}"
+        return (
+            f"nats.replicas, nats.placement: the NATS servers cannot hold stream {cfg.name} "
+            f"with {wanted} ({reason}); a stream needs as many servers as replicas, each "
+            "matching the placement"
+        )
+    return f"nats: the NATS server refused stream {cfg.name} ({reason})"
 
 
 async def read_stream(

@@ -169,6 +169,25 @@ class EmbeddedKube:
         """Start the API server again on the same port, certificates and tokens."""
         self._start_apiserver(kube_binaries(self.version) / "kube-apiserver", timeout)
 
+    def kill_etcd(self) -> None:
+        """SIGKILL etcd (a crash, or its node lost); the API server stays up, answering
+        errors or nothing until etcd is back. The data directory is kept."""
+        if self.etcd is not None:
+            self.etcd.kill()
+            self.etcd.wait(timeout=30)
+            self.etcd = None
+
+    def restart_etcd(self, timeout: float = 120.0) -> None:
+        """Start etcd again on the same ports and data, and wait until the API server is
+        ready again (it reconnects by itself)."""
+        self._start_etcd(kube_binaries(self.version) / "etcd", timeout)
+        if self.apiserver is not None:
+            wait_until(
+                lambda: _http_ok(f"{self.url}/readyz", self.admin_token),
+                process=self.apiserver, what="kube-apiserver", timeout=timeout,
+                log_path=self.work_dir / "kube-apiserver.log",
+            )  # fmt: skip
+
     def _start_etcd(self, binary: Path, timeout: float) -> None:
         log = self.work_dir / "etcd.log"
         peer = f"http://127.0.0.1:{self.etcd_peer_port}"

@@ -2,9 +2,10 @@
 
 One durable pull consumer per route (per Trigger), explicit acks:
 - the handler returned: ack;
-- `RetryLater` (a transient failure: the API server or database unreachable, 429, 5xx):
-  NAK with a capped, jittered back-off, for as long as it takes - never dead-lettered for
-  it; the wait is visible (lapse.runtime.outages);
+- `RetryLater` (a transient failure: the API server or database unreachable, 429, 5xx),
+  or NATS itself unavailable (a server restarting, a stream leader being elected): NAK with
+  a capped, jittered back-off, for as long as it takes - never dead-lettered for it; the
+  wait is visible (lapse.runtime.outages);
 - an unexpected exception (a bug): NAK with a delay, and after `nats.max_deliver` tries a
   `cleanup.failed` with the reason goes to the dead letters, then the message is acked;
 - not a CloudEvent: dead-lettered at once.
@@ -44,7 +45,7 @@ from events.types import EventType
 from functions.ports import Emitter, Handler, RetryLater
 from functions.tracing import creation_context
 from lapse.config import NatsConfig
-from lapse.runtime.outages import Backoff, Outages
+from lapse.runtime.outages import Backoff, Outages, nats_unavailable
 from lapse.runtime.routing import Route
 from lapse.telemetry import process_span, record_dead_letter, record_retry
 from lapse.telemetry.names import RETRY_DELAY, RETRY_REASON
@@ -210,20 +211,12 @@ class Dispatcher:
             try:
                 await subscription.handler.handle(event)
             except RetryLater as exc:
-                # Transient: waited out with back-off for as long as it lasts.
-                loop = asyncio.get_running_loop()
-                self.outages.waiting(route.function, key, exc.reason, loop.time())
-                delay = self._backoff.delay(attempt, exc.delay)
-                log.info(
-                    "%s: try %d failed (%s); again in %.0fs",
-                    route.function, attempt, exc.reason, delay,
-                )  # fmt: skip
-                span.add_event("nak", {RETRY_REASON: exc.reason[:256], RETRY_DELAY: delay})
-                record_retry(route.function, "RetryLater")
-                with contextlib.suppress(Exception):
-                    await msg.nak(delay=delay)
+                await self._wait_out(msg, route, key, attempt, exc.reason, exc.delay, "RetryLater")
                 return
             except Exception as exc:
+                if (unavailable := nats_unavailable(exc)) is not None:
+                    await self._wait_out(msg, route, key, attempt, unavailable, None, "NATS")
+                    return
                 log.exception("%s: handler failed on %s", route.function, event.get_id())
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
                 delay = self._backoff.delay(attempt)
@@ -233,6 +226,27 @@ class Dispatcher:
                 return
             await msg.ack()
             self.outages.done(route.function, key, asyncio.get_running_loop().time())
+
+    async def _wait_out(
+        self,
+        msg: Msg,
+        route: Route,
+        key: int,
+        attempt: int,
+        reason: str,
+        hint: float | None,
+        error_type: str,
+    ) -> None:
+        """Transient: delivered again after a back-off, for as long as it lasts."""
+        loop = asyncio.get_running_loop()
+        self.outages.waiting(route.function, key, reason, loop.time())
+        delay = self._backoff.delay(attempt, hint)
+        log.info("%s: try %d failed (%s); again in %.0fs", route.function, attempt, reason, delay)
+        span = trace.get_current_span()
+        span.add_event("nak", {RETRY_REASON: reason[:256], RETRY_DELAY: delay})
+        record_retry(route.function, error_type)
+        with contextlib.suppress(Exception):
+            await msg.nak(delay=delay)
 
     async def _retry(
         self,

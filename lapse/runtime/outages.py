@@ -14,9 +14,34 @@ import logging
 import random
 from dataclasses import dataclass, field
 
+from nats import errors as nats_errors
+from nats.js import errors as js_errors
+
 from lapse import telemetry
 
 log = logging.getLogger(__name__)
+
+# What nats-py raises while the NATS server, or the leader of a stream in a cluster, cannot
+# answer: a server restarting, a RAFT election after a node was lost, a reconnect. A handler
+# that meets one (emitting its outcome, publishing a schedule) has met an outage, not a bug.
+NATS_UNAVAILABLE: tuple[type[Exception], ...] = (
+    nats_errors.TimeoutError,
+    nats_errors.NoRespondersError,
+    js_errors.NoStreamResponseError,
+    js_errors.ServiceUnavailableError,
+    nats_errors.ConnectionClosedError,
+    nats_errors.ConnectionReconnectingError,
+    nats_errors.StaleConnectionError,
+    nats_errors.OutboundBufferLimitError,
+)
+
+
+def nats_unavailable(exc: BaseException) -> str | None:
+    """Why `exc` means NATS is unavailable for now (a reason to wait it out), or None."""
+    if isinstance(exc, NATS_UNAVAILABLE):
+        text = " ".join(str(exc).split()).removeprefix("nats: ")
+        return f"NATS unavailable ({type(exc).__name__}: {text})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -36,7 +61,8 @@ class Backoff:
         exponential = min(self.cap, self.first * 2.0 ** max(0, attempt - 1))
         base = max(exponential, hint or 0.0)
         spread = (rng or random).uniform(1 - self.jitter, 1 + self.jitter)
-        return float(max(0.01, base * spread))
+        # The jitter spreads retries out, but never to before the server's Retry-After.
+        return float(max(0.01, hint or 0.0, base * spread))
 
 
 @dataclass

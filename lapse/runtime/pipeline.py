@@ -26,7 +26,7 @@ from lapse import telemetry
 from lapse.config import LapseConfig, Streams
 from lapse.edges import health
 from lapse.edges.publishing import NatsPublisher
-from lapse.edges.streams import count_messages, ensure_streams, stream_configs
+from lapse.edges.streams import configured_streams, count_messages, ensure_streams
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.ingress import Ingress, nats_ingress
 from lapse.runtime.registry import build_handler
@@ -123,11 +123,7 @@ class Pipeline:
             log.info("lapse stopped")
 
     async def _ensure_streams(self, js: JetStreamContext) -> None:
-        nats = self.config.nats
-        configs = stream_configs(
-            nats.streams, replicas=nats.replicas, audit_max_age=nats.audit_max_age
-        )
-        for line in await ensure_streams(js, configs):
+        for line in await ensure_streams(js, configured_streams(self.config.nats)):
             log.info("streams: %s", line)
 
     async def _subscribe(self, resources: Resources) -> list[Subscription]:

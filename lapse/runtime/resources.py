@@ -9,8 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
 
 from kubernetes import client
 from nats.aio.client import Client as NATS
@@ -31,6 +35,64 @@ KUBE_THREADS = 16
 CLOSE_TIMEOUT = 5.0
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class DaemonThreadPool(ThreadPoolExecutor):
+    """A fixed pool of daemon threads for blocking client calls (the Kubernetes client).
+
+    A ThreadPoolExecutor's threads are joined when the interpreter exits, so one call
+    blocked on a server that takes requests and answers none (a kube-apiserver whose etcd
+    is gone) held `lapse up` for minutes after it had stopped: the root of the shutdown
+    hang. A daemon thread does not: once lapse has given up on the call (its due event was
+    not acknowledged and is delivered again) the process exits without it. Only `submit`
+    and `shutdown` are used; the base class is kept for the type the edges expect."""
+
+    def __init__(self, threads: int, name: str) -> None:
+        super().__init__(threads, thread_name_prefix=name)
+        self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._closed = False
+        self._workers = [
+            threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True)
+            for i in range(threads)
+        ]
+        for worker in self._workers:
+            worker.start()
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        if self._closed:
+            raise RuntimeError("cannot schedule new calls after shutdown")
+        future: Future[T] = Future()
+        self._calls.put((future, lambda: fn(*args, **kwargs)))
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._closed = True
+        if cancel_futures:
+            with contextlib.suppress(queue.Empty):
+                while (queued := self._calls.get_nowait()) is not None:
+                    queued[0].cancel()
+        for _ in self._workers:
+            self._calls.put(None)
+        if wait:
+            for worker in self._workers:
+                worker.join()
+
+    def _work(self) -> None:
+        while (call := self._calls.get()) is not None:
+            future, run = call
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = run()
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
 
 
 class MissingSetting(LapseError):
@@ -87,7 +149,7 @@ class Resources:
 
     def kube_executor(self) -> ThreadPoolExecutor:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(KUBE_THREADS, thread_name_prefix="kube")
+            self._executor = DaemonThreadPool(KUBE_THREADS, "kube")
         return self._executor
 
     def workflows(self) -> Workflows:

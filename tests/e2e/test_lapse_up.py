@@ -69,11 +69,11 @@ class LapseUp:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=30)
 
-    def stop(self) -> int:
+    def stop(self, sig: signal.Signals = signal.SIGINT, timeout: float = 60) -> int:
         assert self.process is not None
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            return self.process.wait(timeout=60)
+            self.process.send_signal(sig)
+            return self.process.wait(timeout=timeout)
         return self.process.returncode
 
 

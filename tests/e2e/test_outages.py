@@ -1,6 +1,6 @@
 """Outages are waited out, never dead-lettered: `lapse up` (a subprocess) against a
-kube-apiserver that is killed with SIGKILL while deletions come due, and a PostgreSQL that
-becomes unreachable while row deletions come due.
+kube-apiserver, or the etcd under it, killed with SIGKILL while deletions come due, and a
+PostgreSQL that becomes unreachable while row deletions come due.
 
 Bounded for `make test` (a 25 s outage; the issue's 60 s behaves the same, with longer
 back-off). Each test reports what it measured on stdout (`pytest -s` shows it).
@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,12 @@ from lapse.edges.database import create_engine
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
 from tests.conftest import KubeStack, kube_stack
+from tests.e2e.apiserver_audit import (
+    audited_kube_stack,
+    check_one_delete_each,
+    deletes,
+    unanswered,
+)
 from tests.e2e.test_lapse_up import LapseUp, finished_workflow, lapse_json
 from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_counts
 from tests.stack import Database, scratch_database, wait_for
@@ -41,36 +48,56 @@ def own_kube(tmp_path: Path) -> Iterator[KubeStack]:
 
 
 class Blackhole:
-    """A TCP relay between lapse and a real server that can cut the line: open
-    connections are dropped and new ones refused while it is cut. A network partition,
-    injected here because the shared database server must keep serving the other tests."""
+    """A TCP relay between lapse and a real server that can cut the line, injected here
+    because the shared database server must keep serving the other tests. Two faults:
+
+    - `sever()`: refused. Open connections are reset and new ones refused, as when the
+      server's host is up and the server is not (the client hears of it at once).
+    - `sever(drop=True)`: black-holed. Packets are dropped, nothing is refused: open
+      connections go silent and stay silent (a firewall or NAT that dropped its state drops
+      their packets for good, so they never answer again), and new connections are accepted
+      and never answered. The client hears nothing; only its own timeouts end the wait.
+
+    `mend()` lets new connections through again."""
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
         self.port = free_port()
         self.cut = False
+        self.dropping = False
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        # Black-holed connections: data read from them is discarded until they close.
+        self._silenced: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
 
     async def stop(self) -> None:
         self.sever()
+        for writer in list(self._silenced):
+            writer.transport.abort()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
 
-    def sever(self) -> None:
-        self.cut = True
-        for writer in list(self._writers):
-            writer.transport.abort()
+    def sever(self, *, drop: bool = False) -> None:
+        self.cut, self.dropping = True, drop
+        if drop:
+            self._silenced.update(self._writers)
+        else:
+            for writer in list(self._writers):
+                writer.transport.abort()
         self._writers.clear()
 
     def mend(self) -> None:
-        self.cut = False
+        self.cut = self.dropping = False
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.cut and self.dropping:
+            self._silenced.add(writer)
+            await self._swallow(reader, writer)
+            return
         if self.cut:
             writer.transport.abort()
             return
@@ -84,6 +111,8 @@ class Blackhole:
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             with contextlib.suppress(Exception):
                 while data := await src.read(65536):
+                    if dst in self._silenced or writer in self._silenced:
+                        continue  # dropped on the floor, in both directions
                     dst.write(data)
                     await dst.drain()
             dst.transport.abort()
@@ -91,6 +120,14 @@ class Blackhole:
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         self._writers.discard(writer)
         self._writers.discard(up_writer)
+        self._silenced.discard(writer)
+
+    async def _swallow(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            while await reader.read(65536):
+                pass
+        self._silenced.discard(writer)
+        writer.transport.abort()
 
 
 def config_file(path: Path, nats_url: str, kubeconfig: Path, database_url: str | None) -> Path:
@@ -115,9 +152,29 @@ def outcomes_by_name(history: list[dict[str, Any]], target: str) -> Counter[tupl
     return Counter((row["name"], row["outcome"]) for row in history if row["target"] == target)
 
 
-async def test_a_killed_api_server_is_waited_out_and_every_deletion_happens(
-    tmp_path: Path, own_nats: EmbeddedNats, own_kube: KubeStack
+@pytest.fixture
+def audited_kube(tmp_path: Path) -> Iterator[tuple[KubeStack, Path]]:
+    # Its own API server and etcd, which these tests kill; every DELETE in its audit log.
+    with audited_kube_stack(tmp_path / "kube") as (stack, log):
+        yield stack, log
+
+
+# etcd's outage outlasts the reaper's 30 s request timeout: without etcd the API server
+# neither answers nor refuses, so the reads in flight wait, then time out and are retried.
+@pytest.mark.parametrize(("killed", "outage"), [("kube-apiserver", OUTAGE_SECONDS), ("etcd", 45.0)])
+async def test_a_killed_control_plane_is_waited_out_and_every_deletion_happens_once(
+    tmp_path: Path,
+    own_nats: EmbeddedNats,
+    audited_kube: tuple[KubeStack, Path],
+    killed: str,
+    outage: float,
 ) -> None:
+    own_kube, audit_log = audited_kube
+    server = own_kube.server
+    kill, restart = {
+        "kube-apiserver": (server.kill_apiserver, server.restart_apiserver),
+        "etcd": (server.kill_etcd, server.restart_etcd),
+    }[killed]
     config = config_file(tmp_path / "lapse.yaml", own_nats.url, own_kube.kubeconfig, None)
     ns = own_kube.namespace("outage-api")
     up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
@@ -128,16 +185,23 @@ async def test_a_killed_api_server_is_waited_out_and_every_deletion_happens(
             ttl = 6 + (i % 10)  # due 6..15 s from now: all inside the outage below
             body = finished_workflow(f"wf-{i}", annotations={"lapse.dev/ttl": f"{ttl}s"})
             await own_kube.workflows.create(ns, body)
-        await asyncio.sleep(3)  # planned (schedules in NATS) before the API server goes
-        own_kube.server.kill_apiserver()
+        await asyncio.sleep(3)  # planned (schedules in NATS) before the outage
+        kill()
         down_at = datetime.now(UTC)
-        await asyncio.sleep(OUTAGE_SECONDS - 3)
+
+        async def reaper_waiting() -> dict[str, Any] | None:
+            status: dict[str, Any] = lapse_json("status", config=config)
+            waiting = [w for w in status["waiting"] if w["function"] == "object-reaper"]
+            return status if waiting else None
+
         # Meanwhile `lapse status` says what is being waited out, and that nothing is lost.
-        during = lapse_json("status", config=config)
-        own_kube.server.restart_apiserver()
+        during = await wait_for(reaper_waiting, timeout=outage - 2, interval=1.0)
         (waiting,) = [w for w in during["waiting"] if w["function"] == "object-reaper"]
         assert waiting["events"] > 0 and waiting["seconds"] > 0, during["waiting"]
         assert during["deadLetters"] == 0
+        left = down_at + timedelta(seconds=outage) - datetime.now(UTC)
+        await asyncio.sleep(left.total_seconds())
+        await asyncio.to_thread(restart)
         up_at = datetime.now(UTC)
 
         async def all_gone() -> bool:
@@ -145,18 +209,29 @@ async def test_a_killed_api_server_is_waited_out_and_every_deletion_happens(
 
         await wait_for(all_gone, timeout=120, interval=0.5)
         recovered = (datetime.now(UTC) - up_at).total_seconds()
+        await asyncio.sleep(1)  # the last DELETE's audit line follows its commit
         history = lapse_json("history", "-n", ns, "--target", "kubernetes", config=config)
         status = lapse_json("status", config=config)
         outcomes = outcomes_by_name(history, "kubernetes")
-        deleted = {name for (name, outcome), n in outcomes.items() if outcome == "deleted"}
-        assert deleted == {f"wf-{i}" for i in range(count)}, outcomes
+        names = {f"wf-{i}" for i in range(count)}
+        assert {name for name, _ in outcomes} == names, outcomes
         assert all(n == 1 for n in outcomes.values()), "one outcome per due event"
-        assert {outcome for _, outcome in outcomes} == {"deleted"}
+        # `already_gone` only for a DELETE that committed although its answer was an error
+        # (etcd went away under it): the API server's audit log shows which.
+        per_object = deletes(audit_log, ns)
+        check_one_delete_each(per_object, names)
+        assert {name for name, outcome in outcomes if outcome != "deleted"} <= {
+            name for name, rs in per_object.items() if unanswered(rs)
+        }, outcomes
+        assert {outcome for _, outcome in outcomes} <= {"deleted", "already_gone"}
         assert all(row["latencySeconds"] >= 0 for row in history), "none deleted early"
         assert status["deadLetters"] == 0
+        attempts = sum(len(rs) for rs in per_object.values())
+        cut = sum(len(unanswered(rs)) for rs in per_object.values())
         print(
-            f"\napi-server outage {(up_at - down_at).total_seconds():.0f}s, {count} due in it, "
-            f"lost 0, all deleted {recovered:.1f}s after the restart"
+            f"\n{killed} killed for {(up_at - down_at).total_seconds():.0f}s, {count} due in it, "
+            f"lost 0, all deleted {recovered:.1f}s after the restart; {attempts} DELETEs "
+            f"({cut} answered 5xx), at most one successful per object, one outcome each"
         )
     finally:
         assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
@@ -171,8 +246,15 @@ async def kfp_database() -> AsyncIterator[Database]:
         yield db
 
 
+# Black-holed, a call in flight learns nothing until its own timeout (the row store's
+# 60 s): the test then proves lapse neither hangs nor dead-letters, only that it waits.
+@pytest.mark.parametrize("drop", [False, True], ids=["refused", "black-holed"])
 async def test_an_unreachable_database_is_waited_out_and_every_row_deletion_happens(
-    tmp_path: Path, own_nats: EmbeddedNats, own_kube: KubeStack, kfp_database: Database
+    tmp_path: Path,
+    own_nats: EmbeddedNats,
+    own_kube: KubeStack,
+    kfp_database: Database,
+    drop: bool,
 ) -> None:
     kube = own_kube
     real = make_url(kfp_database.url)
@@ -192,31 +274,38 @@ async def test_an_unreachable_database_is_waited_out_and_every_row_deletion_happ
             labels = {"pipeline/runid": run_id, "pipeline/persistedFinalState": "true"}
             await kube.workflows.create(ns, finished_workflow(f"kfp-{i}", labels=labels))
         await asyncio.sleep(2)  # planned; the rows come due 6 s after finishing
-        line.sever()
+        line.sever(drop=drop)
         await asyncio.sleep(OUTAGE_SECONDS)
+        during = lapse_json("status", config=config)
         line.mend()
         mended = datetime.now(UTC)
+        assert during["deadLetters"] == 0
 
         async def rows_gone() -> bool:
             async with engine.connect() as conn:
                 counts = [await kfp_counts(conn, r) for r in run_ids]
             return all(sum(c.values()) == 0 for c in counts)
 
-        await wait_for(rows_gone, timeout=120, interval=0.5)
+        await wait_for(rows_gone, timeout=180, interval=0.5)
         recovered = (datetime.now(UTC) - mended).total_seconds()
         history = lapse_json("history", "-n", ns, "--target", "database", config=config)
         outcomes = outcomes_by_name(history, "database")
+        late = max(row["latencySeconds"] for row in history)
         assert {name for name, outcome in outcomes if outcome == "deleted"} == {
             f"kfp-{i}" for i in range(len(run_ids))
         }, outcomes
         assert all(n == 1 for n in outcomes.values()), "one outcome per due event"
         assert lapse_json("status", config=config)["deadLetters"] == 0
         print(
-            f"\ndatabase outage {OUTAGE_SECONDS:.0f}s, {len(run_ids)} runs' rows due in it, "
-            f"lost 0, all deleted {recovered:.1f}s after it ended"
+            f"\ndatabase {'black-holed' if drop else 'refusing'} {OUTAGE_SECONDS:.0f}s, "
+            f"{len(run_ids)} runs' rows due in it, lost 0, all deleted {recovered:.1f}s after "
+            f"it ended (latest {late:.1f}s after its deadline), one outcome each, DLQ 0"
         )
     finally:
-        assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
+        # Not hung either: a stop is prompt even with connections that never answer.
+        began = asyncio.get_running_loop().time()
+        assert up.stop(signal.SIGTERM) == 0, (tmp_path / "up.log").read_text()[-3000:]
+        assert asyncio.get_running_loop().time() - began < 30
         await engine.dispose()
         await line.stop()
 

@@ -1,21 +1,27 @@
-"""Mutated events straight onto lapse's NATS subjects: the dispatcher and the real handlers
-(ttl-planner, object-reaper, against the real kube-apiserver) never crash, never delete
-anything, and answer every message (handled, or recorded in the dead letters).
+"""Random and mutated events through the HTTP ingress and straight onto lapse's NATS
+subjects: the ingress answers every push 2xx or 4xx (never 5xx: a sender's fault is not
+lapse's trouble), and the dispatcher and the real handlers (ttl-planner, object-reaper,
+against the real kube-apiserver) never crash, never delete anything, and answer every
+message (handled, or recorded in the dead letters).
 
-Bounded for `make test` (a few hundred messages; hypothesis generates them, derandomized so
-a failure reproduces). The mutations start from valid `run.finished` and `cleanup.due`
-events and break them the ways peers do: wrong types, missing or extra keys, huge or
-negative numbers, odd Unicode, uids that cannot be subject tokens, garbage bodies, headers
-without a body.
+Bounded for `make test`: LAPSE_FUZZ_EXAMPLES (default 300) pushes and as many messages;
+hypothesis generates them, derandomized so a failure reproduces. The full size is
+`LAPSE_FUZZ_EXAMPLES=50000` (100,000 events in all). The mutations start from valid
+`run.finished`, `cleanup.due` and Knative ApiServerSource events and break them the ways
+peers do: wrong types, missing or extra keys, huge or negative numbers, odd Unicode, uids
+that cannot be subject tokens, garbage bodies, headers without a body, wrong content types.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,6 +35,7 @@ from events.types import EventType
 from lapse.config import LapseConfig, Streams
 from lapse.embedded.nats import EmbeddedNats
 from lapse.runtime.dispatcher import Dispatcher, Subscription
+from lapse.runtime.ingress import nats_ingress
 from lapse.runtime.outages import Backoff
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
@@ -40,7 +47,7 @@ from tests.unit.test_object_reaper_verdict import argo_workflow
 pytestmark = [pytest.mark.kube, pytest.mark.nats]
 
 STREAMS = Streams()
-MESSAGES = 300
+MESSAGES = int(os.environ.get("LAPSE_FUZZ_EXAMPLES", "300"))
 NAMESPACE = "fuzz"
 
 JSON = st.recursive(
@@ -120,8 +127,50 @@ def messages(
     return subject, headers, body
 
 
-def generate(sentinels: list[tuple[str, str]]) -> list[tuple[str, dict[str, str], bytes]]:
-    found: list[tuple[str, dict[str, str], bytes]] = []
+# What an HTTP header can carry on the wire: latin-1 text without line breaks.
+HEADER_TEXT = st.text(
+    alphabet=st.characters(min_codepoint=0x20, max_codepoint=0xFF, exclude_characters="\x7f"),
+    max_size=60,
+)
+
+
+@st.composite
+def pushes(draw: st.DrawFn, sentinels: list[dict[str, Any]]) -> tuple[dict[str, str], bytes]:
+    """One HTTP push to the ingress: a sentinel Workflow as Knative's ApiServerSource sends
+    it (binary or structured mode), mutated, or random bytes."""
+    workflow = draw(st.sampled_from(sentinels))
+    kind = draw(st.sampled_from(["add", "update", "delete"]))
+    attributes = {
+        "specversion": "1.0",
+        "id": f"push-{draw(st.uuids())}",
+        "source": "https://10.96.0.1:443",
+        "type": f"dev.knative.apiserver.resource.{kind}",
+        "subject": f"/apis/argoproj.io/v1alpha1/namespaces/{NAMESPACE}/workflows/x",
+    }
+    data: Any = workflow
+    part = draw(st.sampled_from(["data", "attribute", "drop", "body", "content-type", "valid"]))
+    if part == "data":
+        data = mutate(workflow, draw)
+    elif part == "attribute":
+        attributes[draw(st.sampled_from(sorted(attributes)))] = draw(HEADER_TEXT)
+    elif part == "drop":
+        del attributes[draw(st.sampled_from(sorted(attributes)))]
+    if draw(st.booleans()):  # binary content mode
+        headers = {f"ce-{k}": v for k, v in attributes.items()}
+        headers["content-type"] = "application/json"
+        body = json.dumps(data, default=str).encode()
+    else:
+        headers = {"content-type": "application/cloudevents+json"}
+        body = json.dumps({**attributes, "data": data}, default=str).encode()
+    if part == "body":
+        body = draw(st.binary(max_size=300))
+    elif part == "content-type":
+        headers["content-type"] = draw(HEADER_TEXT)
+    return headers, body
+
+
+def generate(strategy: st.SearchStrategy[Any]) -> list[Any]:
+    found: list[Any] = []
 
     @settings(
         max_examples=MESSAGES,
@@ -130,9 +179,9 @@ def generate(sentinels: list[tuple[str, str]]) -> list[tuple[str, dict[str, str]
         suppress_health_check=list(HealthCheck),
         deadline=None,
     )
-    @given(messages(sentinels))
-    def collect(message: tuple[str, dict[str, str], bytes]) -> None:
-        found.append(message)
+    @given(strategy)
+    def collect(example: Any) -> None:
+        found.append(example)
 
     collect()
     return found
@@ -154,8 +203,9 @@ async def test_mutated_events_on_the_subjects_crash_nothing_and_delete_nothing(
         )
         created.append(await kube.workflows.create(ns, body))
     sentinels = [(w["metadata"]["uid"], w["metadata"]["name"]) for w in created]
-    batch = generate(sentinels)
-    assert len(batch) == MESSAGES
+    batch = generate(messages(sentinels))
+    pushed = generate(pushes(created))
+    assert len(batch) == len(pushed) == MESSAGES
 
     config = LapseConfig.model_validate({"kubernetes": {"kubeconfig": str(kube.kubeconfig)}})
     async with Resources(config, nats_url=nats_server.url) as resources:
@@ -172,19 +222,29 @@ async def test_mutated_events_on_the_subjects_crash_nothing_and_delete_nothing(
             backoff=Backoff(first=0.05, cap=0.2),
         )
         running = asyncio.create_task(dispatcher.run())
-        for subject, headers, body in batch:
-            await lapse_streams.publish(subject, body, headers=headers)
-
-        async def all_answered() -> bool:
-            for route in routes:
-                info = await lapse_streams.consumer_info(
-                    route.stream(STREAMS), f"lapse-{route.name}"
-                )
-                if info.num_pending or info.num_ack_pending:
-                    return False
-            return True
-
+        answers: Counter[int] = Counter()
         try:
+            for subject, headers, body in batch:
+                await lapse_streams.publish(subject, body, headers=headers)
+            # Through the ingress `lapse up` serves (what it stores reaches the handlers too).
+            ingress = await nats_ingress(lapse_streams, config)
+            transport = httpx.ASGITransport(app=ingress)
+            async with httpx.AsyncClient(transport=transport, base_url="http://lapse") as http:
+                for headers, body in pushed:
+                    raw = {k: v.encode("latin-1") for k, v in headers.items()}
+                    response = await http.post("/", headers=raw, content=body)
+                    answers[response.status_code] += 1
+            await ingress.flush()
+
+            async def all_answered() -> bool:
+                for route in routes:
+                    info = await lapse_streams.consumer_info(
+                        route.stream(STREAMS), f"lapse-{route.name}"
+                    )
+                    if info.num_pending or info.num_ack_pending:
+                        return False
+                return True
+
             await wait_for(all_answered, timeout=180, interval=0.5)
         finally:
             dispatcher.stop()
@@ -198,4 +258,13 @@ async def test_mutated_events_on_the_subjects_crash_nothing_and_delete_nothing(
     # Every message left a trace: a dead letter, or an audit record of what was decided
     # (schedules, reschedules, refusals); none vanished unanswered (checked above).
     assert dead > 0 and audit > 0
-    print(f"\nfuzz: {MESSAGES} messages, {dead} dead-lettered, {audit} audit records, 0 deleted")
+    # Every push was answered, and never with a 5xx: 202 stored or ignored, 4xx refused
+    # (counted, and recorded up to ingress.max_records_per_minute).
+    assert sum(answers.values()) == MESSAGES
+    assert {code // 100 for code in answers} <= {2, 4}, answers
+    assert answers[202] > 0 and answers[400] > 0, answers
+    print(
+        f"\nfuzz: {MESSAGES} messages on the subjects and {MESSAGES} pushes to the ingress "
+        f"(answers {dict(sorted(answers.items()))}); {dead} dead-lettered, {audit} audit "
+        "records, 0 crashes, 0 deleted"
+    )

@@ -87,6 +87,7 @@ nats:
   url: nats://a:4222,nats://b:4222
   streams: {schedule: S, events: E, audit: A, dlq: D}
   replicas: 3
+  placement: {cluster: east, tags: [ssd, "az:1"]}
   audit_max_age: 90d
   max_deliver: 8
   ack_wait: 2m
@@ -132,6 +133,8 @@ def test_a_full_file(tmp_path: Path) -> None:
     assert config.nats.url == "nats://a:4222,nats://b:4222"
     assert config.nats.streams.dlq == "D"
     assert (config.nats.replicas, config.nats.max_deliver) == (3, 8)
+    assert config.nats.placement.cluster == "east"
+    assert config.nats.placement.tags == ("ssd", "az:1")
     assert config.nats.audit_max_age == timedelta(days=90)
     assert config.nats.ack_wait == timedelta(minutes=2)
     assert config.database.targets.argo_archive.cluster_name == "east"
@@ -231,8 +234,8 @@ def test_lapse_variables_without_a_double_underscore_are_not_overrides() -> None
         (
             "nats:\n  url: nats://x\n  urll: nats://y\n",
             "lapse.yaml: nats.urll: unknown key (expected one of: url, streams, replicas, "
-            "audit_max_age, max_deliver, ack_wait, user, password, password_file, token, "
-            "token_file, nkey_file, creds_file, tls)",
+            "placement, audit_max_age, max_deliver, ack_wait, user, password, password_file, "
+            "token, token_file, nkey_file, creds_file, tls)",
         ),
         (
             "natz: {}\n",
@@ -360,8 +363,8 @@ def test_file_errors_name_the_key(tmp_path: Path, text: str, message: str) -> No
         (
             {"LAPSE_NATS__URLL": "x"},
             "LAPSE_NATS__URLL: unknown setting 'nats.urll' (expected one of: url, streams, "
-            "replicas, audit_max_age, max_deliver, ack_wait, user, password, password_file, "
-            "token, token_file, nkey_file, creds_file, tls)",
+            "replicas, placement, audit_max_age, max_deliver, ack_wait, user, password, "
+            "password_file, token, token_file, nkey_file, creds_file, tls)",
         ),
         (
             {"LAPSE_NATZ__URL": "x"},

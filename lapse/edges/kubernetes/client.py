@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import threading
 import time
@@ -107,6 +108,15 @@ def load_api_client(
             config_file=kubeconfig, context=context, client_configuration=configuration
         )
     configuration.connection_pool_maxsize = pool_size
+    # urllib3's default (3 tries more) would retry a read error or timeout, so a call blocked
+    # up to four request timeouts before lapse heard of the outage and a DELETE whose answer
+    # was lost was sent again blind; and it slept out a 429's Retry-After on the thread, then
+    # raised without the status. Only a connection that could not be made is tried again
+    # here; every answer, 429 and its Retry-After included, is the handler's to judge.
+    configuration.retries = urllib3.Retry(
+        total=2, connect=2, read=0, status=0, other=0, redirect=False,
+        respect_retry_after_header=False, raise_on_status=False,
+    )  # fmt: skip
     if qps is not None:
         return RateLimitedApiClient(configuration, RateLimiter(qps, burst or max(1, int(qps))))
     return client.ApiClient(configuration)
@@ -210,5 +220,8 @@ async def request(
 
 
 def timeout_kwargs(seconds: float | None) -> dict[str, Any]:
-    """The client's per-request timeout keyword, when one is wanted."""
-    return {"_request_timeout": seconds} if seconds is not None else {}
+    """The client's per-request timeout keyword, when one is wanted: whole seconds, because
+    the client takes only an int (or a tuple) and silently ignores a float, so a call to an
+    API server that answers nothing (its etcd gone) waited for the server's own timeout, or
+    forever."""
+    return {"_request_timeout": max(1, math.ceil(seconds))} if seconds is not None else {}
