@@ -85,7 +85,7 @@ cluster-stop: ## Stop that cluster and restore the host (processes, mounts, ipta
 	bash scripts/cluster/stop.sh
 
 test-cluster: install cluster ## The tests on the real cluster (started here, stopped after, pass or fail)
-	$(BIN)/pytest -p no:cacheprovider tests/cluster; status=$$?; \
+	$(BIN)/pytest -p no:cacheprovider -rP tests/cluster; status=$$?; \
 	  bash scripts/cluster/stop.sh; exit $$status
 
 clean: ## Remove the virtualenv and caches kept inside the repository
