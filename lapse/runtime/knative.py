@@ -39,6 +39,10 @@ class FunctionShell:
         self._handler: Handler | None = None
         self._resources: Resources | None = None
         self._problem = "starting"
+        # Started, but the configuration gives this function nothing to do (the row-reaper
+        # without a database target): Ready, so its Trigger resolves, and anything routed
+        # to it is refused with the reason until the configuration gives it work.
+        self._idle = False
         self._setup: asyncio.Task[None] | None = None
         self._telemetry = Telemetry()
 
@@ -57,8 +61,11 @@ class FunctionShell:
             config = load_config(env.get("LAPSE_CONFIG"), env=env)
             self._resources = Resources(config)
             self._handler = await build_handler(self.name, self._resources)
-            self._problem = "" if self._handler else "nothing to do with this configuration"
-            log.info("%s ready", self.name)
+            if self._handler is None:
+                self._idle = True
+                log.warning("%s ready, idle: nothing to do with this configuration", self.name)
+            else:
+                log.info("%s ready", self.name)
         except ConfigError as exc:
             self._problem = f"configuration: {exc}"
         except Exception as exc:
@@ -81,13 +88,18 @@ class FunctionShell:
         return True
 
     def ready(self) -> tuple[bool, str]:
+        if self._idle:
+            return (True, "idle: nothing to do with this configuration")
         return (self._handler is not None, self._problem or "ready")
 
     async def handle(self, scope: Scope, receive: Receive, send: Any) -> None:
         # func-python's `send` takes CloudEvents; its `.http` passes raw ASGI messages.
         raw: Send = getattr(send, "http", send)
         if self._handler is None:
-            await respond(raw, 503, f"{self.name} not ready: {self._problem}")
+            # 503 either way: the Broker keeps the event (retries, then the dead-letter
+            # sink, from where `lapse dlq replay` delivers it once this is fixed).
+            why = "nothing to do with this configuration" if self._idle else "not ready"
+            await respond(raw, 503, f"{self.name}: {why} {self._problem}".rstrip())
             return
         event = scope["event"]
         method, path = str(scope.get("method", "POST")), str(scope.get("path", "/"))

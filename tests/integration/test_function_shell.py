@@ -16,9 +16,10 @@ from func_python.cloudevent import ASGIApplication
 from nats.js import JetStreamContext
 
 from events.builder import build_event
-from events.models import RunFinished
+from events.models import CleanupDue, RunFinished
 from events.run import Engine, RunRef, Target
 from events.types import EventType
+from functions.row_reaper.function import new as new_row_reaper
 from functions.ttl_planner.function import new
 from lapse.config import Streams
 from lapse.edges.nats import connect
@@ -75,6 +76,37 @@ async def test_function_with_bad_config_is_not_ready() -> None:
         transport=httpx.ASGITransport(app=app), base_url="http://f"
     ) as http:
         assert (await http.get("/health/readiness")).status_code == 500
+
+
+async def test_a_function_with_nothing_to_do_is_ready_and_refuses_work(
+    nats_server: EmbeddedNats,
+) -> None:
+    """The row-reaper without a database target: Ready (its Trigger resolves), and a due
+    event routed to it anyway is answered 503, so the Broker keeps it (retries, then the
+    dead-letter sink) instead of losing it."""
+    function = new_row_reaper()
+    function.start({"LAPSE_NATS__URL": nats_server.url})
+    await function.started()
+    ready, why = function.ready()
+    assert ready is True and "idle" in why
+    app = ASGIApplication(function)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://f"
+    ) as http:
+        assert (await http.get("/health/readiness")).status_code == 200
+        run = RunRef(
+            engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+            namespace="ns", name="wf", uid=str(uuid.uuid4()), phase="Succeeded",
+        )  # fmt: skip
+        due = CleanupDue(
+            run=run, target=Target.DATABASE, deadline=datetime.now(UTC), policy="p",
+            scheduled_at=datetime.now(UTC),
+        )  # fmt: skip
+        message = to_binary_event(build_event(EventType.CLEANUP_DUE, source="/test", data=due))
+        answer = await http.post("/", headers=message.headers, content=message.body)
+        assert answer.status_code == 503
+        assert "nothing to do with this configuration" in answer.text
+    function.stop()
 
 
 async def test_lapse_serve_runs_a_function_over_http(
