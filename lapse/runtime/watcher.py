@@ -33,6 +33,7 @@ from events.kinds import KindSpec
 from events.models import CleanupFailed, RunDeleted, RunFinished
 from events.types import EventType
 from lapse.edges.kubernetes import KubeObjects, finished_pages
+from lapse.runtime.outages import Backoff, nats_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -167,4 +168,24 @@ class KindWatcher:
         # Deterministic id: the same object version is the same event, which JetStream's
         # duplicate window drops when a re-list repeats it.
         event_id = f"{metadata['uid']}.{metadata.get('resourceVersion', '')}.{event_type.value}"
-        await self._publish(build_event(event_type, source=SOURCE, data=result, id=event_id))
+        await self._publish_until_stored(
+            build_event(event_type, source=SOURCE, data=result, id=event_id)
+        )
+
+    async def _publish_until_stored(self, event: BaseCloudEvent) -> None:
+        """NATS unavailable (a stream leader being elected, a restart) is waited out here,
+        holding the watch where it is, rather than ending the watch and starting it over."""
+        backoff = Backoff(first=0.2, cap=5.0)
+        attempt = 0
+        while True:
+            try:
+                await self._publish(event)
+                return
+            except Exception as exc:
+                reason = nats_unavailable(exc)
+                if reason is None:
+                    raise
+                attempt += 1
+                delay = backoff.delay(attempt)
+                log.info("%s: %s; publishing again in %.1fs", self.kind.name, reason, delay)
+                await asyncio.sleep(delay)
