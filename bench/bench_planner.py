@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/bench_planner.py [--events 20000] [--concurrency 256]
 
-Each event costs the planner one schedule lookup, one schedule publish and one audit
-publish, all acknowledged by JetStream. The design target is 2,000 events/s per process.
+Each new run costs the planner, per target, one schedule lookup (a direct get) and one
+schedule publish, then one audit publish, all acknowledged by JetStream. The issue's
+target is 5,000 events/s per process (the design's first one was 2,000).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from lapse.edges.schedules import NatsScheduleStore
 from lapse.edges.streams import ensure_streams, stream_configs
 from lapse.embedded.nats import EmbeddedNats
 
-TARGET_PER_SECOND = 2000
+TARGET_PER_SECOND = 5000
 
 
 def finished_event(now: datetime) -> object:
@@ -57,9 +58,10 @@ async def bench(events: int, concurrency: int) -> None:
                 async with slots:
                     await planner.handle(event)  # type: ignore[arg-type]
 
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             await asyncio.gather(*(plan(e) for e in inputs))
             first = time.perf_counter() - start
+            cpu_us = (time.process_time() - cpu) / events * 1e6
             start = time.perf_counter()
             await asyncio.gather(*(plan(e) for e in inputs))  # redelivery: no-ops
             again = time.perf_counter() - start
@@ -69,6 +71,7 @@ async def bench(events: int, concurrency: int) -> None:
     rate, replan = events / first, events / again
     print(f"planner: {events} new runs in {first:.1f} s = {rate:,.0f} events/s "
           f"({rate / TARGET_PER_SECOND:.2f}x the {TARGET_PER_SECOND}/s target)")  # fmt: skip
+    print(f"planner: {cpu_us:.0f} µs of this process's CPU per new run (nats-server apart)")
     print(f"planner: {events} unchanged re-plans in {again:.1f} s = {replan:,.0f} events/s")
 
 

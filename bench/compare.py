@@ -899,7 +899,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             **asdict(scale),
             "namespace": NAMESPACE,
             "lapse_config": "kubernetes qps/burst 100000, max_deletions_per_second 1e6, "
-            "mass_deletion_brake off, ack_wait 30s (default)",
+            "mass_deletion_brake off, nats.ack_wait at its default",
             "argo": "--namespaced --managed-namespace bench, LEADER_ELECTION_DISABLE=true, "
             "ConfigMap metricsConfig/telemetryConfig enabled: false; defaults (qps 20, "
             "burst 30) and --qps 50 --burst 100",

@@ -39,6 +39,12 @@ def due_subject(target: Target, uid: str) -> str:
     return f"{DUE_PREFIX}.{target.value}.{_token(uid)}"
 
 
+def schedule_or_due_subject(target: Target, uid: str) -> str:
+    """Both of the above at once (`lapse.*.<target>.<uid>`), for reading a run's newest
+    schedule state in one lookup. Holds because both prefixes are `lapse.<one token>`."""
+    return f"lapse.*.{target.value}.{_token(uid)}"
+
+
 def event_subject(event_type: str) -> str:
     """Ingress subject for a lifecycle event type (dots in the type become tokens)."""
     return f"{EVENTS_PREFIX}.{event_type}"

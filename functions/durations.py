@@ -10,6 +10,7 @@ delete the run early.
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import timedelta
 from enum import Enum
@@ -52,6 +53,7 @@ class DurationError(FunctionError, ValueError):
         self.problem = problem
 
 
+@functools.lru_cache(maxsize=1024)  # pure; a fleet uses a handful of TTLs, parsed per event
 def parse_duration(text: str, *, what: str = "duration") -> timedelta:
     """Parse `90s`, `30m`, `12h`, `7d`, `2w`, or a combination largest unit first (`1d12h`).
 

@@ -162,7 +162,7 @@ class NatsConfig(_Section):
     max_deliver: int = Field(default=5, ge=1)
     # Short: it only decides how soon a dead process's work is delivered again; live work is
     # marked in progress by the dispatcher's heartbeats.
-    ack_wait: PositiveDuration = timedelta(seconds=5)
+    ack_wait: PositiveDuration = timedelta(seconds=4)
     # Authentication: one way at most. Secrets come from a file (`*_file`, read when
     # connecting) or from the environment (LAPSE_NATS__PASSWORD, LAPSE_NATS__TOKEN); they
     # are never logged and never shown by repr.

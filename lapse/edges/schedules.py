@@ -14,7 +14,7 @@ from datetime import datetime
 
 from cloudevents.core.base import BaseCloudEvent
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerInfo
+from nats.js.api import AckPolicy, ConsumerInfo, RawStreamMsg
 from nats.js.errors import NotFoundError
 
 from events.builder import parse_payload
@@ -22,7 +22,12 @@ from events.errors import InvalidEvent
 from events.models import CleanupDue
 from events.nats_binding import from_nats
 from events.run import Target
-from events.subjects import due_subject, schedule_subject
+from events.subjects import (
+    SCHEDULE_PREFIX,
+    due_subject,
+    schedule_or_due_subject,
+    schedule_subject,
+)
 from events.timeutil import format_rfc3339, parse_rfc3339
 from functions.ports import PendingSchedule
 from lapse.config import Streams
@@ -75,24 +80,25 @@ class NatsScheduleStore:
         self._consumers: tuple[float, list[ConsumerInfo]] | None = None
 
     async def get(self, target: Target, uid: str) -> PendingSchedule | None:
-        pending = await self._pending(target, uid)
-        return pending if pending is not None else await self._fired(target, uid)
+        # One lookup answers both questions: the newest message on either subject of this
+        # (target, uid) is its state. The server removes a schedule when it fires, and a
+        # schedule put after a firing is newer than the due message it follows.
+        msg = await self._last(schedule_or_due_subject(target, uid))
+        if msg is None:
+            return None
+        if (msg.subject or "").startswith(SCHEDULE_PREFIX + "."):
+            return _pending_of(msg, target, uid)
+        return await self._fired(msg, target, uid)
 
-    async def _pending(self, target: Target, uid: str) -> PendingSchedule | None:
+    async def _last(self, subject: str) -> RawStreamMsg | None:
+        """The stream's last message on `subject` (wildcards allowed), read by direct get:
+        any server holding the stream answers, without JetStream's JSON/base64 envelope."""
         try:
-            msg = await self._js.get_last_msg(self._stream, schedule_subject(target, uid))
+            return await self._js.get_last_msg(self._stream, subject, direct=True)
         except NotFoundError:
             return None
-        spec = (msg.headers or {}).get(SCHEDULE_HEADER, "")
-        if not spec.startswith(_AT):
-            return None
-        return PendingSchedule(target, uid, parse_rfc3339(spec[len(_AT) :]))
 
-    async def _fired(self, target: Target, uid: str) -> PendingSchedule | None:
-        try:
-            msg = await self._js.get_last_msg(self._stream, due_subject(target, uid))
-        except NotFoundError:
-            return None
+    async def _fired(self, msg: RawStreamMsg, target: Target, uid: str) -> PendingSchedule | None:
         try:
             due = parse_payload(from_nats(msg.headers, msg.data or b""), CleanupDue)
         except InvalidEvent:
@@ -137,10 +143,18 @@ class NatsScheduleStore:
             await self._js.publish(subject, message.body, stream=self._stream, headers=headers)
 
     async def cancel(self, target: Target, uid: str) -> bool:
-        if await self._pending(target, uid) is None:
+        msg = await self._last(schedule_subject(target, uid))
+        if msg is None or _pending_of(msg, target, uid) is None:
             return False
         await self._js.purge_stream(self._stream, subject=schedule_subject(target, uid))
         return True
+
+
+def _pending_of(msg: RawStreamMsg, target: Target, uid: str) -> PendingSchedule | None:
+    spec = (msg.headers or {}).get(SCHEDULE_HEADER, "")
+    if not spec.startswith(_AT):
+        return None
+    return PendingSchedule(target, uid, parse_rfc3339(spec[len(_AT) :]))
 
 
 def _takes(consumer: ConsumerInfo, subject: str) -> bool:

@@ -84,6 +84,7 @@ def stream_configs(
                 placement=where,
                 allow_msg_schedules=bool(spec.get("allow_msg_schedules")) or None,
                 allow_msg_ttl=bool(spec.get("allow_msg_ttl")) or None,
+                allow_direct=bool(spec.get("allow_direct")) or None,
                 # Publishers set Nats-Msg-Id to the CloudEvent id: duplicates within this
                 # window are dropped by the server.
                 duplicate_window=120.0,

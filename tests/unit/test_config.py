@@ -48,7 +48,7 @@ def test_no_file_and_no_environment_gives_the_documented_defaults() -> None:
     }
     assert (config.nats.replicas, config.nats.max_deliver) == (1, 5)
     assert config.nats.audit_max_age == timedelta(days=30)
-    assert config.nats.ack_wait == timedelta(seconds=5)
+    assert config.nats.ack_wait == timedelta(seconds=4)
     assert config.database.url is None
     assert not config.database.targets.kfp.enabled
     assert config.database.targets.argo_archive.cluster_name == "default"

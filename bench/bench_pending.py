@@ -1,0 +1,169 @@
+"""Memory against pending schedules: lapse's RSS and nats-server's, at 1k, 100k and 1M
+deletions waiting, and the lateness of fresh deletions at each level.
+
+    .venv/bin/python -m bench.bench_pending [--levels 1000,100000,1000000] [--name pending]
+
+`lapse up` runs against the bench stack's kube-apiserver and nats-server. The pending
+schedules are put straight into NATS through lapse's own ScheduleStore (due events for
+Workflows that do not exist, 30 days out): they cost lapse and NATS exactly what a pending
+deletion costs, without a million objects in etcd, which would measure etcd. At each level,
+after the stream settles, it samples both processes' RSS and the schedule stream's bytes,
+then creates `--probe` finished Workflows with a 3 s TTL and reads, from the API server's
+audit log, when lapse deleted each: lateness at that many pending. Writes
+bench/out/<name>.json. lapse holds nothing per pending schedule (the server keeps them), so
+its RSS should stay flat; nats-server's bytes per schedule are what a deployment sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from bench.compare import NAMESPACE, OUT_DIR, AuditLog, create_paced, machine
+from bench.harness import LAPSE_CLI, Stack, argo_crds, rss_mib
+from bench.report import lateness
+from bench.soak import streams
+from events.builder import build_event
+from events.models import CleanupDue
+from events.run import Engine, RunRef, Target
+from events.types import EventType
+from lapse.config import Streams
+from lapse.edges.nats import connect
+from lapse.edges.schedules import NatsScheduleStore
+
+SETTLE_S = 10.0  # after the last put, before sampling: the server's write-behind, GC
+BATCH = 2000  # puts in flight at once
+
+
+def due_event(deadline: datetime) -> tuple[str, Any]:
+    uid = str(uuid.uuid4())
+    run = RunRef(
+        engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+        namespace="pending", name=f"wf-{uid[:8]}", uid=uid, phase="Succeeded",
+        finished_at=deadline - timedelta(days=30), annotations={"lapse.dev/ttl": "30d"},
+    )  # fmt: skip
+    due = CleanupDue(
+        run=run, target=Target.KUBERNETES, deadline=deadline, policy="annotation",
+        scheduled_at=datetime.now(UTC),
+    )  # fmt: skip
+    return uid, build_event(EventType.CLEANUP_DUE, source="/bench/pending", data=due)
+
+
+async def put_pending(nats_url: str, count: int) -> float:
+    """Put `count` more schedules 30 days out; returns puts per second."""
+    nc = await connect(nats_url)
+    try:
+        store = NatsScheduleStore(nc.jetstream(), Streams())
+        deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(days=30)
+        started = time.monotonic()
+        for first in range(0, count, BATCH):
+            events = [due_event(deadline) for _ in range(min(BATCH, count - first))]
+            await asyncio.gather(
+                *(store.put(Target.KUBERNETES, uid, deadline, event) for uid, event in events)
+            )
+        return count / max(time.monotonic() - started, 1e-6)
+    finally:
+        await nc.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", default="1000,100000,1000000")
+    parser.add_argument("--probe", type=int, default=50, help="fresh deletions timed per level")
+    parser.add_argument("--name", default="pending")
+    args = parser.parse_args()
+    levels = sorted(int(n) for n in args.levels.split(","))
+
+    work = Path(tempfile.mkdtemp(prefix="lapse-pending-"))
+    stack = Stack(work, users=("lapse",)).start()
+    audit = AuditLog(stack.audit_log)
+    lapse: subprocess.Popen[bytes] | None = None
+    rows: list[dict[str, Any]] = []
+    try:
+        admin = stack.api()
+        for crd in argo_crds():
+            admin.apply("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        admin.apply("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        time.sleep(3)  # the CRD served
+        config = work / "lapse.yaml"
+        config.write_text(
+            f"nats: {{url: '{stack.nats_url}'}}\n"
+            f"kubernetes: {{kubeconfig: '{stack.kubeconfig_for('lapse', work / 'kc')}'}}\n"
+            "kinds: [argo-workflow]\n"
+        )
+        log = work / "lapse.log"
+        lapse = subprocess.Popen(
+            [*LAPSE_CLI, "--config", str(config), "up", "--state-dir", str(work / "state"),
+             "--listen", ""],
+            stdout=log.open("wb"), stderr=subprocess.STDOUT,
+            env={**os.environ, "OTEL_SDK_DISABLED": "true"},
+        )  # fmt: skip
+        while "lapse is running" not in log.read_text():
+            if lapse.poll() is not None:
+                raise SystemExit(f"lapse up exited:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        pending = 0
+        for level in levels:
+            rate = asyncio.run(put_pending(stack.nats_url, level - pending))
+            pending = level
+            time.sleep(SETTLE_S)
+            sched = streams(stack.nats_monitor_url).get(Streams().schedule, {})
+            due = create_paced(admin, f"probe-{level}", "probe", args.probe, 10, 3)
+            limit = max(due.values()) + 60
+            while audit.deleted("lapse", set(due)) < len(due) and time.time() < limit:
+                time.sleep(0.5)
+            late = lateness(due, audit.read(), "lapse")
+            row = {
+                "pending": level,
+                "put_per_s": round(rate),
+                "lapse_rss_mib": rss_mib(lapse.pid),
+                "nats_rss_mib": rss_mib(stack.nats_pid),
+                "schedule_stream_messages": sched.get("messages"),
+                "schedule_stream_bytes": sched.get("bytes"),
+                "stream_bytes_per_pending": round(sched.get("bytes", 0) / max(level, 1)),
+                "probe": late.as_dict(),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        if lapse is not None and lapse.poll() is None:
+            lapse.send_signal(signal.SIGINT)
+            lapse.wait(timeout=60)
+        stack.stop()
+
+    first, last = rows[0], rows[-1]
+    growth = (last["lapse_rss_mib"] or 0) / max(first["lapse_rss_mib"] or 1, 1e-6) - 1
+    nats_delta = (last["nats_rss_mib"] or 0) - (first["nats_rss_mib"] or 0)
+    span = max(last["pending"] - first["pending"], 1)
+    result = {
+        "name": args.name,
+        "machine": machine(),
+        "levels": rows,
+        "lapse_rss_growth_pct": round(growth * 100, 1),
+        "lapse_memory_flat": abs(growth) <= 0.10,
+        "nats_rss_bytes_per_pending": round(nats_delta * 2**20 / span),
+        "nats_stream_bytes_per_pending": last["stream_bytes_per_pending"],
+    }
+    OUT_DIR.mkdir(exist_ok=True)
+    (OUT_DIR / f"{args.name}.json").write_text(json.dumps(result, indent=2))
+    print(
+        f"pending: lapse RSS {first['lapse_rss_mib']:.0f} -> {last['lapse_rss_mib']:.0f} MiB "
+        f"({result['lapse_rss_growth_pct']:+}%) from {first['pending']:,} to "
+        f"{last['pending']:,}; nats-server {result['nats_rss_bytes_per_pending']} B of RSS and "
+        f"{result['nats_stream_bytes_per_pending']} B on disk per pending schedule"
+    )
+    return 0 if all(r["probe"]["lost"] == 0 and r["probe"]["early"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
