@@ -62,6 +62,7 @@ demo: install ## A self-contained tour on embedded servers (about a minute)
 bench: install databases kube ## Benchmarks (printed figures; see bench/), ending with bench-quick's full-size run
 	$(BIN)/python bench/bench_planner.py
 	$(BIN)/python bench/bench_row_reaper.py
+	$(BIN)/python -m bench.bench_pending
 	$(BIN)/python -m bench.compare
 
 bench-quick: install kube ## lapse vs Argo's controller vs a janitor sweep, scaled down (bench/out/bench-quick.json)

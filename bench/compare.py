@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import dataclasses
 import io
 import json
 import math
@@ -431,7 +432,7 @@ class Bench:
             text, summary = profile_summary(prof)
             OUT_DIR.mkdir(parents=True, exist_ok=True)
             (OUT_DIR / f"{name}-{prof.stem}.txt").write_text(text)
-            tool = prof.stem.rsplit("-", 1)[0]  # lapse-3, lapse-1req-0
+            tool = prof.stem.rsplit("-", 1)[0]  # lapse-3, lapse-read-first-0
             self.phases[tool].setdefault("profile", {})[prof.stem] = summary
 
     def say(self, text: str) -> None:
@@ -487,6 +488,40 @@ class Bench:
             f"{tool.name}: drained {late.deleted:,}/{len(due):,}, "
             f"{phase['drain_per_s']}/s first to last ({left:,} left, removed)"
         )
+
+    def backlog_pair(self, tool: Tool) -> None:
+        """The same backlog drained by two processes of `tool` on one NATS (they share its
+        durable consumers, so the server splits the work): how far the drain scales."""
+        s = self.scale
+        twin = dataclasses.replace(
+            tool,
+            name=f"{tool.name}-twin",
+            command=[a.replace("/state", "/state-twin") for a in tool.command],
+            log=tool.log.with_name(f"{tool.name}-twin.log"),
+            process=None,
+            starts=0,
+        )
+        names = [f"pair-{tool.user}-{i:06d}" for i in range(s.backlog)]
+        due, _ = create_many(self.admin, names, "pair", int(time.time()) - 3600, 60)
+        started = min(tool.run(), twin.run())
+        self.wait_deleted(tool, due, s.backlog_cap_s, after_last_due=False)
+        late = lateness(due, self.audit.read(), tool.user)
+        times = sorted(t for k, t in deletions(self.audit.requests, tool.user).items() if k in due)
+        span = times[-1] - times[0] if len(times) > 1 else 0.0
+        one = self.phases[tool.name].get("backlog", {}).get("drain_per_s")
+        two = round((len(times) - 1) / span, 1) if span > 0 else None
+        self.phases[tool.name]["backlog_two_processes"] = {
+            "objects": len(due),
+            "deleted": late.deleted,
+            "seconds_from_start": round((times[-1] if times else time.time()) - started, 1),
+            "drain_per_s": two,
+            "vs_one_process": round(two / one, 2) if one and two else None,
+            "duplicate_deletes": late.duplicate_deletes,
+        }
+        tool.stop()
+        twin.stop()
+        delete_set(self.admin, "pair")
+        self.say(f"{tool.name} x2: drained {late.deleted:,}/{len(due):,}, {two}/s")
 
     def session(self, tool: Tool, index: int) -> None:
         s = self.scale
@@ -626,6 +661,9 @@ class Bench:
             "restart_lost": kill.get("window", {}).get("lost"),
         }
         if tool.is_lapse:
+            pair = p.get("backlog_two_processes", {})
+            figures["drain_two_processes_per_s"] = pair.get("drain_per_s")
+            figures["drain_two_processes_vs_one"] = pair.get("vs_one_process")
             figures["planner_events_per_s"] = _round(p.get("planner", {}).get("events_per_s"), 1)
             figures["nats_rss_mib"] = _round(p.get("memory", {}).get("nats_rss_mib"), 1)
             small = p.get("memory_small", {})
@@ -754,9 +792,9 @@ def make_tools(
 ) -> list[Tool]:
     env = {"OTEL_SDK_DISABLED": "true"}
     tools = []
-    # lapse as shipped (a fresh GET before each DELETE), and with safety.read_before_delete
-    # off (the DELETE held to the planned version: one request a deletion).
-    for name, read_first in (("lapse", True), ("lapse-1req", False)):
+    # lapse as shipped (read_before_delete auto: the watcher's version DELETEd held to its
+    # resourceVersion, one request a deletion), and reading every object first (true).
+    for name, read_first in (("lapse", "auto"), ("lapse-read-first", "true")):
         lapse_dir = work / name
         lapse_dir.mkdir()
         config = lapse_dir / "lapse.yaml"
@@ -767,7 +805,7 @@ def make_tools(
             "safety:\n"
             "  max_deletions_per_second: 1000000\n"
             "  mass_deletion_brake: {enabled: false}\n"
-            f"  read_before_delete: {'true' if read_first else 'false'}\n"
+            f"  read_before_delete: {read_first}\n"
         )
         lapse = LAPSE_CLI
         if profile:  # one profile per process start ({start}), written when it stops
@@ -853,7 +891,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     began = time.time()
     host = machine()
     print(f"bench {args.name}: work dir {work}", flush=True)
-    users = ("lapse", "lapse-1req", "argo", "argo-qps50", "janitor", "ceiling")
+    users = ("lapse", "lapse-read-first", "argo", "argo-qps50", "janitor", "ceiling")
     stack = Stack(work / "stack", users)
     tools: list[Tool] = []
     try:
@@ -875,6 +913,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with Sampler(tools):
             for tool in tools:
                 bench.backlog(tool)
+                if tool.is_lapse:
+                    bench.backlog_pair(tool)
             names = [f"pending-{i:07d}" for i in range(scale.pending_small, scale.pending)]
             bench.say(f"creating {len(names):,} more pending objects ...")
             _, took = create_many(admin, names, "pending", int(time.time()), 30 * 86400)
@@ -938,7 +978,7 @@ def main() -> int:
     parser.add_argument("--name", help="output name: bench/out/<name>.json")
     parser.add_argument("--pending", type=int, help="override the number of pending objects")
     parser.add_argument(
-        "--tools", help="comma-separated subset: lapse,lapse-1req,argo,argo-qps50,janitor"
+        "--tools", help="comma-separated subset: lapse,lapse-read-first,argo,argo-qps50,janitor"
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument(

@@ -168,6 +168,13 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("requests_per_deletion", "API requests per deletion", "{:.2f}"),
     ("idle_requests_per_min", "idle API requests per min", "{:.1f}"),
     ("drain_per_s", "backlog drain (deletions/s)", "{:.1f}"),
+    ("drain_two_processes_per_s", "backlog drain, two processes (deletions/s)", "{:.1f}"),
+    (
+        "restart_inflight_done_after_restart_max_s",
+        "after kill -9: in flight done after restart, max (s)",
+        "{:.1f}",
+    ),
+    ("restart_lost", "after kill -9: lost", "{:d}"),
     ("restart_inflight_max_late_s", "after kill -9: in-flight max late (s)", "{:.1f}"),
     ("restart_duplicate_deletes", "after kill -9: duplicate DELETEs", "{:d}"),
     ("rss_mib", "RSS (MiB)", "{:.0f}"),

@@ -8,6 +8,7 @@ depends on how the configuration was read.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -60,10 +61,10 @@ class SafetyConfig(_Settings):
     wait_for_archiving: bool = True
     wait_for_kfp_persisted: bool = True
     gate_retry: GateRetry = GateRetry()
-    # true: GET every object before deleting it (2 requests a deletion). false: DELETE the
-    # version the planner read, with uid and resourceVersion preconditions, and GET only
-    # when the server refuses (409) or that version may not be deleted (1 request). Only
-    # safe when every run event comes from the API server (lapse's watcher, ApiServerSource,
-    # Tekton) and not from an ingress anyone can post to: the planned version's annotations
-    # are then trusted (docs/architecture.md, "How a deletion is made safe").
-    read_before_delete: bool = True
+    # auto: DELETE the version the planner read, with uid and resourceVersion preconditions,
+    # GETting only when the server refuses (409) or that version may not be deleted (1
+    # request a deletion), when lapse itself read that version from the API server (its
+    # watcher, reconcile, a fetch); GET first otherwise (events over HTTP: an ingress, the
+    # Knative Broker). true: always GET first (2 requests). false: never GET first, trusting
+    # whatever sent the run event (docs/architecture.md, "How a deletion is made safe").
+    read_before_delete: Literal["auto"] | bool = "auto"

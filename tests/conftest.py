@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -69,9 +70,27 @@ def install_crd(api_client: client.ApiClient, crd: dict[str, object]) -> None:
     while time.monotonic() < deadline:
         status = ext.read_custom_resource_definition(name).status
         if any(c.type == "Established" and c.status == "True" for c in status.conditions or []):
-            return
+            break
         time.sleep(0.2)
-    raise RuntimeError(f"CRD {name} never became Established")
+    else:
+        raise RuntimeError(f"CRD {name} never became Established")
+    # Established is not yet served: until its watch cache is ready, a LIST answers 429
+    # "storage is (re)initializing", which a test would take for a throttled API server.
+    spec: Any = crd["spec"]
+    objects = client.CustomObjectsApi(api_client)
+    while time.monotonic() < deadline:
+        try:
+            for version in spec["versions"]:
+                if version.get("served", True):
+                    objects.list_cluster_custom_object(
+                        spec["group"], version["name"], spec["names"]["plural"], limit=1
+                    )
+            return
+        except ApiException as exc:
+            if exc.status != 429:
+                raise
+        time.sleep(0.2)
+    raise RuntimeError(f"CRD {name} never served a LIST")
 
 
 @contextlib.contextmanager

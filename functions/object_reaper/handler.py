@@ -43,6 +43,7 @@ from events.builder import build_event, outcome_id, parse_payload, with_id
 from events.errors import InvalidEvent
 from events.kinds import DEFAULT_KINDS, TEKTON_TASKRUN, KindSet, KindSpec, UnknownKind
 from events.models import CleanupCompleted, CleanupDue, CleanupFailed, OriginalEvent
+from events.observed import is_observed, marked
 from events.original import capture_event
 from events.run import RunRef, Target
 from events.subjects import InvalidSubjectToken
@@ -157,13 +158,20 @@ class ObjectReaper:
             reason = f"{exc}; nothing was deleted"
             return await emit_all(self.emitter, [self._failed(run, reason, original)])
         try:
-            produced = await self._reap(due, kind, original)
+            produced = await self._reap(due, kind, original, self._trusts_planned(event))
         except InvalidSubjectToken as exc:
             produced = [self._failed(run, f"cannot reschedule: {exc}", original)]
         return await emit_all(self.emitter, [_as_outcome_of(event, e) for e in produced])
 
+    def _trusts_planned(self, event: BaseCloudEvent) -> bool:
+        """Whether the version this due event carries may be judged without reading it:
+        always with read_before_delete false, never with true, and with auto only when
+        lapse itself read that version from the API server (events/observed.py)."""
+        setting = self.safety.read_before_delete
+        return setting is False or (setting == "auto" and is_observed(event))
+
     async def _reap(
-        self, due: CleanupDue, kind: KindSpec, original: OriginalEvent
+        self, due: CleanupDue, kind: KindSpec, original: OriginalEvent, trusted: bool
     ) -> list[BaseCloudEvent]:
         """The safety sequence, top to bottom (docs/architecture.md, "How a deletion is made
         safe"). Every step is safe to repeat: redelivery finds the object gone. A refusal
@@ -175,9 +183,10 @@ class ObjectReaper:
         if (reason := out_of_scope(run.namespace, self.safety.namespaces)) is not None:
             return [self._completed(run, Outcome.SKIPPED, due.deadline, reason)]
         admitted = False
-        # 2'. With read_before_delete off, the version the planner read is judged first: if
-        #     it may be deleted, one DELETE held to that exact version settles it.
-        planned = None if self.safety.read_before_delete else self._as_planned(due, kind)
+        # 2'. When the version the planner read can be trusted (lapse read it itself, or
+        #     read_before_delete is off), it is judged first: if it may be deleted, one
+        #     DELETE held to that exact version settles it.
+        planned = self._as_planned(due, kind) if trusted else None
         for _ in range(MAX_CONFLICTS):
             if planned is not None:
                 verdict: Verdict = planned
@@ -192,7 +201,7 @@ class ObjectReaper:
                 return await self._conclude(due, kind, verdict, original)
             # 4. The mass-deletion brake, then the rate limit: once per due event.
             if not admitted:
-                held = await self._admit(verdict)
+                held = await self._admit(verdict, trusted)
                 if held is not None:
                     return held
                 admitted = True
@@ -266,8 +275,9 @@ class ObjectReaper:
             raise judged from exc
         return judged
 
-    async def _admit(self, verdict: Delete) -> list[BaseCloudEvent] | None:
-        """Brake, then rate limit. None: go ahead; otherwise the events of holding back."""
+    async def _admit(self, verdict: Delete, observed: bool) -> list[BaseCloudEvent] | None:
+        """Brake, then rate limit. None: go ahead; otherwise the events of holding back.
+        `observed`: the verdict's version is one lapse read (kept on a rescheduled event)."""
         now = self.clock()
         assert self.brake is not None and self.rate_limit is not None  # set in __post_init__
         brake = await self.brake.admit(now.timestamp())
@@ -288,7 +298,9 @@ class ObjectReaper:
                         stage=BRAKE_STAGE,
                     )
                 )
-            await self._put(verdict.run, verdict.deadline, verdict.policy, fire_at=until)
+            await self._put(
+                verdict.run, verdict.deadline, verdict.policy, fire_at=until, observed=observed
+            )
             detail = f"mass-deletion brake engaged: rescheduled for {until.isoformat()}"
             produced.append(
                 self._completed(verdict.run, Outcome.RESCHEDULED, verdict.deadline, detail)
@@ -345,9 +357,16 @@ class ObjectReaper:
                 assert_never(verdict)
 
     async def _put(
-        self, run: RunRef, deadline: datetime, policy: str, *, fire_at: datetime
+        self,
+        run: RunRef,
+        deadline: datetime,
+        policy: str,
+        *,
+        fire_at: datetime,
+        observed: bool = True,
     ) -> None:
-        """A new due event for `deadline`, delivered at `fire_at`."""
+        """A new due event for `deadline`, delivered at `fire_at`. `observed`: `run` is a
+        version lapse read (a fresh GET: every verdict but a planned Delete)."""
         pending = await self.schedules.get(Target.KUBERNETES, run.uid)
         if pending is not None and pending.deadline == fire_at:
             return  # the planner (or an earlier delivery of this event) already did it
@@ -359,7 +378,7 @@ class ObjectReaper:
             scheduled_at=self.clock(),
         )
         event = build_event(EventType.CLEANUP_DUE, source=SOURCE, data=due, **creation_context())
-        await self.schedules.put(Target.KUBERNETES, run.uid, fire_at, event)
+        await self.schedules.put(Target.KUBERNETES, run.uid, fire_at, marked(event, observed))
 
     async def _record_deletion(self, done: Delete, completed: BaseCloudEvent) -> None:
         if self.recorder is None:

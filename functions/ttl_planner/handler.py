@@ -32,6 +32,7 @@ from events.models import (
     RunDeleted,
     RunFinished,
 )
+from events.observed import is_observed, marked
 from events.original import capture_event
 from events.run import ContractModel, RunRef, Target
 from events.subjects import InvalidSubjectToken
@@ -71,9 +72,10 @@ class Planner:
     async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
         """Handle one incoming event; returns the events it emitted."""
         try:
-            change = await self._run_change(event)
-            if change is None:
+            found = await self._run_change(event)
+            if found is None:
                 return []
+            change, observed = found
             if isinstance(change, RunDeleted):
                 cancelled = await self._cancel(
                     change.run, Target.KUBERNETES, "the run object was deleted"
@@ -83,7 +85,8 @@ class Planner:
             run, first_seen = _with_reference_time(change.run, self.clock())
             decisions = plan(run, self.policies, self.clock())
             produced = [
-                await self._apply(run, d, keep_pending=first_seen) for d in decisions.values()
+                await self._apply(run, d, keep_pending=first_seen, observed=observed)
+                for d in decisions.values()
             ]
             return await emit_all(self.emitter, [e for e in produced if e is not None])
         except InvalidEvent as exc:  # also a uid that cannot be a subject token
@@ -97,17 +100,22 @@ class Planner:
         except UnknownKind as exc:
             raise InvalidEvent(f"{exc}; not planned") from None
 
-    async def _run_change(self, event: BaseCloudEvent) -> RunFinished | RunDeleted | None:
+    async def _run_change(
+        self, event: BaseCloudEvent
+    ) -> tuple[RunFinished | RunDeleted, bool] | None:
+        """The change and whether it describes a version lapse read from the API server
+        itself (the runtime's mark, or this planner's own fetch: events/observed.py)."""
+        observed = is_observed(event)
         if event.get_type() in (EventType.RUN_FINISHED, EventType.RUN_DELETED):
             payload = parse_payload(event)
             assert isinstance(payload, RunFinished | RunDeleted)
-            return payload
+            return payload, observed
         result = adapt_cloudevent(event, self.kinds)
         if isinstance(result, NeedsFetch):
-            result = await self._fetch(result)
+            result, observed = await self._fetch(result), True
         if isinstance(result, Ignored):
             return None
-        return result
+        return result, observed
 
     async def _fetch(self, ref: NeedsFetch) -> RunFinished | RunDeleted | Ignored:
         if self.fetcher is None:
@@ -124,7 +132,7 @@ class Planner:
         return result
 
     async def _apply(
-        self, run: RunRef, decision: Decision, *, keep_pending: bool = False
+        self, run: RunRef, decision: Decision, *, keep_pending: bool = False, observed: bool = False
     ) -> BaseCloudEvent | None:
         if decision.action is Action.CANCEL:
             return await self._cancel(run, decision.target, decision.reason)
@@ -137,7 +145,12 @@ class Planner:
             return _event(EventType.CLEANUP_FAILED, failed)
         assert decision.deadline is not None
         return await self._schedule(
-            run, decision.target, decision.deadline, decision.policy, keep_pending=keep_pending
+            run,
+            decision.target,
+            decision.deadline,
+            decision.policy,
+            keep_pending=keep_pending,
+            observed=observed,
         )
 
     async def _schedule(
@@ -148,6 +161,7 @@ class Planner:
         policy: str,
         *,
         keep_pending: bool = False,
+        observed: bool = False,
     ) -> BaseCloudEvent | None:
         attributes = {**_run_attributes(run, target), DEADLINE: format_rfc3339(deadline)}
         with step_span(f"schedule {target.value}", {**attributes, POLICY: policy}) as span:
@@ -158,7 +172,8 @@ class Planner:
             due = CleanupDue(
                 run=run, target=target, deadline=deadline, policy=policy, scheduled_at=self.clock()
             )
-            await self.schedules.put(target, run.uid, deadline, _event(EventType.CLEANUP_DUE, due))
+            event = marked(_event(EventType.CLEANUP_DUE, due), observed)
+            await self.schedules.put(target, run.uid, deadline, event)
             span.set_attribute(SCHEDULE_ACTION, "replaced" if pending is not None else "created")
             scheduled = CleanupScheduled(
                 run=run,

@@ -9,12 +9,14 @@ untouched.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 from cloudevents.core.base import BaseCloudEvent
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
 from events.nats_binding import NatsMessage, to_nats
+from events.observed import API_SERVER, OBSERVED_HEADER
 from events.subjects import audit_subject, dlq_subject, event_subject
 from events.types import EventType
 from lapse.config import Streams
@@ -36,15 +38,21 @@ class NatsEmitter:
 
 
 class NatsPublisher:
-    """Ingress: puts lifecycle events on `lapse.events.<type>`; returns once JetStream has
-    stored them, so a caller that got an answer can forget the event."""
+    """Puts lifecycle events on `lapse.events.<type>`; returns once JetStream has stored
+    them, so a caller that got an answer can forget the event.
 
-    def __init__(self, js: JetStreamContext, streams: Streams) -> None:
+    `observed`: the publisher is lapse's own watcher, whose events describe object versions
+    it read from the API server; they carry lapse's header saying so (events/observed.py).
+    The ingress publishes what it was sent and never says so."""
+
+    def __init__(self, js: JetStreamContext, streams: Streams, *, observed: bool = False) -> None:
         self._js = js
         self._stream = streams.events
+        self._headers = {OBSERVED_HEADER: API_SERVER} if observed else {}
 
     async def publish(self, event: BaseCloudEvent) -> None:
-        await publish_event(self._js, event_subject(event.get_type()), self._stream, event)
+        subject = event_subject(event.get_type())
+        await publish_event(self._js, subject, self._stream, event, self._headers)
 
 
 # JetStream's answer when a message with the same Nats-Msg-Id is being stored right now
@@ -56,13 +64,18 @@ IN_PROCESS_RETRIES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 
 
 async def publish_event(
-    js: JetStreamContext, subject: str, stream: str, event: BaseCloudEvent
+    js: JetStreamContext,
+    subject: str,
+    stream: str,
+    event: BaseCloudEvent,
+    headers: Mapping[str, str] | None = None,
 ) -> None:
     with send_span(subject, event) as hop:
         message = encode(event, hop)
+        sent = {**message.headers, **(headers or {})}
         for wait in (*IN_PROCESS_RETRIES, None):
             try:
-                await js.publish(subject, message.body, stream=stream, headers=message.headers)
+                await js.publish(subject, message.body, stream=stream, headers=sent)
                 return
             except APIError as exc:
                 if exc.err_code != DUPLICATE_IN_PROCESS or wait is None:

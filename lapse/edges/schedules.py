@@ -21,6 +21,7 @@ from events.builder import parse_payload
 from events.errors import InvalidEvent
 from events.models import CleanupDue
 from events.nats_binding import from_nats
+from events.observed import observed_headers
 from events.run import Target
 from events.subjects import (
     SCHEDULE_PREFIX,
@@ -136,7 +137,13 @@ class NatsScheduleStore:
         subject = schedule_subject(target, uid)
         with send_span(subject, due_event) as hop:
             message = encode(due_event, hop)
-            headers = {**message.headers, **schedule_headers(deadline, due_subject(target, uid))}
+            headers = {
+                **message.headers,
+                **schedule_headers(deadline, due_subject(target, uid)),
+                # Copied by the server onto the due message: the reaper may then judge the
+                # version this due event carries without reading it first.
+                **observed_headers(due_event),
+            }
             # Nats-Msg-Id would make a later re-schedule with the same event id a duplicate;
             # replacement is what the subject roll-up is for, so the id is not sent here.
             headers.pop("Nats-Msg-Id", None)

@@ -27,7 +27,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from cloudevents.core.v1.event import CloudEvent
+from cloudevents.core.base import BaseCloudEvent
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -39,6 +39,7 @@ from events.builder import build_event, parse_payload
 from events.errors import InvalidEvent
 from events.models import CleanupFailed
 from events.nats_binding import from_nats, hop_trace_context
+from events.observed import header_says_observed, marked
 from events.original import capture_event, capture_message
 from events.run import RunRef, Target
 from events.types import EventType
@@ -183,7 +184,10 @@ class Dispatcher:
         key = msg.metadata.sequence.stream if msg.metadata else 0
         attempt = msg.metadata.num_delivered if msg.metadata else 1
         try:
-            event: CloudEvent | None = from_nats(msg.headers, msg.data)
+            # The observed mark is believed from lapse's own header only (events/observed.py).
+            event: BaseCloudEvent | None = marked(
+                from_nats(msg.headers, msg.data), header_says_observed(msg.headers)
+            )
             problem = None
         except InvalidEvent as exc:
             event, problem = None, exc.reason
@@ -255,7 +259,7 @@ class Dispatcher:
         attempt: int,
         reason: str,
         delay: float,
-        event: CloudEvent,
+        event: BaseCloudEvent,
         error_type: str,
     ) -> None:
         span = trace.get_current_span()
@@ -322,7 +326,7 @@ async def take_over_position(
     return moved
 
 
-def _run_and_target(event: CloudEvent) -> tuple[RunRef | None, Target | None]:
+def _run_and_target(event: BaseCloudEvent) -> tuple[RunRef | None, Target | None]:
     """What the dead letter can say about the run, if the payload names one."""
     try:
         payload = parse_payload(event)

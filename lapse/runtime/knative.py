@@ -22,6 +22,7 @@ from typing import Any
 
 from opentelemetry.trace import Status, StatusCode
 
+from events.observed import marked
 from functions.ports import Handler, RetryLater
 from lapse.config import ConfigError, load_config
 from lapse.runtime.asgi import Receive, Scope, Send, respond
@@ -101,7 +102,8 @@ class FunctionShell:
             why = "nothing to do with this configuration" if self._idle else "not ready"
             await respond(raw, 503, f"{self.name}: {why} {self._problem}".rstrip())
             return
-        event = scope["event"]
+        # Nothing that arrives over HTTP is taken as read from the API server by lapse.
+        event = marked(scope["event"], False)
         method, path = str(scope.get("method", "POST")), str(scope.get("path", "/"))
         with server_span(event, scope.get("headers", []), method=method, path=path) as span:
             try:

@@ -95,7 +95,7 @@ class Pipeline:
             cancelled: list[asyncio.Task[Any]] = []
             streams = self.config.nats.streams
             if self._watch:
-                publish = NatsPublisher(js, streams).publish
+                publish = NatsPublisher(js, streams, observed=True).publish
                 for kind in self.config.kinds:  # one watch per configured kind
                     watcher = KindWatcher(resources.objects(), kind, publish, emitter.emit)
                     task = asyncio.create_task(watcher.run(stop), name=f"watcher {kind.name}")

@@ -33,6 +33,7 @@ from events.kinds import (
     resolve_kinds,
 )
 from events.models import CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
+from events.observed import marked
 from events.run import Target
 from events.timeutil import format_rfc3339
 from events.types import EventType, Outcome
@@ -339,18 +340,35 @@ async def test_api_requests_per_deletion_counted_by_the_api_server(
     assert {r: spent(before[r], after[r]) for r in expected} == expected
 
 
-async def test_a_planned_version_that_changed_is_read_again_before_deleting(
-    stage: Stage,
+@pytest.mark.parametrize("observed", [True, False])
+async def test_auto_reads_first_unless_lapse_itself_read_the_planned_version(
+    stage: Stage, observed: bool
 ) -> None:
-    """read_before_delete off: the DELETE is held to the version the planner read; the
-    object changed since (keep added), so the server refuses it (409) and the fresh read
-    keeps the object."""
-    ns = stage.kube.namespace(f"{PREFIX}changed")
+    """read_before_delete: auto (the default): a due event the runtime marked as carrying a
+    version lapse read (events/observed.py) costs one DELETE; any other is read first."""
+    ns = stage.kube.namespace(f"{PREFIX}auto-{str(observed).lower()}")
+    obj = await stage.finished(JOB, ns, f"auto-{uuid.uuid4().hex[:6]}")
+    expected = {"jobs": {"DELETE": 1}} if observed else {"jobs": {"GET": 1, "DELETE": 1}}
+    before = requests_by_verb(stage.kube, "jobs")
+    result = outcome(await stage.reaper().handle(marked(due_event(JOB, obj), observed)))
+    after = requests_by_verb(stage.kube, "jobs")
+    assert isinstance(result, CleanupCompleted) and result.outcome is Outcome.DELETED
+    assert {"jobs": spent(before, after)} == expected
+
+
+@pytest.mark.parametrize("setting", [False, "auto"])
+async def test_a_planned_version_that_changed_is_read_again_before_deleting(
+    stage: Stage, setting: bool | str
+) -> None:
+    """The DELETE is held to the version the planner read (read_before_delete off, or auto
+    with a version lapse read); the object changed since (keep added), so the server
+    refuses it (409) and the fresh read keeps the object."""
+    ns = stage.kube.namespace(f"{PREFIX}changed-{str(setting).lower()}")
     obj = await stage.finished(JOB, ns, "changed")
-    event = due_event(JOB, obj)
+    event = marked(due_event(JOB, obj), True)
     obj["metadata"]["annotations"]["lapse.dev/keep"] = "true"
     await stage.objects.replace(JOB, ns, "changed", obj)
-    reaper = stage.reaper(safety=SafetyConfig(read_before_delete=False))
+    reaper = stage.reaper(safety=SafetyConfig.model_validate({"read_before_delete": setting}))
     result = outcome(await reaper.handle(event))
     assert isinstance(result, CleanupCompleted) and result.outcome is Outcome.KEPT
     assert await stage.exists(JOB, obj)

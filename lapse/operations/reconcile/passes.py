@@ -24,6 +24,7 @@ from events.builder import build_event
 from events.errors import InvalidEvent
 from events.kinds import ARGO_WORKFLOW, KindSpec
 from events.models import RunFinished
+from events.observed import marked
 from events.run import KFP_RUN_ID_LABEL, RunRef, Target
 from events.types import EventType
 from functions.policy import Action, Decision, Policy, decide
@@ -222,7 +223,10 @@ class Reconciler:
         event_id = (
             f"{metadata['uid']}.{metadata.get('resourceVersion', '')}.{EventType.RUN_FINISHED}"
         )
-        return build_event(EventType.RUN_FINISHED, source=SOURCE, data=finished, id=event_id)
+        # Listed from the API server by this process: the planned version may be judged by
+        # the reaper without another read (events/observed.py).
+        event = build_event(EventType.RUN_FINISHED, source=SOURCE, data=finished, id=event_id)
+        return marked(event, True)
 
     # rows ---------------------------------------------------------------------------------
 

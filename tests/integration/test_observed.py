@@ -1,0 +1,133 @@
+"""The observed mark (events/observed.py) on a real NATS server: only what lapse itself read
+from the API server reaches a reaper marked, however an event claims it.
+
+The chain: the watcher's publisher writes `Lapse-Observed`; the planner keeps the mark on
+the schedule it puts; the server copies the schedule's headers onto the due message; the
+dispatcher marks the delivered event from that header alone. An event sent with the
+extension itself (`ce-lapseobserved`, as anyone posting to an ingress can) arrives unmarked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from cloudevents.core.base import BaseCloudEvent
+from nats.js import JetStreamContext
+
+from events.builder import build_event
+from events.models import CleanupDue, RunFinished
+from events.nats_binding import to_nats
+from events.observed import OBSERVED_HEADER, is_observed, marked
+from events.run import Engine, RunRef, Target
+from events.subjects import due_subject, event_subject, schedule_subject
+from events.types import EventType
+from functions.ttl_planner import Planner
+from lapse.config import NatsConfig, Streams
+from lapse.edges.publishing import NatsEmitter, NatsPublisher
+from lapse.edges.schedules import NatsScheduleStore
+from lapse.runtime.dispatcher import Dispatcher, Subscription
+from lapse.runtime.routing import Route
+from tests.stack import wait_for
+
+pytestmark = [pytest.mark.nats]
+
+STREAMS = Streams()
+ROUTE = Route(
+    name="observed-due",
+    function="object-reaper",
+    filters={"type": EventType.CLEANUP_DUE, "target": "kubernetes"},
+)
+
+
+def run_ref(uid: str, finished: datetime) -> RunRef:
+    return RunRef(
+        engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+        namespace="team-a", name=f"wf-{uid[:6]}", uid=uid, phase="Succeeded",
+        finished_at=finished, annotations={"lapse.dev/ttl": "2s"},
+    )  # fmt: skip
+
+
+def due_event(uid: str, deadline: datetime) -> BaseCloudEvent:
+    due = CleanupDue(
+        run=run_ref(uid, deadline - timedelta(seconds=2)), target=Target.KUBERNETES,
+        deadline=deadline, policy="annotation", scheduled_at=datetime.now(UTC),
+    )  # fmt: skip
+    return build_event(EventType.CLEANUP_DUE, source="/test", data=due)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.observed: dict[str, bool] = {}
+
+    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
+        data = event.get_data()
+        assert isinstance(data, dict)
+        self.observed[data["run"]["uid"]] = is_observed(event)
+        return []
+
+
+async def last_headers(js: JetStreamContext, stream: str, subject: str) -> dict[str, str]:
+    msg = await js.get_last_msg(stream, subject)
+    return dict(msg.headers or {})
+
+
+async def test_only_lapses_own_header_marks_a_delivered_due_event(
+    lapse_streams: JetStreamContext,
+) -> None:
+    js = lapse_streams
+    store = NatsScheduleStore(js, STREAMS)
+    deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    read, claimed, forged = (str(uuid.uuid4()) for _ in range(3))
+    # A schedule the planner put for a version lapse read, and one for a claim.
+    await store.put(Target.KUBERNETES, read, deadline, marked(due_event(read, deadline), True))
+    await store.put(Target.KUBERNETES, claimed, deadline, due_event(claimed, deadline))
+    # A due message written with the extension but without lapse's header.
+    message = to_nats(marked(due_event(forged, deadline), True))
+    assert "ce-lapseobserved" in message.headers
+    await js.publish(due_subject(Target.KUBERNETES, forged), message.body, headers=message.headers)
+
+    recorder = Recorder()
+    dispatcher = Dispatcher(
+        js, NatsEmitter(js, STREAMS), NatsConfig(), [Subscription(ROUTE, recorder)]
+    )
+    running = asyncio.create_task(dispatcher.run())
+    try:
+
+        async def all_delivered() -> bool:
+            return len(recorder.observed) == 3
+
+        await wait_for(all_delivered, timeout=30, interval=0.1)
+    finally:
+        dispatcher.stop()
+        await asyncio.wait_for(running, 30)
+    assert recorder.observed == {read: True, claimed: False, forged: False}
+
+
+async def test_the_planner_keeps_the_mark_on_the_schedule_and_the_watchers_publisher_sets_it(
+    lapse_streams: JetStreamContext,
+) -> None:
+    js = lapse_streams
+    planner = Planner(NatsScheduleStore(js, STREAMS), NatsEmitter(js, STREAMS))
+    finished = datetime.now(UTC) - timedelta(seconds=1)
+    seen, told = str(uuid.uuid4()), str(uuid.uuid4())
+    for uid, observed in ((seen, True), (told, False)):
+        pending = run_ref(uid, finished).model_copy(update={"annotations": {"lapse.dev/ttl": "1h"}})
+        event = build_event(EventType.RUN_FINISHED, source="/test", data=RunFinished(run=pending))
+        await planner.handle(marked(event, observed))
+    seen_at = schedule_subject(Target.KUBERNETES, seen)
+    told_at = schedule_subject(Target.KUBERNETES, told)
+    assert (await last_headers(js, STREAMS.schedule, seen_at)).get(OBSERVED_HEADER) == "apiserver"
+    assert OBSERVED_HEADER not in await last_headers(js, STREAMS.schedule, told_at)
+
+    # The watcher's publisher says so; the ingress's does not, whatever the event claims.
+    subject = event_subject(EventType.RUN_FINISHED)
+    for observed in (True, False):
+        event = build_event(
+            EventType.RUN_FINISHED, source="/test", data=RunFinished(run=run_ref(seen, finished))
+        )
+        await NatsPublisher(js, STREAMS, observed=observed).publish(marked(event, True))
+        headers = await last_headers(js, STREAMS.events, subject)
+        assert (headers.get(OBSERVED_HEADER) == "apiserver") is observed
