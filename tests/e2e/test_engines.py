@@ -20,7 +20,7 @@ from lapse.edges.kubernetes import KubeObjects
 from lapse.embedded.nats import EmbeddedNats
 from tests.conftest import KubeStack, kube_stack
 from tests.e2e.test_lapse_up import LapseUp, lapse_json
-from tests.integration.test_kinds import job, pipelinerun
+from tests.integration.test_kinds import job, pipelinerun, requests_by_verb, spent
 from tests.stack import wait_for
 
 
@@ -88,23 +88,28 @@ async def test_a_tekton_cloudevent_and_a_job_are_deleted_at_their_deadlines(
         assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
 
     # The watcher's path: a Job that finished just now, with a 2 s TTL.
-    body, status = job(ns, "report", ttl="2s")
+    body, status = job(ns, "report", ttl="2s", labels={"app": "report"})
     created = await objects.create(JOB, ns, body)
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     for condition in status["conditions"]:
         condition["lastTransitionTime"] = stamp
     created["status"] = {**status, "completionTime": stamp}
     report = await objects.replace_status(JOB, ns, "report", created)
+    before = requests_by_verb(kube, "jobs")
     watching = LapseUp(config, tmp_path / "state", tmp_path / "up2.log")
     await watching.start()
     try:
 
-        async def job_gone() -> bool:
-            return await objects.get(JOB, ns, "report") is None
+        async def job_gone() -> bool:  # a LIST: this test's own GETs would be counted
+            return not await objects.list_items(JOB, ns, label_selector="app=report")
 
         await wait_for(job_gone, timeout=60, interval=0.5)
     finally:
         assert watching.stop() == 0, (tmp_path / "up2.log").read_text()[-3000:]
+    # The version the watcher read was DELETEd held to its resourceVersion, not read again
+    # (safety.read_before_delete: auto), as the API server itself counts.
+    used = spent(before, requests_by_verb(kube, "jobs"))
+    assert used.get("DELETE") == 1 and "GET" not in used, used
 
     history = lapse_json("history", "-n", ns, config=config)
     outcomes = Counter((row["kind"], row["outcome"]) for row in history)

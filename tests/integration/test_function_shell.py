@@ -17,7 +17,9 @@ from nats.js import JetStreamContext
 
 from events.builder import build_event
 from events.models import CleanupDue, RunFinished
+from events.observed import OBSERVED_HEADER, marked
 from events.run import Engine, RunRef, Target
+from events.subjects import schedule_subject
 from events.types import EventType
 from functions.row_reaper.function import new as new_row_reaper
 from functions.ttl_planner.function import new
@@ -62,6 +64,38 @@ async def test_planner_function_schedules_from_an_http_cloudevent(
     assert pending is not None
     assert pending.deadline == datetime(2026, 12, 21, 12, 0, tzinfo=UTC)
     function.stop()
+
+
+async def test_an_event_over_http_is_never_taken_as_read_by_lapse(
+    nats_server: EmbeddedNats, lapse_streams: JetStreamContext
+) -> None:
+    """A run.finished posted with the observed extension (events/observed.py) is a claim:
+    the schedule the planner puts for it does not carry lapse's mark, so the reaper will
+    read the object before judging it."""
+    function = new()
+    function.start({"LAPSE_NATS__URL": nats_server.url})
+    await function.started()
+    transport = httpx.ASGITransport(app=ASGIApplication(function))
+    uid = str(uuid.uuid4())
+    run = RunRef(
+        engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+        namespace="ns", name="claimed", uid=uid, phase="Succeeded",
+        finished_at=datetime(2026, 11, 21, 12, 0, tzinfo=UTC),
+        annotations={"lapse.dev/ttl": "30d"},
+    )  # fmt: skip
+    event = build_event(EventType.RUN_FINISHED, source="/test", data=RunFinished(run=run))
+    message = to_binary_event(marked(event, True))
+    assert message.headers.get("ce-lapseobserved") == "apiserver"
+    async with httpx.AsyncClient(transport=transport, base_url="http://function") as http:
+        response = await http.post("/", headers=message.headers, content=message.body)
+        assert response.status_code == 202
+    function.stop()
+    stored = await lapse_streams.get_last_msg(
+        Streams().schedule, schedule_subject(Target.KUBERNETES, uid)
+    )
+    assert stored.headers is not None and stored.headers.get("ce-type") == EventType.CLEANUP_DUE
+    assert OBSERVED_HEADER not in stored.headers
+    assert "ce-lapseobserved" not in stored.headers
 
 
 async def test_function_with_bad_config_is_not_ready() -> None:
