@@ -12,8 +12,9 @@ The mark travels in two forms:
   lapse writes (the watcher's run events, the planner's and the reaper's schedules; the
   server copies a schedule's headers onto its due message);
 - inside a process, as the CloudEvent extension `lapseobserved`, which the runtime sets
-  from that header on delivery and removes from everything that arrives over HTTP. An
-  extension in an incoming event is therefore never believed.
+  from that header on a message's first delivery (a redelivered one may have been acted on
+  already) and removes from everything that arrives over HTTP. An extension in an incoming
+  event is therefore never believed.
 """
 
 from __future__ import annotations

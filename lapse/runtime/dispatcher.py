@@ -184,10 +184,12 @@ class Dispatcher:
         key = msg.metadata.sequence.stream if msg.metadata else 0
         attempt = msg.metadata.num_delivered if msg.metadata else 1
         try:
-            # The observed mark is believed from lapse's own header only (events/observed.py).
-            event: BaseCloudEvent | None = marked(
-                from_nats(msg.headers, msg.data), header_says_observed(msg.headers)
-            )
+            # The observed mark is believed from lapse's own header only (events/observed.py),
+            # and only on a first delivery: an earlier one may have acted already (a process
+            # killed after its DELETE, before its ack), and a fresh read then finds the
+            # object gone instead of sending a second DELETE.
+            observed = header_says_observed(msg.headers) and attempt <= 1
+            event: BaseCloudEvent | None = marked(from_nats(msg.headers, msg.data), observed)
             problem = None
         except InvalidEvent as exc:
             event, problem = None, exc.reason

@@ -24,6 +24,7 @@ from events.observed import OBSERVED_HEADER, is_observed, marked
 from events.run import Engine, RunRef, Target
 from events.subjects import due_subject, event_subject, schedule_subject
 from events.types import EventType
+from functions.ports import RetryLater
 from functions.ttl_planner import Planner
 from lapse.config import NatsConfig, Streams
 from lapse.edges.publishing import NatsEmitter, NatsPublisher
@@ -131,3 +132,47 @@ async def test_the_planner_keeps_the_mark_on_the_schedule_and_the_watchers_publi
         await NatsPublisher(js, STREAMS, observed=observed).publish(marked(event, True))
         headers = await last_headers(js, STREAMS.events, subject)
         assert (headers.get(OBSERVED_HEADER) == "apiserver") is observed
+
+
+class FailsOnce:
+    """Raises RetryLater on the first delivery: the event comes back as a redelivery."""
+
+    def __init__(self) -> None:
+        self.observed: list[bool] = []
+
+    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
+        self.observed.append(is_observed(event))
+        if len(self.observed) == 1:
+            raise RetryLater("not yet", 0.2)
+        return []
+
+
+async def test_a_redelivered_due_event_is_not_marked(lapse_streams: JetStreamContext) -> None:
+    """The first delivery may have deleted already (killed before its ack): the second one
+    must read first, not DELETE the planned version again."""
+    js = lapse_streams
+    uid = str(uuid.uuid4())
+    deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    await NatsScheduleStore(js, STREAMS).put(
+        Target.KUBERNETES, uid, deadline, marked(due_event(uid, deadline), True)
+    )
+    handler = FailsOnce()
+    route = Route(
+        name="observed-redelivery",
+        function="object-reaper",
+        filters={"type": EventType.CLEANUP_DUE, "target": "kubernetes"},
+    )
+    dispatcher = Dispatcher(
+        js, NatsEmitter(js, STREAMS), NatsConfig(), [Subscription(route, handler)]
+    )
+    running = asyncio.create_task(dispatcher.run())
+    try:
+
+        async def delivered_twice() -> bool:
+            return len(handler.observed) >= 2
+
+        await wait_for(delivered_twice, timeout=30, interval=0.1)
+    finally:
+        dispatcher.stop()
+        await asyncio.wait_for(running, 30)
+    assert handler.observed[:2] == [True, False]
