@@ -418,6 +418,9 @@ def deploy(
     rendered = cluster.kubectl("kustomize", str(overlay))
     for name, ref in images.items():
         assert name not in rendered.replace(ref, ""), f"{name} left in the rendered overlay"
+    # Run again on a running cluster with another build: a Job's template cannot change,
+    # so the streams Job is made anew (it is idempotent: `lapse infra apply`).
+    cluster.kubectl("-n", SYSTEM, "delete", "job", "lapse-streams", "--ignore-not-found")
     kubectl_apply_retrying(cluster, "-k", str(overlay))
     deployment.timings["applied"] = time.monotonic() - started
     until = time.monotonic() + INSTALL_TIMEOUT
