@@ -18,6 +18,8 @@ SinkBinding is given `K_SINK`:
 The POST continues the trace: its `traceparent` header is the dispatcher's CONSUMER span,
 which links back to where the deletion was scheduled (docs/architecture.md).
 
+Telemetry comes from the OTEL_* environment (service `lapse-bridge`), as for `lapse up`.
+
 Outcomes have a dispatcher of their own: a slow or failing subscriber of outcomes holds
 only outcome deliveries, never a due event. Their durable consumer starts at the end of
 the audit stream when it is created (an upgrade does not replay the audit history to the
@@ -39,6 +41,7 @@ from opentelemetry import propagate
 
 from events.types import EventType
 from functions.ports import RetryLater
+from lapse import telemetry
 from lapse.config import LapseConfig
 from lapse.errors import LapseError
 from lapse.runtime.asgi import Receive, Scope, Send, lifespan, respond
@@ -102,6 +105,16 @@ class Bridge:
         self.ready = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
+        # From the OTEL_* environment, as `lapse up` and the functions do: without it the
+        # CONSUMER span that links a due event back to where it was scheduled, and the
+        # traceparent the POST carries on, existed nowhere on Knative.
+        exporting = telemetry.configure("lapse-bridge")
+        try:
+            await self._run(stop)
+        finally:
+            exporting.shutdown()
+
+    async def _run(self, stop: asyncio.Event) -> None:
         async with (
             Resources(self.config) as resources,
             httpx.AsyncClient(timeout=REQUEST_TIMEOUT) as client,
