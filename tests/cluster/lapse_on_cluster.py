@@ -42,6 +42,7 @@ from lapse.edges.database import create_engine
 from lapse.embedded.kube import run_kind_crds
 from tests.cluster.conftest import REPO, Cluster, poll
 from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_counts
+from tests.observability import COLLECTOR_CONFIG, collector_overrides, jaeger_config
 from tests.stack import Database
 
 DEV_OVERLAY = REPO / "infra/overlays/dev"
@@ -61,6 +62,13 @@ REAPER_WINDOW = "6s"
 ROWS_TTL = 45
 POSTGRES_SERVICE = "lapse-postgres"
 POSTGRES_PORT = 5432
+OBSERVABILITY = "observability"
+COLLECTOR_OTLP_HTTP = f"http://otel-collector.{OBSERVABILITY}.svc:4318"
+JAEGER_QUERY_PORT = 16686
+# What every lapse pod gets (the standard OTel SDK variables lapse reads,
+# lapse/telemetry/providers.py): OTLP/HTTP to the in-cluster Collector, spans sent every
+# half second rather than every 5 s.
+OTEL_ENV = {"OTEL_EXPORTER_OTLP_ENDPOINT": COLLECTOR_OTLP_HTTP, "OTEL_BSP_SCHEDULE_DELAY": "500"}
 
 
 def rfc3339(moment: datetime) -> str:
@@ -318,6 +326,92 @@ class KfpRows:
         return url.render_as_string(hide_password=False)
 
 
+def observability_images() -> dict[str, str]:
+    """The Collector and Jaeger images (scripts/cluster/build-images.sh observability: the
+    binaries of `make observability`, cached), imported into the cluster's containerd."""
+    built = subprocess.run(
+        ["bash", str(REPO / "scripts/cluster/build-images.sh"), "observability"],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert built.returncode == 0, f"build-images.sh observability: {built.stderr[-3000:]}"
+    folder = Path(built.stdout.split()[-1])
+    imported = subprocess.run(
+        ["bash", str(REPO / "scripts/cluster/import-images.sh")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert imported.returncode == 0, f"import-images.sh: {imported.stderr[-3000:]}"
+    lines = (folder / "observability.refs").read_text().splitlines()
+    return dict(line.split(" ", 1) for line in lines)
+
+
+def observability_manifests(images: dict[str, str]) -> list[dict[str, Any]]:
+    """Jaeger (in-memory storage, its query API read by the test) and a Collector running
+    the shipped infra/otel/collector.yaml with its traces sent to that Jaeger: the setup of
+    tests/e2e/test_real_backends.py, in pods."""
+    overrides = collector_overrides(
+        otlp_http="0.0.0.0:4318", otlp_grpc="0.0.0.0:4317", prometheus="0.0.0.0:8889",
+        health="0.0.0.0:13133", traces_endpoint=f"jaeger.{OBSERVABILITY}.svc:4317",
+    )  # fmt: skip
+    jaeger = jaeger_config(
+        otlp_grpc="0.0.0.0:4317", otlp_http="0.0.0.0:4318",
+        query_http=f"0.0.0.0:{JAEGER_QUERY_PORT}", query_grpc="0.0.0.0:16685",
+    )  # fmt: skip
+
+    def workload(
+        name: str, service: str, args: list[str], ports: dict[str, int],
+        ready: tuple[str, int], config: dict[str, str],
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        labels = {"app.kubernetes.io/name": name}
+        return [
+            {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": name, "namespace": OBSERVABILITY}, "data": config},
+            {"apiVersion": "apps/v1", "kind": "Deployment",
+             "metadata": {"name": name, "namespace": OBSERVABILITY},
+             "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                      "template": {"metadata": {"labels": labels}, "spec": {
+                          "automountServiceAccountToken": False,
+                          "containers": [{
+                              "name": name, "image": images[name], "args": args,
+                              "ports": [{"name": k, "containerPort": v}
+                                        for k, v in ports.items()],
+                              "readinessProbe": {"httpGet": {"path": ready[0],
+                                                             "port": ready[1]}},
+                              "volumeMounts": [{"name": "config", "mountPath": "/etc/config"}],
+                          }],
+                          "volumes": [{"name": "config", "configMap": {"name": name}}],
+                      }}}},
+            {"apiVersion": "v1", "kind": "Service",
+             "metadata": {"name": service, "namespace": OBSERVABILITY},
+             "spec": {"selector": labels,
+                      "ports": [{"name": k, "port": v, "targetPort": v}
+                                for k, v in ports.items()]}},
+        ]  # fmt: skip
+
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OBSERVABILITY}},
+        *workload(
+            "jaeger", "jaeger", ["--config", "/etc/config/jaeger.yaml"],
+            {"otlp-grpc": 4317, "otlp-http": 4318, "query": JAEGER_QUERY_PORT},
+            ("/api/v3/services", JAEGER_QUERY_PORT), {"jaeger.yaml": yaml.safe_dump(jaeger)},
+        ),
+        *workload(
+            "otelcol-lapse", "otel-collector",
+            ["--config=/etc/config/collector.yaml", "--config=/etc/config/overrides.yaml"],
+            {"otlp-http": 4318, "otlp-grpc": 4317}, ("/", 13133),
+            {"collector.yaml": COLLECTOR_CONFIG.read_text(),
+             "overrides.yaml": yaml.safe_dump(overrides)},
+        ),
+    ]  # fmt: skip
+
+
+def otel_env_patch() -> list[dict[str, Any]]:
+    return [
+        {"op": "add", "path": "/spec/template/spec/containers/0/env/-",
+         "value": {"name": name, "value": value}}
+        for name, value in OTEL_ENV.items()
+    ]  # fmt: skip
+
+
 def lapse_yaml() -> str:
     """The dev overlay's lapse.yaml with the KFP target and the rows' own clock."""
     config = yaml.safe_load((DEV_OVERLAY / "lapse.yaml").read_text())
@@ -365,7 +459,16 @@ def overlay_for(folder: Path, images: dict[str, str], *, extra: tuple[str, ...] 
             {
                 "target": {"group": "serving.knative.dev", "kind": "Service", "name": REAPER},
                 "patch": json.dumps(window_patch),
-            }
+            },
+            # Every function and the bridge export their spans to the in-cluster Collector.
+            {
+                "target": {"group": "serving.knative.dev", "kind": "Service"},
+                "patch": json.dumps(otel_env_patch()),
+            },
+            {
+                "target": {"kind": "Deployment", "name": "lapse-bridge"},
+                "patch": json.dumps(otel_env_patch()),
+            },
         ],
     }
     (folder / "kustomization.yaml").write_text(json.dumps(kustomization, indent=2))
@@ -414,6 +517,13 @@ def deploy(
     }
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(objects))
 
+    # The Collector and Jaeger first: the functions export to them from their start.
+    observability = observability_manifests(observability_images())
+    cluster.kubectl(
+        "apply", "-f", "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": observability}),
+    )  # fmt: skip
+
     overlay = overlay_for(folder, images)
     rendered = cluster.kubectl("kustomize", str(overlay))
     for name, ref in images.items():
@@ -446,6 +556,11 @@ def deploy(
             kubectl_waiting(
                 cluster, "-n", SYSTEM, "rollout", "status", f"deploy/{name}", timeout=left()
             )
+        for name in ("jaeger", "otelcol-lapse"):
+            kubectl_waiting(
+                cluster, "-n", OBSERVABILITY, "rollout", "status", f"deploy/{name}",
+                timeout=left(),
+            )  # fmt: skip
         bridge = cluster.get(SYSTEM, "deploy/lapse-bridge")["spec"]["template"]["spec"]
         assert any(e["name"] == "K_SINK" for e in bridge["containers"][0].get("env", [])), bridge
     except AssertionError as exc:
