@@ -21,9 +21,11 @@ Deployed once per session, the first time a test asks for it (`lapse` in conftes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -246,6 +248,7 @@ class PostgresRelay:
             [socat, f"TCP-LISTEN:{self.port},bind={node_ip},reuseaddr,fork",
              f"TCP:{self.target[0]}:{self.target[1]}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,  # its own group: stop() ends the forked relays too
         )  # fmt: skip
         poll("socat listening", self._listening, timeout=10, interval=0.1)
 
@@ -275,7 +278,8 @@ class PostgresRelay:
         ]  # fmt: skip
 
     def stop(self) -> None:
-        self._process.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, signal.SIGTERM)
         self._process.wait(timeout=10)
 
 
@@ -498,6 +502,19 @@ def deploy(
     rows.create_tables()
     relay = PostgresRelay(cluster.node_ip, admin_url)
     deployment.rows = rows
+    try:
+        _install(deployment, folder, rows, relay, started)
+    except BaseException:
+        relay.stop()  # whatever failed, no relay outlives the session
+        raise
+    return deployment, relay
+
+
+def _install(
+    deployment: Deployment, folder: Path, rows: KfpRows, relay: PostgresRelay, started: float
+) -> None:
+    """Everything of `deploy` after the relay started (so `deploy` stops it on failure)."""
+    cluster, images = deployment.cluster, deployment.images
     # The Secret docs/deploy.md asks users to create: the database URL. lapse-nats is
     # optional and the dev NATS asks for no password.
     # (Applied, not created: a second run on the same cluster finds them.)
@@ -564,14 +581,12 @@ def deploy(
         bridge = cluster.get(SYSTEM, "deploy/lapse-bridge")["spec"]["template"]["spec"]
         assert any(e["name"] == "K_SINK" for e in bridge["containers"][0].get("env", [])), bridge
     except AssertionError as exc:
-        relay.stop()
         raise AssertionError(f"{exc}\n{deployment.diagnosis()}") from None
     deployment.timings["ready"] = time.monotonic() - started
     print(
         "\nlapse deployed: images pushed in {images:.0f} s, applied at {applied:.0f} s, "
         "everything Ready at {ready:.0f} s".format(**deployment.timings)
     )
-    return deployment, relay
 
 
 @dataclass
