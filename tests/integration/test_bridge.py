@@ -22,11 +22,11 @@ from nats.js import JetStreamContext
 from opentelemetry.trace import SpanKind
 
 from events.builder import build_event, parse_payload
-from events.models import CleanupDue, CleanupFailed
+from events.models import CleanupCompleted, CleanupDue, CleanupFailed
 from events.nats_binding import to_nats
 from events.run import Engine, RunRef, Target
-from events.subjects import dlq_subject, due_subject
-from events.types import EventType
+from events.subjects import audit_subject, dlq_subject, due_subject
+from events.types import EventType, Outcome
 from lapse import telemetry
 from lapse.config import LapseConfig, Streams
 from lapse.embedded.nats import EmbeddedNats
@@ -228,3 +228,41 @@ async def test_a_killed_bridge_loses_nothing(
     assert set(sink.uids()) == set(uids), "no due event is lost"
     duplicates = sum(n - 1 for n in sink.uids().values())
     print(f"\nbridge kill -9: {len(uids)} due, 0 lost, {duplicates} delivered twice")
+
+
+def completed_event() -> Any:
+    due = parse_payload(due_event(), CleanupDue)
+    done = CleanupCompleted.of(
+        run=due.run, target=Target.KUBERNETES, outcome=Outcome.DELETED,
+        completed_at=datetime.now(UTC), deadline=due.deadline,
+    )  # fmt: skip
+    return build_event(EventType.CLEANUP_COMPLETED, source="/test", data=done)
+
+
+async def test_outcomes_reach_the_sink_from_the_bridges_start_on(
+    nats_server: EmbeddedNats, lapse_streams: JetStreamContext, sink: Sink
+) -> None:
+    """cleanup.completed on the audit stream goes to the Broker too (extensions subscribe
+    there); what the audit trail held before the bridge first ran is not replayed."""
+
+    async def publish() -> str:
+        event = completed_event()
+        message = to_nats(event)
+        subject = audit_subject(EventType.CLEANUP_COMPLETED)
+        await lapse_streams.publish(subject, message.body, headers=message.headers)
+        return str(event.get_id())
+
+    history = await publish()
+    async with bridge(nats_server.url, sink):
+        new = await publish()
+
+        async def delivered() -> bool:
+            return any(event.get_id() == new for _, event in sink.received)
+
+        await wait_for(delivered, timeout=30, interval=0.1)
+        await asyncio.sleep(1)  # time enough to deliver the old one too, were it taken
+    ids = [event.get_id() for _, event in sink.received]
+    assert ids == [new], (history, ids)
+    headers, event = sink.received[0]
+    assert headers["ce-type"] == EventType.CLEANUP_COMPLETED
+    assert parse_payload(event, CleanupCompleted).outcome == Outcome.DELETED

@@ -79,7 +79,8 @@ def served() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 def function_images(images: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {n: i for n, i in images["images"].items() if "function" in i}
+    """lapse's functions (not the example extensions, which carry none of lapse)."""
+    return {n: i for n, i in images["images"].items() if "function" in i and not i.get("extension")}
 
 
 def test_one_image_per_function_folder_and_one_for_lapse(images: dict[str, Any]) -> None:
@@ -87,6 +88,11 @@ def test_one_image_per_function_folder_and_one_for_lapse(images: dict[str, Any])
         p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "functions").glob("*/func.yaml")
     }
     assert {i["folder"] for i in function_images(images).values()} == folders
+    examples = {
+        p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "examples").glob("*/func.yaml")
+    }
+    extensions = {i["folder"] for i in images["images"].values() if i.get("extension")}
+    assert extensions == examples
     assert "lapse" in images["images"]
     for image in images["images"].values():
         assert Path(image["archive"]).stat().st_size > 0
