@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import tempfile
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.compare import NAMESPACE, OUT_DIR, AuditLog, create_paced, machine
-from bench.harness import LAPSE_CLI, Stack, argo_crds, rss_mib
+from bench.harness import Stack, install_argo, rss_mib, start_lapse_up
 from bench.report import lateness
 from bench.soak import streams
 from events.builder import build_event
@@ -91,27 +90,8 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     try:
         admin = stack.api()
-        for crd in argo_crds():
-            admin.apply("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
-        admin.apply("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
-        time.sleep(3)  # the CRD served
-        config = work / "lapse.yaml"
-        config.write_text(
-            f"nats: {{url: '{stack.nats_url}'}}\n"
-            f"kubernetes: {{kubeconfig: '{stack.kubeconfig_for('lapse', work / 'kc')}'}}\n"
-            "kinds: [argo-workflow]\n"
-        )
-        log = work / "lapse.log"
-        lapse = subprocess.Popen(
-            [*LAPSE_CLI, "--config", str(config), "up", "--state-dir", str(work / "state"),
-             "--listen", ""],
-            stdout=log.open("wb"), stderr=subprocess.STDOUT,
-            env={**os.environ, "OTEL_SDK_DISABLED": "true"},
-        )  # fmt: skip
-        while "lapse is running" not in log.read_text():
-            if lapse.poll() is not None:
-                raise SystemExit(f"lapse up exited:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
+        install_argo(admin, NAMESPACE)
+        lapse = start_lapse_up(stack, work)
         pending = 0
         for level in levels:
             rate = asyncio.run(put_pending(stack.nats_url, level - pending))

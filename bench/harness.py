@@ -241,3 +241,34 @@ def parallel(
         for _ in pool.map(work, items):
             done += 1
     return done, time.monotonic() - started
+
+
+def install_argo(admin: Api, namespace: str) -> None:
+    """Argo's CRDs and a namespace for the Workflows, served before this returns."""
+    for crd in argo_crds():
+        admin.apply("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    admin.apply("/api/v1/namespaces", {"metadata": {"name": namespace}})
+    time.sleep(3)  # the CRD served
+
+
+def start_lapse_up(stack: Stack, work: Path, settings: str = "") -> subprocess.Popen[bytes]:
+    """`lapse up` as user `lapse` against the stack (watching Workflows only, no ingress),
+    its log in work/lapse.log; returns once it says it is running. `settings`: more YAML."""
+    config = work / "lapse.yaml"
+    config.write_text(
+        f"nats: {{url: '{stack.nats_url}'}}\n"
+        f"kubernetes: {{kubeconfig: '{stack.kubeconfig_for('lapse', work / 'kc')}'}}\n"
+        "kinds: [argo-workflow]\n" + settings
+    )
+    log = work / "lapse.log"
+    lapse = subprocess.Popen(
+        [*LAPSE_CLI, "--config", str(config), "up", "--state-dir", str(work / "state"),
+         "--listen", ""],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        env={**os.environ, "OTEL_SDK_DISABLED": "true"},
+    )  # fmt: skip
+    while "lapse is running" not in log.read_text():
+        if lapse.poll() is not None:
+            raise SystemExit(f"lapse up exited:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+    return lapse

@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from bench.harness import LAPSE_CLI, Stack, argo_crds, rss_mib
+from bench.harness import LAPSE_CLI, Stack, install_argo, rss_mib, start_lapse_up
 
 NAMESPACE = "soak"
 OUT_DIR = Path(__file__).resolve().parent / "out"
@@ -83,27 +83,9 @@ def main() -> int:
     lapse: subprocess.Popen[bytes] | None = None
     try:
         admin = stack.api()
-        for crd in argo_crds():
-            admin.apply("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
-        admin.apply("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
-        time.sleep(3)  # the CRD served
+        install_argo(admin, NAMESPACE)
+        lapse = start_lapse_up(stack, work, "safety: {max_deletions_per_second: 1000}\n")
         config = work / "lapse.yaml"
-        config.write_text(
-            f"nats: {{url: '{stack.nats_url}'}}\n"
-            f"kubernetes: {{kubeconfig: '{stack.kubeconfig_for('lapse', work / 'kc')}'}}\n"
-            "kinds: [argo-workflow]\n"
-            "safety: {max_deletions_per_second: 1000}\n"
-        )
-        log = (work / "lapse.log").open("wb")
-        lapse = subprocess.Popen(
-            [*LAPSE_CLI, "--config", str(config), "up", "--state-dir", str(work / "state"),
-             "--listen", ""],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OTEL_SDK_DISABLED": "true"},
-        )  # fmt: skip
-        while "lapse is running" not in (work / "lapse.log").read_text():
-            if lapse.poll() is not None:
-                raise SystemExit(f"lapse up exited:\n{(work / 'lapse.log').read_text()[-3000:]}")
-            time.sleep(0.5)
 
         created: list[str] = []
         stop = threading.Event()
