@@ -8,15 +8,19 @@ import asyncio
 import fnmatch
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from events.kinds import KindSet
 from lapse.cli import state
 from lapse.config import ConfigError, LapseConfig, load_config
 from lapse.errors import LapseError
+from lapse.runtime.outages import nats_unavailable
 from lapse.runtime.resources import Resources
+
+T = TypeVar("T")
 
 # How long a command waits for NATS to answer before it says so.
 NATS_TIMEOUT = 10.0
@@ -203,3 +207,22 @@ def in_namespace(namespace: str, exact: str | None, pattern: str | None) -> bool
     if exact is not None and namespace != exact:
         return False
     return pattern is None or fnmatch.fnmatchcase(namespace, pattern)
+
+
+# A NATS server restarting or a stream leader being elected makes JetStream answer "no
+# responders" for a few seconds; a read-only report waits that out instead of failing.
+UNAVAILABLE_TRIES = 10
+
+
+async def read_waiting_out_nats(read: Callable[[], Awaitable[T]]) -> T:
+    """Run a read-only `read`, again (up to ~10 s) while NATS is briefly unavailable."""
+    for attempt in range(1, UNAVAILABLE_TRIES + 1):
+        try:
+            return await read()
+        except Exception as exc:
+            reason = nats_unavailable(exc)
+            if reason is None or attempt == UNAVAILABLE_TRIES:
+                raise
+            print(f"lapse: {reason}; asking again", file=sys.stderr)
+            await asyncio.sleep(1.0)
+    raise AssertionError("unreachable")

@@ -22,6 +22,7 @@ from lapse.cli.common import (
     in_namespace,
     namespace_of,
     reach_nats,
+    read_waiting_out_nats,
 )
 from lapse.cli.output import Column, Row, add_output, emit, resource_name
 from lapse.cli.watch import add_watch, run_watch, watch
@@ -160,7 +161,7 @@ def run_history(args: argparse.Namespace) -> int:
     filters = Filters.of(args)  # usage problems (and the deprecation warning) first
 
     async def draw(resources: Resources, out: IO[str]) -> None:
-        rows = await read_rows(resources, config, args, filters)
+        rows = await read_waiting_out_nats(lambda: read_rows(resources, config, args, filters))
         emit(rows, COLUMNS, args, out, name=_name)
 
     if args.watch:

@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 
 from events.run import Target
 from events.timeutil import format_rfc3339
-from lapse.cli.common import Settings, reach_nats, settings_from
+from lapse.cli.common import Settings, reach_nats, read_waiting_out_nats, settings_from
 from lapse.cli.history import COLUMNS as HISTORY_COLUMNS
 from lapse.cli.history import Filters, add_filters, audit_row
 from lapse.cli.output import REPORT_FORMATS, add_output, table
@@ -140,7 +140,10 @@ def run_status(args: argparse.Namespace) -> int:
     filters = Filters.of(args)
 
     async def draw(resources: Resources, out: IO[str]) -> None:
-        print_report(await status_report(resources, settings, args, filters), args, out)
+        report = await read_waiting_out_nats(
+            lambda: status_report(resources, settings, args, filters)
+        )
+        print_report(report, args, out)
 
     async def work() -> None:
         async with Resources(settings.config) as resources:

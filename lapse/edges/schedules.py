@@ -79,6 +79,7 @@ class NatsScheduleStore:
         self._stream = streams.schedule
         self._rederive_handled = rederive_handled
         self._consumers: tuple[float, list[ConsumerInfo]] | None = None
+        self._direct_get: bool | None = None
 
     async def get(self, target: Target, uid: str) -> PendingSchedule | None:
         # One lookup answers both questions: the newest message on either subject of this
@@ -92,12 +93,21 @@ class NatsScheduleStore:
         return await self._fired(msg, target, uid)
 
     async def _last(self, subject: str) -> RawStreamMsg | None:
-        """The stream's last message on `subject` (wildcards allowed), read by direct get:
-        any server holding the stream answers, without JetStream's JSON/base64 envelope."""
+        """The stream's last message on `subject` (wildcards allowed)."""
         try:
-            return await self._js.get_last_msg(self._stream, subject, direct=True)
+            return await self._js.get_last_msg(self._stream, subject, direct=await self._direct())
         except NotFoundError:
             return None
+
+    async def _direct(self) -> bool:
+        """Direct get (no JSON/base64 envelope) where it is also consistent: a stream with
+        one replica. With more, any replica answers a direct get, and one a moment behind
+        could miss a schedule just put or a due message just fired, and have the planner
+        issue it again; the stream leader answers the classic get."""
+        if self._direct_get is None:
+            config = (await self._js.stream_info(self._stream)).config
+            self._direct_get = bool(config.allow_direct) and (config.num_replicas or 1) == 1
+        return self._direct_get
 
     async def _fired(self, msg: RawStreamMsg, target: Target, uid: str) -> PendingSchedule | None:
         try:
