@@ -23,56 +23,16 @@ import signal
 import subprocess
 import tempfile
 import time
-import uuid
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from bench.compare import NAMESPACE, OUT_DIR, AuditLog, create_paced, machine
-from bench.harness import Stack, install_argo, rss_mib, start_lapse_up
+from bench.harness import Stack, install_argo, put_pending, rss_mib, start_lapse_up
 from bench.report import lateness
 from bench.soak import streams
-from events.builder import build_event
-from events.models import CleanupDue
-from events.run import Engine, RunRef, Target
-from events.types import EventType
 from lapse.config import Streams
-from lapse.edges.nats import connect
-from lapse.edges.schedules import NatsScheduleStore
 
 SETTLE_S = 10.0  # after the last put, before sampling: the server's write-behind, GC
-BATCH = 2000  # puts in flight at once
-
-
-def due_event(deadline: datetime) -> tuple[str, Any]:
-    uid = str(uuid.uuid4())
-    run = RunRef(
-        engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
-        namespace="pending", name=f"wf-{uid[:8]}", uid=uid, phase="Succeeded",
-        finished_at=deadline - timedelta(days=30), annotations={"lapse.dev/ttl": "30d"},
-    )  # fmt: skip
-    due = CleanupDue(
-        run=run, target=Target.KUBERNETES, deadline=deadline, policy="annotation",
-        scheduled_at=datetime.now(UTC),
-    )  # fmt: skip
-    return uid, build_event(EventType.CLEANUP_DUE, source="/bench/pending", data=due)
-
-
-async def put_pending(nats_url: str, count: int) -> float:
-    """Put `count` more schedules 30 days out; returns puts per second."""
-    nc = await connect(nats_url)
-    try:
-        store = NatsScheduleStore(nc.jetstream(), Streams())
-        deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(days=30)
-        started = time.monotonic()
-        for first in range(0, count, BATCH):
-            events = [due_event(deadline) for _ in range(min(BATCH, count - first))]
-            await asyncio.gather(
-                *(store.put(Target.KUBERNETES, uid, deadline, event) for uid, event in events)
-            )
-        return count / max(time.monotonic() - started, 1e-6)
-    finally:
-        await nc.close()
 
 
 def main() -> int:

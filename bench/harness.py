@@ -6,21 +6,32 @@ lapse itself is driven as users drive it: `python -m lapse.cli ...` subprocesses
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
+from events.builder import build_event
+from events.models import CleanupDue
+from events.run import Engine, RunRef, Target
+from events.types import EventType
+from lapse.config import NatsConfig
+from lapse.edges.nats import connect
+from lapse.edges.schedules import NatsScheduleStore
+from lapse.edges.streams import configured_streams, ensure_streams
 from lapse.embedded.kube import (
     ARGO_MODULE,
     ARGO_WORKFLOWS_VERSION,
@@ -272,3 +283,44 @@ def start_lapse_up(stack: Stack, work: Path, settings: str = "") -> subprocess.P
             raise SystemExit(f"lapse up exited:\n{log.read_text()[-3000:]}")
         time.sleep(0.5)
     return lapse
+
+
+PUTS_IN_FLIGHT = 2000
+
+
+def _pending_due_event(deadline: datetime) -> tuple[str, Any]:
+    uid = str(uuid.uuid4())
+    run = RunRef(
+        engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+        namespace="pending", name=f"wf-{uid[:8]}", uid=uid, phase="Succeeded",
+        finished_at=deadline - timedelta(days=30), annotations={"lapse.dev/ttl": "30d"},
+    )  # fmt: skip
+    due = CleanupDue(
+        run=run, target=Target.KUBERNETES, deadline=deadline, policy="annotation",
+        scheduled_at=datetime.now(UTC),
+    )  # fmt: skip
+    return uid, build_event(EventType.CLEANUP_DUE, source="/bench/pending", data=due)
+
+
+async def put_pending(nats_url: str, count: int) -> float:
+    """Put `count` more schedules, 30 days out, straight into lapse's schedule stream through
+    its own ScheduleStore (due events for Workflows that do not exist): what a pending
+    deletion costs lapse and NATS, without that many objects in etcd. Creates the streams
+    if no lapse has yet. Returns puts per second."""
+    nc = await connect(nats_url)
+    try:
+        js = nc.jetstream()
+        nats = NatsConfig()
+        await ensure_streams(js, configured_streams(nats))
+        store = NatsScheduleStore(js, nats.streams)
+        deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(days=30)
+        started = time.monotonic()
+        for first in range(0, count, PUTS_IN_FLIGHT):
+            batch = min(PUTS_IN_FLIGHT, count - first)
+            events = [_pending_due_event(deadline) for _ in range(batch)]
+            await asyncio.gather(
+                *(store.put(Target.KUBERNETES, uid, deadline, event) for uid, event in events)
+            )
+        return count / max(time.monotonic() - started, 1e-6)
+    finally:
+        await nc.close()
