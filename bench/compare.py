@@ -286,6 +286,10 @@ class AuditLog:
         with self._lock:
             if self.path.exists():
                 with self.path.open("rb") as f:
+                    if os.fstat(f.fileno()).st_size < self._offset:
+                        raise RuntimeError(
+                            f"{self.path} was rotated: the figures would miss requests"
+                        )
                     f.seek(self._offset)
                     data = f.read()
                 end = data.rfind(b"\n") + 1  # a line still being written is read next time

@@ -143,7 +143,10 @@ class Stack:
                 "--token-auth-file", str(token_file),
                 "--audit-policy-file", str(policy),
                 "--audit-log-path", str(self.audit_log),
-                "--audit-log-maxsize", "0",
+                # In megabytes. 0 is not "never": the log rotates at lumberjack's default,
+                # 100 MB, which a full run's 100,000-deletion phases pass, and a rotated
+                # log would be read from the old offset (AuditLog refuses it).
+                "--audit-log-maxsize", "1000000",
                 "--audit-log-mode", "blocking",
             ),
         ).start()  # fmt: skip

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from lapse.config import LapseConfig
 from lapse.edges import database, nats
-from lapse.edges.kubernetes import KubeObjects, Workflows, load_api_client
+from lapse.edges.kubernetes import KubeObjects, OwnDeletions, Workflows, load_api_client
 from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.errors import LapseError
@@ -107,6 +107,7 @@ class Resources:
         self._api_client: client.ApiClient | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._engine: AsyncEngine | None = None
+        self._own_deletions = OwnDeletions()
 
     async def __aenter__(self) -> Resources:
         return self
@@ -157,7 +158,9 @@ class Resources:
 
     def objects(self) -> KubeObjects:
         """Run objects of the configured kinds (`kinds:` in lapse.yaml)."""
-        return KubeObjects(self.kube_client(), self.kube_executor(), self.config.kinds)
+        return KubeObjects(
+            self.kube_client(), self.kube_executor(), self.config.kinds, self._own_deletions
+        )
 
     def database(self) -> AsyncEngine:
         if self._engine is None:

@@ -9,8 +9,10 @@ once, nothing is kept per object, and the watch delivers the update that finishe
 re-list happens only at start and after 410 Gone, never on a timer. A kind the API server
 does not serve (its CRD not installed) is looked for again every minute.
 
-It resumes from the last resourceVersion (bookmarks keep it fresh) and re-lists on 410
-Gone. Re-listing publishes every finished object again: the planner treats an unchanged
+A deletion this process's own reaper made is not reported (lapse.edges.kubernetes.
+own_deletions): the deadline that caused it has fired, and the planner has nothing to
+cancel. It resumes from the last resourceVersion (bookmarks keep it fresh) and re-lists on
+410 Gone. Re-listing publishes every finished object again: the planner treats an unchanged
 run as a no-op and the event ids (uid + resourceVersion) let JetStream drop exact
 duplicates, so a restart loses no finish and does no harm by repeating one.
 """
@@ -158,13 +160,15 @@ class KindWatcher:
                 )
             )
             return
+        metadata = obj["metadata"]
         if isinstance(result, RunFinished):
             event_type = EventType.RUN_FINISHED
         elif isinstance(result, RunDeleted):
+            if self._objects.own_deletions.take(result.run.uid):
+                return  # this process's reaper deleted it: no deadline left to cancel
             event_type = EventType.RUN_DELETED
         else:
             return
-        metadata = obj["metadata"]
         # Deterministic id: the same object version is the same event, which JetStream's
         # duplicate window drops when a re-list repeats it.
         event_id = f"{metadata['uid']}.{metadata.get('resourceVersion', '')}.{event_type.value}"

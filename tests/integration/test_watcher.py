@@ -19,6 +19,7 @@ from events.builder import parse_payload
 from events.kinds import ARGO_WORKFLOW, JOB, KindSpec
 from events.models import RunDeleted, RunFinished
 from events.types import EventType
+from lapse.edges.kubernetes import KubeObjects
 from lapse.runtime.watcher import KindWatcher
 from tests.conftest import KubeStack, kube_stack
 from tests.integration.test_kinds import job
@@ -76,7 +77,9 @@ async def test_finish_and_delete_become_events(kube: KubeStack) -> None:
     created["status"] = workflow("ends", finished=True)["status"]
     done = await kube.workflows.replace(ns, "ends", created)
     await wait_for(lambda: _async("ends" in recorder.names(EventType.RUN_FINISHED, ns)))
-    await kube.workflows.delete(ns, "ends", uid=done["metadata"]["uid"])
+    # Deleted by someone else (another client), not by this process's own KubeObjects.
+    someone_else = KubeObjects(kube.api_client, kube.executor)
+    await someone_else.delete(ARGO_WORKFLOW, ns, "ends", uid=done["metadata"]["uid"])
     await wait_for(lambda: _async("ends" in recorder.names(EventType.RUN_DELETED, ns)))
 
     stop.set()
@@ -98,6 +101,33 @@ async def test_finish_and_delete_become_events(kube: KubeStack) -> None:
 
 async def _async(value: bool) -> bool:
     return value
+
+
+async def test_a_deletion_this_process_made_is_not_reported(kube: KubeStack) -> None:
+    """`lapse up`'s reaper and watcher share one record of the uids the reaper deleted: the
+    deadline behind such a deletion has fired, so run.deleted would make the planner look
+    for a schedule to cancel for nothing. Anyone else's deletion is still reported."""
+    ns = kube.namespace(f"watch-own-{uuid.uuid4().hex[:6]}")
+    ours = KubeObjects(kube.api_client, kube.executor)
+    recorder = Recorder()
+    watcher = KindWatcher(ours, ARGO_WORKFLOW, recorder.publish, recorder.report)
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop))
+    await asyncio.wait_for(watcher.synced.wait(), 30)
+    mine = await ours.create(ARGO_WORKFLOW, ns, workflow("mine", finished=True))
+    theirs = await ours.create(ARGO_WORKFLOW, ns, workflow("theirs", finished=True))
+    await wait_for(lambda: _async(len(recorder.names(EventType.RUN_FINISHED, ns)) == 2))
+
+    await ours.delete(ARGO_WORKFLOW, ns, "mine", uid=mine["metadata"]["uid"])
+    someone_else = KubeObjects(kube.api_client, kube.executor)
+    await someone_else.delete(ARGO_WORKFLOW, ns, "theirs", uid=theirs["metadata"]["uid"])
+    # Watch events come in resourceVersion order: once the later deletion is reported, the
+    # earlier one has been seen and passed over.
+    await wait_for(lambda: _async("theirs" in recorder.names(EventType.RUN_DELETED, ns)))
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert recorder.names(EventType.RUN_DELETED, ns) == ["theirs"]
+    assert len(ours.own_deletions) == 0  # taken when its DELETED event came
 
 
 async def test_a_kind_without_a_finished_selector_is_watched_whole(kube: KubeStack) -> None:

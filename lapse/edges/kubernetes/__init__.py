@@ -15,12 +15,14 @@ from lapse.edges.kubernetes.objects import (
     finished_pages,
     list_metadata,
 )
+from lapse.edges.kubernetes.own_deletions import OwnDeletions
 from lapse.edges.kubernetes.workflows import Workflows, finished_workflow_pages
 
 __all__ = [
     "ApiCallFailure",
     "KubeEvents",
     "KubeObjects",
+    "OwnDeletions",
     "Page",
     "WatchEvent",
     "Workflows",

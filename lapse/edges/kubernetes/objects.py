@@ -29,6 +29,7 @@ from lapse.edges.kubernetes.client import (
     server_attributes,
     timeout_kwargs,
 )
+from lapse.edges.kubernetes.own_deletions import OwnDeletions
 from lapse.telemetry import count_kubernetes_request
 
 
@@ -57,11 +58,15 @@ class KubeObjects:
         api_client: client.ApiClient,
         executor: ThreadPoolExecutor,
         kinds: KindSet = DEFAULT_KINDS,
+        own_deletions: OwnDeletions | None = None,
     ) -> None:
         self._api = client.CustomObjectsApi(api_client)
         self._executor = executor
         self._server = server_attributes(api_client)
         self.kinds = kinds
+        # Shared by every KubeObjects of one process (lapse.runtime.resources), so that
+        # its watcher knows the deletions its reaper made.
+        self.own_deletions = own_deletions if own_deletions is not None else OwnDeletions()
 
     async def _call(
         self,
@@ -153,16 +158,29 @@ class KubeObjects:
     ) -> None:
         """DELETE guarded by preconditions: the API server refuses (409) unless the object
         still has this uid (and resourceVersion, when given). Raises ApiException."""
-        preconditions = client.V1Preconditions(uid=uid, resource_version=resource_version)
-        body = client.V1DeleteOptions(
-            preconditions=preconditions, propagation_policy=propagation_policy
-        )
-        await self._call(
-            "DELETE", _paths(kind)[2], namespace,
-            self._api.delete_namespaced_custom_object_with_http_info,
-            kind.group, kind.version, namespace, kind.resource, name, body=body,
-            **timeout_kwargs(request_timeout),
-        )  # fmt: skip
+        # A plain body, not the client's V1DeleteOptions: each of its models builds a whole
+        # client Configuration, whose logger set-up walks every logger of the process
+        # (about 80 µs of CPU a DELETE, on the event loop's thread).
+        preconditions = {"uid": uid}
+        if resource_version is not None:
+            preconditions["resourceVersion"] = resource_version
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "preconditions": preconditions,
+            "propagationPolicy": propagation_policy,
+        }
+        self.own_deletions.sending(uid)
+        try:
+            await self._call(
+                "DELETE", _paths(kind)[2], namespace,
+                self._api.delete_namespaced_custom_object_with_http_info,
+                kind.group, kind.version, namespace, kind.resource, name, body=body,
+                **timeout_kwargs(request_timeout),
+            )  # fmt: skip
+        except BaseException:
+            self.own_deletions.failed(uid)
+            raise
 
     def failure(self, exc: BaseException) -> ApiCallFailure | None:
         """See `api_failure`; a method so that handlers can take this class as their port."""
