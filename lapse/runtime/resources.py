@@ -83,16 +83,27 @@ class DaemonThreadPool(ThreadPoolExecutor):
                 worker.join()
 
     def _work(self) -> None:
-        while (call := self._calls.get()) is not None:
-            future, run = call
-            if not future.set_running_or_notify_cancel():
-                continue
+        # One call per frame of `_run`: a worker waiting for its next call must hold nothing
+        # of its last one. Kept in this loop's locals, each idle thread's last result stayed
+        # alive, and after a re-list that was a page of 500 objects per thread: +26 MiB of
+        # RSS after planning 20,000 runs (docs/architecture.md, "Targets").
+        while self._run(self._calls.get()):
+            pass
+
+    @staticmethod
+    def _run(call: tuple[Future[Any], Callable[[], Any]] | None) -> bool:
+        """Run one call into its future; False once told to stop."""
+        if call is None:
+            return False
+        future, run = call
+        if future.set_running_or_notify_cancel():
             try:
                 result = run()
             except BaseException as exc:
                 future.set_exception(exc)
             else:
                 future.set_result(result)
+        return True
 
 
 class MissingSetting(LapseError):
