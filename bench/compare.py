@@ -478,7 +478,8 @@ class Bench:
         names = [f"backlog-{tool.user}-{i:06d}" for i in range(s.backlog)]
         due, took = create_many(self.admin, names, "backlog", int(time.time()) - 3600, 60)
         self.say(f"{tool.name}: backlog of {len(due):,} expired objects made in {took:.0f}s")
-        started = tool.run()
+        # A sweeper is ready once its first sweep is done, which is most of the drain.
+        started = tool.run(timeout=s.backlog_cap_s + 300)
         end = self.wait_deleted(tool, due, s.backlog_cap_s, after_last_due=False)
         late = lateness(due, self.audit.read(), tool.user)
         times = sorted(t for k, t in deletions(self.audit.requests, tool.user).items() if k in due)
@@ -520,7 +521,7 @@ class Bench:
         )
         names = [f"pair-{tool.user}-{i:06d}" for i in range(s.backlog)]
         due, _ = create_many(self.admin, names, "pair", int(time.time()) - 3600, 60)
-        started = min(tool.run(), twin.run())
+        started = min(tool.run(), twin.run())  # lapse: ready at once
         self.wait_deleted(tool, due, s.backlog_cap_s, after_last_due=False)
         late = lateness(due, self.audit.read(), tool.user)
         times = sorted(t for k, t in deletions(self.audit.requests, tool.user).items() if k in due)
@@ -904,6 +905,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         scale = dataclasses.replace(scale, pending=args.pending)
     if args.pending_schedules is not None:
         scale = dataclasses.replace(scale, pending_schedules=args.pending_schedules)
+    if args.backlog is not None:
+        scale = dataclasses.replace(scale, backlog=args.backlog)
     only = set(args.tools.split(",")) if args.tools else set()
     work = Path(args.work_dir)
     crds = json.loads((work / "argo-crds.json").read_text())
@@ -1007,6 +1010,9 @@ def main() -> int:
         type=int,
         help="schedules waiting in NATS during lapse's steady/idle/kill phases (the pending "
         "objects' own plus the rest put straight into NATS)",
+    )
+    parser.add_argument(
+        "--backlog", type=int, help="override the backlog size (0: no drain phase figures)"
     )
     parser.add_argument(
         "--tools", help="comma-separated subset: lapse,lapse-read-first,argo,argo-qps50,janitor"
