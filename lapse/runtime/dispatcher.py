@@ -134,12 +134,9 @@ class Dispatcher:
             max_deliver=-1,
             max_ack_pending=10_000,
         )
-        config = await self._take_over(route, stream, config)
-        # Creates the durable, or updates one an older lapse made (ack wait, max deliver).
-        await self._js.add_consumer(stream, config)
-        sub = await self._js.pull_subscribe(
-            route.subject, durable=config.durable_name, stream=stream, config=config
-        )
+        sub = await self._subscribe_until_ready(route, stream, config)
+        if sub is None:
+            return  # stopped while NATS was unavailable
         log.info("%s: consuming %s from %s", route.function, route.subject, stream)
         try:
             while not self._stopping.is_set():
@@ -162,6 +159,35 @@ class Dispatcher:
             # at shutdown waits out the drain timeout.
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _subscribe_until_ready(
+        self, route: Route, stream: str, config: ConsumerConfig
+    ) -> JetStreamContext.PullSubscription | None:
+        """The route's durable consumer, created or updated (ack wait, max deliver) and
+        subscribed to. NATS unavailable (a stream leader being elected, a node restarting,
+        a JetStream API answer later than its timeout on a loaded cluster) is waited out,
+        as everywhere else: it once ended the whole dispatcher at start-up. None if
+        stopped meanwhile."""
+        attempt = 0
+        while not self._stopping.is_set():
+            try:
+                ready = await self._take_over(route, stream, config)
+                await self._js.add_consumer(stream, ready)
+                return await self._js.pull_subscribe(
+                    route.subject, durable=ready.durable_name, stream=stream, config=ready
+                )
+            except Exception as exc:
+                reason = nats_unavailable(exc)
+                if reason is None:
+                    raise
+                attempt += 1
+                delay = self._backoff.delay(attempt)
+                log.warning(
+                    "%s: cannot subscribe to %s yet: %s; again in %.0fs",
+                    route.function, route.subject, reason, delay,
+                )  # fmt: skip
+                await asyncio.sleep(delay)
+        return None
 
     async def _heartbeat(self) -> None:
         """Mark every held message in progress, so the server redelivers none of them while

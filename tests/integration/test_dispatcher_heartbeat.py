@@ -20,8 +20,12 @@ from events.run import Engine, RunRef, Target
 from events.subjects import due_subject
 from events.types import EventType
 from lapse.config import NatsConfig, Streams
+from lapse.edges import streams
+from lapse.edges.nats import connect
 from lapse.edges.publishing import NatsEmitter
+from lapse.embedded.nats import EmbeddedNats
 from lapse.runtime.dispatcher import Dispatcher, Subscription
+from lapse.runtime.outages import Backoff
 from lapse.runtime.routing import Route
 from tests.stack import wait_for
 
@@ -86,3 +90,50 @@ async def test_work_longer_than_the_ack_wait_is_not_delivered_twice(
         dispatcher.stop()
         await asyncio.wait_for(running, 30)
     assert handler.calls == 1, "four ack waits of work, one delivery"
+
+
+async def test_subscribing_waits_out_nats_being_unavailable(own_nats: EmbeddedNats) -> None:
+    """A durable consumer that cannot be created yet (NATS restarting, a stream leader being
+    elected, a JetStream API answer later than its timeout on a loaded cluster) is waited
+    for: the dispatcher once ended at start-up on such a timeout (a 3-node CI run)."""
+    nc = await connect(own_nats.url)
+    js = nc.jetstream(timeout=1.0)
+    await streams.ensure_streams(js, streams.stream_configs(STREAMS))
+    handler = Slow(seconds=0.0)
+    dispatcher = Dispatcher(
+        js,
+        NatsEmitter(js, STREAMS),
+        NatsConfig(),
+        [Subscription(ROUTE, handler)],
+        backoff=Backoff(first=0.2, cap=1.0),
+    )
+    own_nats.stop()
+    running = asyncio.create_task(dispatcher.run())
+    try:
+        await asyncio.sleep(3)  # it tries to subscribe, and fails, a few times
+        assert not running.done(), running.exception() if running.done() else None
+        own_nats.start(healthy=True)
+        message = to_nats(build_event(EventType.CLEANUP_DUE, source="/test", data=_due()))
+        await js.publish(due_subject(Target.KUBERNETES, "after-restart"), message.body,
+                         headers=message.headers)  # fmt: skip
+
+        async def handled() -> bool:
+            return handler.done == 1
+
+        await wait_for(handled, timeout=60, interval=0.2)
+    finally:
+        dispatcher.stop()
+        await asyncio.wait_for(running, 30)
+        await nc.close()
+
+
+def _due() -> CleanupDue:
+    run = RunRef(
+        engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+        namespace="team-a", name="after-restart", uid="after-restart", phase="Succeeded",
+        finished_at=datetime.now(UTC) - timedelta(hours=1),
+    )  # fmt: skip
+    return CleanupDue(
+        run=run, target=Target.KUBERNETES, deadline=datetime.now(UTC), policy="p",
+        scheduled_at=datetime.now(UTC),
+    )  # fmt: skip
