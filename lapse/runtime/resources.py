@@ -85,8 +85,8 @@ class DaemonThreadPool(ThreadPoolExecutor):
     def _work(self) -> None:
         # One call per frame of `_run`: a worker waiting for its next call must hold nothing
         # of its last one. Kept in this loop's locals, each idle thread's last result stayed
-        # alive, and after a re-list that was a page of 500 objects per thread: +26 MiB of
-        # RSS after planning 20,000 runs (docs/architecture.md, "Targets").
+        # alive, and after a re-list that was a page of 500 objects per thread (measured:
+        # RSS +26 MiB after planning 20,000 runs at start, +17 MiB without it).
         while self._run(self._calls.get()):
             pass
 
