@@ -166,6 +166,17 @@ def outcome_id(due_id: str, event_type: EventType | str) -> str:
     return f"{due_id}/{str(event_type).removeprefix('dev.lapse.')}"
 
 
+OUTCOME_TYPES: Final = frozenset({EventType.CLEANUP_COMPLETED, EventType.CLEANUP_FAILED})
+
+
+def as_outcome_of(due: BaseCloudEvent, event: BaseCloudEvent) -> BaseCloudEvent:
+    """`event` as the outcome of the due event `due`: an outcome's id is derived from the
+    due event's (`outcome_id`); any other event is returned as it is."""
+    if event.get_type() in OUTCOME_TYPES:
+        return with_id(event, outcome_id(due.get_id(), event.get_type()))
+    return event
+
+
 def with_id(event: BaseCloudEvent, id: str) -> CloudEvent:
     """The same event under another id."""
     return CloudEvent(attributes={**event.get_attributes(), "id": id}, data=event.get_data())

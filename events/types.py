@@ -27,3 +27,5 @@ class Outcome(StrEnum):
     REPLACED = "replaced"
     # Outside lapse's namespace scope (safety.namespaces): not read, not touched.
     SKIPPED = "skipped"
+    # The due event is not backed by what lapse stored (forged, or stale): nothing deleted.
+    REFUSED = "refused"

@@ -13,17 +13,27 @@ from typing import Any, Protocol
 
 from cloudevents.core.base import BaseCloudEvent
 
+from events.models import CleanupDue
 from events.run import Target
 from functions.errors import FunctionError
+from functions.trust import Trust
 
 
 @dataclass(frozen=True)
 class PendingSchedule:
-    """A deadline the scheduler holds for one (target, uid)."""
+    """A deadline the scheduler holds for one (target, uid).
+
+    `fired`: the deadline has come and the server stored its due message, whose content
+    lapse wrote when it put the schedule (`due`). That stored content, not a due event's
+    claim, is what a reaper that cannot read its target's owner judges from
+    (the row-reaper: functions/row_reaper/verdict.py).
+    """
 
     target: Target
     uid: str
     deadline: datetime
+    fired: bool = False
+    due: CleanupDue | None = None
 
 
 class ScheduleStore(Protocol):
@@ -35,8 +45,17 @@ class ScheduleStore(Protocol):
     async def get(self, target: Target, uid: str) -> PendingSchedule | None: ...
 
     async def put(
-        self, target: Target, uid: str, deadline: datetime, due_event: BaseCloudEvent
-    ) -> None: ...
+        self,
+        target: Target,
+        uid: str,
+        deadline: datetime,
+        due_event: BaseCloudEvent,
+        *,
+        observed: bool = False,
+    ) -> None:
+        """`observed`: the version `due_event` carries is one lapse read from the API server
+        itself; the due message then says so to the runtime that delivers it."""
+        ...
 
     async def cancel(self, target: Target, uid: str) -> bool:
         """Withdraw the schedule; True if one was pending."""
@@ -70,9 +89,14 @@ class Handler(Protocol):
     Raises `RetryLater` for a transient failure: the runtime redelivers the same event
     after the delay, and dead-letters it when the tries run out. Any other exception is a
     bug and is treated like `RetryLater` with the runtime's default delay.
+
+    `trust` is what the runtime established about where the event came from
+    (functions/trust.py); `CLAIM` unless the runtime says otherwise.
     """
 
-    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]: ...
+    async def handle(
+        self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
+    ) -> list[BaseCloudEvent]: ...
 
 
 class RetryLater(FunctionError):

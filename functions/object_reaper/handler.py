@@ -35,15 +35,14 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Literal, assert_never
+from typing import Any, Final, Literal, TypeAlias, assert_never
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.builder import build_event, outcome_id, parse_payload, with_id
+from events.builder import as_outcome_of, build_event, parse_payload
 from events.errors import InvalidEvent
 from events.kinds import DEFAULT_KINDS, TEKTON_TASKRUN, KindSet, KindSpec, UnknownKind
 from events.models import CleanupCompleted, CleanupDue, CleanupFailed, OriginalEvent
-from events.observed import is_observed, marked
 from events.original import capture_event
 from events.run import RunRef, Target
 from events.subjects import InvalidSubjectToken
@@ -70,6 +69,7 @@ from functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
 from functions.ratelimit import Brake, LocalBrake, LocalRateLimit, MassDeletionBrake, RateLimit
 from functions.safety import SafetyConfig
 from functions.tracing import creation_context
+from functions.trust import Trust
 
 SOURCE: Final = "/lapse/object-reaper"
 STAGE: Final = "object-reaper"
@@ -80,7 +80,6 @@ DELETED_EVENT_REASON: Final = "LapseDeleted"
 MAX_CONFLICTS: Final = 3
 CONFLICT_RETRY_DELAY: Final = 2.0
 
-OUTCOME_TYPES: Final = frozenset({EventType.CLEANUP_COMPLETED, EventType.CLEANUP_FAILED})
 
 PropagationPolicy = Literal["Background", "Foreground", "Orphan"]
 
@@ -91,11 +90,46 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def _as_outcome_of(due: BaseCloudEvent, event: BaseCloudEvent) -> BaseCloudEvent:
-    """Outcomes carry an id derived from the due event's: one due event, one outcome."""
-    if event.get_type() in OUTCOME_TYPES:
-        return with_id(event, outcome_id(due.get_id(), event.get_type()))
-    return event
+# --- the safety sequence's states (`ObjectReaper._reap`) --------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """1. Is the namespace in scope; then judge the planned version (`trusted`) or read."""
+
+    trusted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """2-3. Read the object fresh and judge it. `admitted`: the brake and rate limit have
+    already let this due event through (a re-read after a 409)."""
+
+    admitted: bool
+    conflicts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Admit:
+    """4. Ask the brake and the rate limit before deleting what `verdict` judged."""
+
+    verdict: Delete
+
+
+@dataclass(frozen=True, slots=True)
+class _Remove:
+    """5. DELETE, held to the uid and resourceVersion `verdict` judged."""
+
+    verdict: Delete
+    conflicts: int
+
+
+_State: TypeAlias = _Scope | _Read | _Admit | _Remove
+
+
+@dataclass(frozen=True, slots=True)
+class _Conflict:
+    """409 on DELETE: the object changed since the version judged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +137,24 @@ class _Deleted:
     """The DELETE was accepted for this verdict."""
 
     verdict: Delete
+
+
+@dataclass(frozen=True, slots=True)
+class _Skipped:
+    """Outside safety.namespaces: not read, not touched."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """The brake held the deletion back: these events say so (rescheduled, and the alert)."""
+
+    events: tuple[BaseCloudEvent, ...]
+
+
+# Where the sequence ends: one of these is concluded into the due event's outcome.
+_End: TypeAlias = Verdict | _Deleted | _Skipped | _Held
 
 
 @dataclass(frozen=True)
@@ -142,80 +194,82 @@ class ObjectReaper:
             )
             object.__setattr__(self, "brake", LocalBrake(local))
 
-    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
-        """Handle one due event; returns the events it emitted. May raise `RetryLater`."""
+    async def handle(
+        self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
+    ) -> list[BaseCloudEvent]:
+        """Handle one due event; returns the events it emitted. May raise `RetryLater`.
+
+        The one exit: every event it emits carries an id derived from the due event's, so a
+        redelivery that ends the same way is dropped by the audit stream, never doubled."""
+        produced = await self._outcome_of(event, trust)
+        return await emit_all(self.emitter, [as_outcome_of(event, e) for e in produced])
+
+    async def _outcome_of(self, event: BaseCloudEvent, trust: Trust) -> list[BaseCloudEvent]:
         original = capture_event(event)
         try:
             due = parse_payload(event, CleanupDue)
         except InvalidEvent as exc:
-            return await emit_all(self.emitter, [self._failed(None, exc.reason, original)])
+            return [self._failed(None, exc.reason, original)]
         if due.target is not Target.KUBERNETES:
             return []  # the database deadline belongs to the row-reaper
-        run = due.run
         try:
-            kind = self.kinds.of(run.api_version, run.kind)
+            kind = self.kinds.of(due.run.api_version, due.run.kind)
         except UnknownKind as exc:
-            reason = f"{exc}; nothing was deleted"
-            return await emit_all(self.emitter, [self._failed(run, reason, original)])
+            return [self._failed(due.run, f"{exc}; nothing was deleted", original)]
         try:
-            produced = await self._reap(due, kind, original, self._trusts_planned(event))
+            end = await self._reap(due, kind, self._trusts_planned(trust))
+            return await self._conclude(due, kind, end, original)
         except InvalidSubjectToken as exc:
-            produced = [self._failed(run, f"cannot reschedule: {exc}", original)]
-        return await emit_all(self.emitter, [_as_outcome_of(event, e) for e in produced])
+            return [self._failed(due.run, f"cannot reschedule: {exc}", original)]
 
-    def _trusts_planned(self, event: BaseCloudEvent) -> bool:
-        """Whether the version this due event carries may be judged without reading it:
+    def _trusts_planned(self, trust: Trust) -> bool:
+        """Whether the version the due event carries may be judged without reading it:
         always with read_before_delete false, never with true, and with auto only when
-        lapse itself read that version from the API server (events/observed.py)."""
+        lapse itself read that version from the API server (functions/trust.py)."""
         setting = self.safety.read_before_delete
-        return setting is False or (setting == "auto" and is_observed(event))
+        return setting is False or (setting == "auto" and trust.observed)
 
-    async def _reap(
-        self, due: CleanupDue, kind: KindSpec, original: OriginalEvent, trusted: bool
-    ) -> list[BaseCloudEvent]:
-        """The safety sequence, top to bottom (docs/architecture.md, "How a deletion is made
-        safe"). Every step is safe to repeat: redelivery finds the object gone. A refusal
-        carries the `original` due event, so `lapse dlq replay` can deliver it again once
-        the cause (RBAC, a malformed annotation) is fixed."""
-        run = due.run
-        # 1. Scope: outside safety.namespaces lapse does not even read (its RBAC may rightly
-        #    be missing there).
-        if (reason := out_of_scope(run.namespace, self.safety.namespaces)) is not None:
-            return [self._completed(run, Outcome.SKIPPED, due.deadline, reason)]
-        admitted = False
-        # 2'. When the version the planner read can be trusted (lapse read it itself, or
-        #     read_before_delete is off), it is judged first: if it may be deleted, one
-        #     DELETE held to that exact version settles it.
-        planned = self._as_planned(due, kind) if trusted else None
-        for _ in range(MAX_CONFLICTS):
-            if planned is not None:
-                verdict: Verdict = planned
-                planned = None
-            else:
-                # 2. A fresh read (and the children the kind's gates look at): the
-                #    judgement is made on the object as it is now.
-                verdict = await self._read_and_classify(due, kind)
-            # 3. Identity (gone, replaced), keep, the deadline the object states now,
-            #    gates: the pure verdict (verdict.py).
-            if not isinstance(verdict, Delete) or verdict.dry_run:
-                return await self._conclude(due, kind, verdict, original)
-            # 4. The mass-deletion brake, then the rate limit: once per due event.
-            if not admitted:
-                held = await self._admit(verdict, trusted)
-                if held is not None:
-                    return held
-                admitted = True
-            # 5. DELETE only if uid and resourceVersion are still the ones judged in 3.
-            deleted = await self._delete(verdict, kind)
-            if deleted is None:
-                continue  # 409: the object changed since the read; read and judge again
-            # 6. The outcome event (and a Kubernetes Event, if configured).
-            return await self._conclude(due, kind, deleted, original)
-        raise RetryLater(
-            f"{kind.kind} {run.subject} changed {MAX_CONFLICTS} times between read and "
-            "delete; trying again later",
-            CONFLICT_RETRY_DELAY,
-        )
+    async def _reap(self, due: CleanupDue, kind: KindSpec, trusted: bool) -> _End:
+        """The safety sequence (docs/architecture.md, "How a deletion is made safe"), as a
+        state machine: each state names the next step, and the loop ends in one `_End`.
+        Every step is safe to repeat: redelivery finds the object gone."""
+        state: _State = _Scope(trusted)
+        while True:
+            match state:
+                case _Scope(trusted=trusted):
+                    # 1. Outside safety.namespaces lapse does not even read (its RBAC may
+                    #    rightly be missing there).
+                    reason = out_of_scope(due.run.namespace, self.safety.namespaces)
+                    if reason is not None:
+                        return _Skipped(reason)
+                    planned = self._as_planned(due, kind) if trusted else None
+                    state = _Admit(planned) if planned is not None else _Read(admitted=False)
+                case _Read(admitted=admitted, conflicts=conflicts):
+                    # 2. A fresh read (and the children the kind's gates look at), and
+                    # 3. the pure verdict on the object as it is now (verdict.py).
+                    verdict = await self._read_and_classify(due, kind)
+                    if not isinstance(verdict, Delete) or verdict.dry_run:
+                        return verdict
+                    state = _Remove(verdict, conflicts) if admitted else _Admit(verdict)
+                case _Admit(verdict=verdict):
+                    # 4. The mass-deletion brake, then the rate limit: once per due event.
+                    held = await self._admit(verdict, trusted)
+                    if held is not None:
+                        return held
+                    state = _Remove(verdict, conflicts=0)
+                case _Remove(verdict=verdict, conflicts=conflicts):
+                    # 5. DELETE only if uid and resourceVersion are the ones judged.
+                    result = await self._delete(verdict, kind)
+                    if not isinstance(result, _Conflict):
+                        return result
+                    if conflicts + 1 >= MAX_CONFLICTS:
+                        raise RetryLater(
+                            f"{kind.kind} {due.run.subject} changed {MAX_CONFLICTS} times "
+                            "between read and delete; trying again later",
+                            CONFLICT_RETRY_DELAY,
+                        )
+                    # 409: the object changed since it was judged; read and judge again.
+                    state = _Read(admitted=True, conflicts=conflicts + 1)
 
     def _as_planned(self, due: CleanupDue, kind: KindSpec) -> Delete | None:
         return as_planned(due, kind, self.policies, self.safety, self.clock())
@@ -241,8 +295,8 @@ class ObjectReaper:
                 return self._call_failed(exc, "list", run, TEKTON_TASKRUN)
         return classify(fresh, due, kind, self.policies, self.safety, self.clock(), children)
 
-    async def _delete(self, verdict: Delete, kind: KindSpec) -> _Deleted | Verdict | None:
-        """The guarded DELETE; None on 409 (the object changed since it was read)."""
+    async def _delete(self, verdict: Delete, kind: KindSpec) -> _Deleted | _Conflict | Verdict:
+        """The guarded DELETE."""
         run = verdict.run
         try:
             await self.objects.delete(
@@ -259,7 +313,7 @@ class ObjectReaper:
             if failure is not None and failure.status == 404:
                 return AlreadyGone(f"{kind.kind} {run.subject} was deleted by someone else")
             if failure is not None and failure.status == 409:
-                return None
+                return _Conflict()
             return self._call_failed(exc, "delete", run, kind)
         return _Deleted(verdict)
 
@@ -270,12 +324,9 @@ class ObjectReaper:
         failure = self.objects.failure(exc)
         if failure is None:
             raise exc  # not an API failure: a bug, let the runtime see it
-        judged = judge_failure(failure, verb, run, kind)
-        if isinstance(judged, RetryLater):
-            raise judged from exc
-        return judged
+        return judge_failure(failure, verb, run, kind)
 
-    async def _admit(self, verdict: Delete, observed: bool) -> list[BaseCloudEvent] | None:
+    async def _admit(self, verdict: Delete, observed: bool) -> _Held | None:
         """Brake, then rate limit. None: go ahead; otherwise the events of holding back.
         `observed`: the verdict's version is one lapse read (kept on a rescheduled event)."""
         now = self.clock()
@@ -305,7 +356,7 @@ class ObjectReaper:
             produced.append(
                 self._completed(verdict.run, Outcome.RESCHEDULED, verdict.deadline, detail)
             )
-            return produced
+            return _Held(tuple(produced))
         # Delayed in arrival order, never dropped. The runtime must keep
         # (in-flight events / rate) well below the consumer's ack wait.
         wait = await self.rate_limit.reserve(now.timestamp())
@@ -317,11 +368,15 @@ class ObjectReaper:
         self,
         due: CleanupDue,
         kind: KindSpec,
-        verdict: Verdict | _Deleted,
+        verdict: _End,
         original: OriginalEvent,
     ) -> list[BaseCloudEvent]:
         ref = due.run
         match verdict:
+            case _Skipped(reason=reason):
+                return [self._completed(ref, Outcome.SKIPPED, due.deadline, reason)]
+            case _Held(events=events):
+                return list(events)
             case _Deleted(verdict=done):
                 detail = f"deleted ({done.policy}, propagation {self._propagation(kind)})"
                 completed = self._completed(done.run, Outcome.DELETED, done.deadline, detail)
@@ -378,7 +433,7 @@ class ObjectReaper:
             scheduled_at=self.clock(),
         )
         event = build_event(EventType.CLEANUP_DUE, source=SOURCE, data=due, **creation_context())
-        await self.schedules.put(Target.KUBERNETES, run.uid, fire_at, marked(event, observed))
+        await self.schedules.put(Target.KUBERNETES, run.uid, fire_at, event, observed=observed)
 
     async def _record_deletion(self, done: Delete, completed: BaseCloudEvent) -> None:
         if self.recorder is None:

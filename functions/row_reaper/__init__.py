@@ -1,20 +1,28 @@
 """row-reaper: deletes a finished run's database rows (KFP, Argo archive, declared tables)."""
 
-from functions.row_reaper.handler import SOURCE, BatchRetryLater, Retry, RowReaper
-from functions.row_reaper.ports import Counted, Rejected, RowStore, RunResult, Unavailable
+from functions.row_reaper.handler import SOURCE, RowReaper
+from functions.row_reaper.ports import (
+    Contradicted,
+    Counted,
+    Rejected,
+    RowStore,
+    RunResult,
+    RunRows,
+    Unavailable,
+)
 from functions.row_reaper.targets import KeySource, MissingKey, Step, TargetSpec, targets_for
 
 __all__ = [
     "SOURCE",
-    "BatchRetryLater",
+    "Contradicted",
     "Counted",
     "KeySource",
     "MissingKey",
     "Rejected",
-    "Retry",
     "RowReaper",
     "RowStore",
     "RunResult",
+    "RunRows",
     "Step",
     "TargetSpec",
     "Unavailable",

@@ -1,203 +1,330 @@
-"""The row-reaper handler: `cleanup.due` (target=database) in, `cleanup.completed` out.
+"""The row-reaper: `cleanup.due` (target database) in, at most one transaction and one
+outcome event out, with the same safety sequence shape as the object reaper.
 
-- Each run's key per target comes from the run reference in the due event (KFP run id,
-  uid, name, a label or an annotation); a target the run has no key for is skipped.
-- Rows are deleted in one transaction per run (`handle`) or per batch of runs
-  (`handle_batch`); the outcome is `deleted` (detail: rows per table), `already_gone` when
-  no row existed (so a redelivered event deletes nothing more), or `dry_run`.
-- The database being unreachable (or asking us to back off) raises `RetryLater`: nothing
-  was committed, the runtime delivers the event again.
-- Input that cannot be used, or a run the database refuses for good, becomes
-  `cleanup.failed` with the reason.
-- Every outcome carries the trace context it was made in (`creation_context`).
+The row-reaper cannot read the run object (it is usually gone by the time its rows are
+due), so it believes no due event's word for the deadline or the run: it reads what lapse
+stored and what the database itself says (docs/architecture.md, "How a deletion is made
+safe"; docs/security.md):
+
+1. **Proof.** The schedule lapse stored for this (database, uid) — the due message the
+   server fired from it, or the one still pending — says which run and which deadline
+   (`verdict.prove`). Nothing stored: `refused`. A later stored deadline: `rescheduled`
+   (the stored schedule will fire).
+2. **Keys** of the stored run, per target; a target the run has no key for is skipped.
+3. **Brake and rate limit**, once per due event, counted apart from the objects' (the
+   same settings, `safety.mass_deletion_brake` and `safety.max_deletions_per_second`).
+4. **Delete** in one transaction, held to a precondition judged inside it with the run's
+   rows locked: the database's own record says the run finished, no later than lapse
+   planned from (`verdict.judge_facts`). Running: `kept`. Finished later: `rescheduled`
+   by as much. Zero rows: `already_gone`.
+5. **Outcome**, with an id derived from the due event's: one due event, one outcome.
+
+The database being unreachable (or asking to back off) raises `RetryLater`: nothing was
+committed, the runtime delivers the event again after its back-off.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import asyncio
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import Final
+from datetime import UTC, datetime
+from typing import Final, TypeAlias, assert_never
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.builder import build_event, outcome_id, parse_payload
+from events.builder import as_outcome_of, build_event, parse_payload
 from events.errors import InvalidEvent
-from events.models import CleanupCompleted, CleanupDue, CleanupFailed, clip
+from events.models import CleanupCompleted, CleanupDue, CleanupFailed, OriginalEvent, clip
 from events.original import capture_event
-from events.run import Target
+from events.run import RunRef, Target
+from events.subjects import InvalidSubjectToken
 from events.types import EventType, Outcome
-from functions.ports import Emitter, RetryLater, emit_all
-from functions.row_reaper.ports import Counted, Rejected, RowStore, RunResult, Unavailable
-from functions.row_reaper.targets import RunKeys, keys_for
+from functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
+from functions.ratelimit import Brake, LocalBrake, LocalRateLimit, MassDeletionBrake, RateLimit
+from functions.row_reaper.ports import (
+    Contradicted,
+    Counted,
+    Rejected,
+    RowStore,
+    RunResult,
+    RunRows,
+    Unavailable,
+)
+from functions.row_reaper.targets import keys_for
+from functions.row_reaper.verdict import (
+    Keep,
+    MoveTo,
+    NotYet,
+    Proven,
+    RunFacts,
+    Unbacked,
+    judge_facts,
+    prove,
+)
+from functions.safety import SafetyConfig
 from functions.tracing import creation_context
+from functions.trust import Trust
 
 SOURCE: Final = "/lapse/row-reaper"
 STAGE: Final = "row-reaper"
-# The scheduler fires at the deadline; a due event earlier than this is a clock-skewed or
-# hand-made one, and rows deleted early cannot be brought back.
-EARLY_TOLERANCE: Final = timedelta(seconds=1)
+BRAKE_STAGE: Final = "brake"
+# The first wait for a database that does not answer; the runtime's back-off takes it from
+# there (lapse/runtime/outages.py: doubling to 60 s).
+RETRY_DELAY: Final = 1.0
 
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-@dataclass(frozen=True)
-class Retry:
-    event: BaseCloudEvent
-    reason: str
-    delay: float
+# --- where the sequence ends --------------------------------------------------------------
 
 
-class BatchRetryLater(RetryLater):
-    """Some events of a batch must be delivered again (`retries`); all others are done and
-    their outcomes were emitted (`emitted`). A runtime that only knows `RetryLater` may
-    redeliver the whole batch: the finished runs then report `already_gone`."""
+@dataclass(frozen=True, slots=True)
+class _Done:
+    """The transaction ran (or, in a dry run, counted): rows per table."""
 
-    def __init__(self, retries: Sequence[Retry], emitted: Sequence[BaseCloudEvent]) -> None:
-        first = min(retries, key=lambda r: r.delay)
-        more = f" (and {len(retries) - 1} more)" if len(retries) > 1 else ""
-        super().__init__(first.reason + more, first.delay)
-        self.retries = tuple(retries)
-        self.emitted = tuple(emitted)
-
-
-@dataclass(frozen=True)
-class _Work:
-    event: BaseCloudEvent
     due: CleanupDue
-    keys: RunKeys
+    counted: Counted
+    skipped: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """Nothing deleted and nothing to wait for: the reason is the record."""
+
+    run: RunRef
+    reason: str
+    outcome: Outcome | None = Outcome.REFUSED  # None: a cleanup.failed (the database's refusal)
+
+
+@dataclass(frozen=True, slots=True)
+class _Later:
+    """Not now: `deadline` is when (a schedule is put when `put`)."""
+
+    due: CleanupDue
+    deadline: datetime
+    reason: str
+    put: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    due: CleanupDue
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """The brake is engaged: rescheduled to `until`; `tripped` when this event tripped it."""
+
+    due: CleanupDue
+    until: datetime
+    tripped: bool
+
+
+_End: TypeAlias = _Done | _Refused | _Later | _Kept | _Held
 
 
 @dataclass(frozen=True)
 class RowReaper:
+    """Constructed once per process. `rate_limit` and `brake` are shared with the
+    deployment's other row-reaper processes when given; otherwise this process keeps its
+    own (`safety.max_deletions_per_second`, `safety.mass_deletion_brake`)."""
+
     rows: RowStore
+    schedules: ScheduleStore
     emitter: Emitter
-    dry_run: bool = False
-    # Runs per transaction in `handle_batch`; bounds statement size and lock time.
-    batch_size: int = 500
-    retry_delay: float = 5.0
+    safety: SafetyConfig = field(default_factory=SafetyConfig)
     clock: Callable[[], datetime] = field(default=_utcnow)
+    rate_limit: RateLimit | None = field(default=None, repr=False, compare=False)
+    brake: Brake | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
+        now = self.clock().timestamp()
+        settings = self.safety.mass_deletion_brake
+        if self.rate_limit is None:
+            limit = LocalRateLimit(self.safety.max_deletions_per_second, now=now)
+            object.__setattr__(self, "rate_limit", limit)
+        if self.brake is None:
+            local = MassDeletionBrake(
+                settings.max_due, settings.window.total_seconds(), enabled=settings.enabled
+            )
+            object.__setattr__(self, "brake", LocalBrake(local))
 
-    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
-        """One due event, one transaction; returns the events it emitted."""
+    @property
+    def dry_run(self) -> bool:
+        return self.safety.dry_run
+
+    async def handle(
+        self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
+    ) -> list[BaseCloudEvent]:
+        """Handle one due event; returns the events it emitted. May raise `RetryLater`.
+
+        `trust` changes nothing here: what the row-reaper acts on is what lapse stored and
+        what the database says, whoever delivered the event. The one exit: every event it
+        emits carries an id derived from the due event's."""
+        produced = await self._outcome_of(event)
+        return await emit_all(self.emitter, [as_outcome_of(event, e) for e in produced])
+
+    async def _outcome_of(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
+        original = capture_event(event)
         try:
-            return await self.handle_batch([event])
-        except BatchRetryLater as exc:
-            raise RetryLater(exc.reason, exc.delay) from None
+            claim = parse_payload(event, CleanupDue)
+        except InvalidEvent as exc:
+            return [self._failed(None, exc.reason, original)]
+        if claim.target is not Target.DATABASE:
+            return []  # the object-reaper's; a subscription without a target filter
+        try:
+            end = await self._reap(claim)
+            return await self._conclude(claim, end, original)
+        except InvalidSubjectToken as exc:
+            return [self._failed(claim.run, f"cannot reschedule: {exc}", original)]
 
-    async def handle_batch(self, events: Sequence[BaseCloudEvent]) -> list[BaseCloudEvent]:
-        """Many due events, `batch_size` runs per transaction; returns the events emitted.
-
-        Raises `BatchRetryLater` naming the events to deliver again, after emitting the
-        outcomes of all the others. Each outcome is emitted once its transaction committed.
-        """
+    async def _reap(self, claim: CleanupDue) -> _End:
+        """The safety sequence, top to bottom (the module's docstring)."""
         now = self.clock()
-        work: list[_Work] = []
-        retries: list[Retry] = []
-        ready: list[BaseCloudEvent] = []
-        for event in events:
-            try:
-                due = parse_payload(event, CleanupDue)
-            except InvalidEvent as exc:
-                failed = CleanupFailed(
-                    reason=exc.reason, stage=STAGE, original=capture_event(event)
-                )
-                ready.append(
-                    build_event(
-                        EventType.CLEANUP_FAILED, source=SOURCE, data=failed, **creation_context()
-                    )
-                )
-                continue
-            if due.target is not Target.DATABASE:
-                continue  # the object-reaper's; a subscription without a target filter
-            early = due.deadline - now
-            if early > EARLY_TOLERANCE:
-                retries.append(Retry(event, "not due yet", early.total_seconds()))
-                continue
-            keys = keys_for(due.run, self.rows.targets)
-            if keys.keys:
-                work.append(_Work(event, due, keys))
-            else:
-                ready.append(self._completed(event, due, Counted(()), keys.skipped))
-        emitted = await emit_all(self.emitter, ready)
+        # 1. Proof: what lapse stored for this (database, uid), never the event's word.
+        stored = await self.schedules.get(Target.DATABASE, claim.run.uid)
+        match prove(claim, stored, now):
+            case Unbacked(reason=reason):
+                return _Refused(claim.run, f"{reason}; nothing was deleted")
+            case NotYet(deadline=deadline, reason=reason):
+                return _Later(claim, deadline, reason, put=False)
+            case Proven(due=due):
+                pass
+        # 2. The stored run's keys.
+        keys = keys_for(due.run, self.rows.targets)
+        if not keys.keys:
+            return _Done(due, Counted(()), keys.skipped)
+        # 3. The brake, then the rate limit (a dry run deletes nothing: neither applies).
+        if not self.dry_run and (held := await self._admit(due)) is not None:
+            return held
 
-        down: str | None = None
-        for chunk in _chunks(work, self.batch_size):
-            if down is not None:
-                retries.extend(Retry(w.event, down, self.retry_delay) for w in chunk)
-                continue
-            results = await self.rows.delete([w.keys.keys for w in chunk], dry_run=self.dry_run)
-            outcomes = []
-            for item, result in zip(chunk, results, strict=True):
-                if isinstance(result, Unavailable):
-                    retries.append(Retry(item.event, result.reason, self.retry_delay))
-                    down = result.reason
+        # 4. One transaction, held to the database's own account of the run.
+        def accepts(facts: RunFacts) -> bool:
+            return judge_facts(due, facts, self.clock()) is None
+
+        [result] = await self.rows.delete([RunRows(keys.keys, accepts)], dry_run=self.dry_run)
+        return self._judged(due, result, keys.skipped)
+
+    def _judged(self, due: CleanupDue, result: RunResult, skipped: Mapping[str, str]) -> _End:
+        match result:
+            case Counted():
+                return _Done(due, result, skipped)
+            case Unavailable(reason=reason):
+                raise RetryLater(reason, RETRY_DELAY)
+            case Rejected(reason=reason):
+                return _Refused(due.run, reason, outcome=None)
+            case Contradicted(facts=facts):
+                match judge_facts(due, facts, self.clock()):
+                    case Keep(reason=reason):
+                        return _Kept(due, reason)
+                    case MoveTo(deadline=deadline, reason=reason):
+                        return _Later(due, deadline, reason, put=True)
+                    case None:
+                        # Agreed on a second look (time passed): delivered again, it deletes.
+                        raise RetryLater("the database's account of the run changed", 0)
+        assert_never(result)
+
+    async def _admit(self, due: CleanupDue) -> _Held | None:
+        now = self.clock()
+        assert self.brake is not None and self.rate_limit is not None  # set in __post_init__
+        decision = await self.brake.admit(now.timestamp())
+        if not decision.admitted:
+            assert decision.until is not None
+            return _Held(due, datetime.fromtimestamp(decision.until, UTC), decision.tripped)
+        # Delayed in arrival order, never dropped.
+        wait = await self.rate_limit.reserve(now.timestamp())
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return None
+
+    async def _conclude(
+        self, claim: CleanupDue, end: _End, original: OriginalEvent
+    ) -> list[BaseCloudEvent]:
+        match end:
+            case _Done(due=due, counted=counted, skipped=skipped):
+                if self.dry_run:
+                    outcome = Outcome.DRY_RUN
+                elif counted.total > 0:
+                    outcome = Outcome.DELETED
                 else:
-                    outcomes.append(self._outcome(item, result))
-            # A whole chunk that could not commit means the database is down or stuck:
-            # leave the rest for redelivery instead of waiting on it once per chunk.
-            if outcomes:
-                down = None
-            emitted += await emit_all(self.emitter, outcomes)
-        if retries:
-            raise BatchRetryLater(retries, emitted)
-        return emitted
+                    outcome = Outcome.ALREADY_GONE
+                detail = describe(counted, skipped, dry_run=self.dry_run)
+                return [self._completed(due.run, outcome, due.deadline, detail)]
+            case _Refused(run=run, reason=reason, outcome=None):
+                return [self._failed(run, reason, original)]
+            case _Refused(run=run, reason=reason, outcome=outcome):
+                return [self._completed(run, outcome, claim.deadline, reason)]
+            case _Later(due=due, deadline=deadline, reason=reason, put=put):
+                if put:
+                    await self._put(due, deadline, fire_at=deadline)
+                return [self._completed(due.run, Outcome.RESCHEDULED, claim.deadline, reason)]
+            case _Kept(due=due, reason=reason):
+                return [self._completed(due.run, Outcome.KEPT, due.deadline, reason)]
+            case _Held(due=due, until=until, tripped=tripped):
+                await self._put(due, due.deadline, fire_at=until)
+                produced = []
+                if tripped:
+                    settings = self.safety.mass_deletion_brake
+                    window = int(settings.window.total_seconds())
+                    produced.append(
+                        self._failed(
+                            due.run,
+                            f"mass-deletion brake engaged for database rows: more than "
+                            f"{settings.max_due} runs' rows due within {window}s; deleting "
+                            f"rows is paused until {until.isoformat()} and due runs are "
+                            "rescheduled (check the policies; raise "
+                            "safety.mass_deletion_brake.max_due if this volume is expected)",
+                            stage=BRAKE_STAGE,
+                        )
+                    )
+                detail = f"mass-deletion brake engaged: rescheduled for {until.isoformat()}"
+                produced.append(self._completed(due.run, Outcome.RESCHEDULED, due.deadline, detail))
+                return produced
+            case _:
+                assert_never(end)
 
-    def _outcome(self, item: _Work, result: RunResult) -> BaseCloudEvent:
-        if isinstance(result, Rejected):
-            failed = CleanupFailed(
-                run=item.due.run,
-                target=Target.DATABASE,
-                reason=result.reason,
-                stage=STAGE,
-                original=capture_event(item.event),
-            )
-            return build_event(
-                EventType.CLEANUP_FAILED,
-                source=SOURCE,
-                data=failed,
-                id=outcome_id(item.event.get_id(), EventType.CLEANUP_FAILED),
-                **creation_context(),
-            )
-        assert isinstance(result, Counted)
-        return self._completed(item.event, item.due, result, item.keys.skipped)
+    async def _put(self, due: CleanupDue, deadline: datetime, *, fire_at: datetime) -> None:
+        """A new due event for `deadline`, delivered at `fire_at`, for the stored run."""
+        moved = due.model_copy(update={"deadline": deadline, "scheduled_at": self.clock()})
+        event = build_event(EventType.CLEANUP_DUE, source=SOURCE, data=moved, **creation_context())
+        await self.schedules.put(Target.DATABASE, due.run.uid, fire_at, event)
 
     def _completed(
-        self,
-        event: BaseCloudEvent,
-        due: CleanupDue,
-        counted: Counted,
-        skipped: Mapping[str, str],
+        self, run: RunRef, outcome: Outcome, deadline: datetime, detail: str
     ) -> BaseCloudEvent:
-        """The outcome of `event`; its id is derived from the due event's (one outcome)."""
-        if self.dry_run:
-            outcome = Outcome.DRY_RUN
-        elif counted.total > 0:
-            outcome = Outcome.DELETED
-        else:
-            outcome = Outcome.ALREADY_GONE
-        completed = CleanupCompleted.of(
-            run=due.run,
+        data = CleanupCompleted.of(
+            run=run,
             target=Target.DATABASE,
             outcome=outcome,
             completed_at=self.clock(),
-            deadline=due.deadline,
-            detail=describe(counted, skipped, dry_run=self.dry_run),
-            dry_run=self.dry_run,
+            deadline=deadline,
+            detail=detail,
+            dry_run=self.dry_run and outcome is Outcome.DRY_RUN,
         )
         return build_event(
-            EventType.CLEANUP_COMPLETED,
-            source=SOURCE,
-            data=completed,
-            id=outcome_id(event.get_id(), EventType.CLEANUP_COMPLETED),
-            **creation_context(),
+            EventType.CLEANUP_COMPLETED, source=SOURCE, data=data, **creation_context()
         )
+
+    def _failed(
+        self,
+        run: RunRef | None,
+        reason: str,
+        original: OriginalEvent | None = None,
+        *,
+        stage: str = STAGE,
+    ) -> BaseCloudEvent:
+        data = CleanupFailed(
+            run=run,
+            target=Target.DATABASE if run is not None else None,
+            reason=reason,
+            stage=stage,
+            original=original,
+        )
+        return build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=data, **creation_context())
 
 
 def describe(counted: Counted, skipped: Mapping[str, str], *, dry_run: bool = False) -> str:
@@ -210,8 +337,3 @@ def describe(counted: Counted, skipped: Mapping[str, str], *, dry_run: bool = Fa
         parts[0] = f"would delete {parts[0]}"
     parts += [f"{target}: skipped ({reason})" for target, reason in skipped.items()]
     return clip("; ".join(parts))
-
-
-def _chunks(items: list[_Work], size: int) -> Iterator[list[_Work]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]

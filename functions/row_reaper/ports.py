@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
 from functions.row_reaper.targets import TargetSpec
+from functions.row_reaper.verdict import RunFacts
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,26 @@ class Unavailable:
     reason: str
 
 
-RunResult: TypeAlias = Counted | Rejected | Unavailable
+@dataclass(frozen=True)
+class Contradicted:
+    """The database's own account of the run (`facts`) failed the run's precondition:
+    nothing of it was deleted."""
+
+    facts: RunFacts
+
+
+RunResult: TypeAlias = Counted | Rejected | Unavailable | Contradicted
+
+
+@dataclass(frozen=True)
+class RunRows:
+    """One run's rows to delete: its key per target name, and the precondition the
+    database's account of the run must meet, checked with the run's rows locked in the
+    deleting transaction (None: no precondition). A target that keeps no such account, or
+    a run it has no row for, is not checked."""
+
+    keys: Mapping[str, str]
+    accepts: Callable[[RunFacts], bool] | None = None
 
 
 class RowStore(Protocol):
@@ -45,11 +65,12 @@ class RowStore(Protocol):
         """The targets this store was validated against at start-up."""
         ...
 
-    async def delete(self, runs: Sequence[Mapping[str, str]], *, dry_run: bool) -> list[RunResult]:
-        """Delete the rows of every run (`{target name: key}`) and report one result per run.
+    async def delete(self, runs: Sequence[RunRows], *, dry_run: bool) -> list[RunResult]:
+        """Delete the rows of every run and report one result per run.
 
         Many runs go into one transaction; a run's rows are either all deleted and
-        committed (`Counted`) or none are. With `dry_run` nothing is deleted and the counts
-        say what would have been. Database trouble is reported, never raised.
+        committed (`Counted`) or none are; a run whose precondition fails keeps them all
+        (`Contradicted`). With `dry_run` nothing is deleted and the counts say what would
+        have been. Database trouble is reported, never raised.
         """
         ...

@@ -23,6 +23,10 @@ ARGO_ARCHIVE: Final = "argo_archive"
 # does not (yet) let anyone change.
 ARGO_OFFLOAD_TABLE: Final = "argo_workflows"
 KFP_RUN_RESOURCE_TYPE: Final = "Run"
+# KFP v2's RuntimeState values of a run that is not over (backend/api/v2beta1/run.proto).
+KFP_RUNNING_STATES: Final = frozenset(
+    {"PENDING", "RUNNING", "CANCELING", "PAUSED", "RUNTIME_STATE_UNSPECIFIED"}
+)
 
 
 class MissingKey(FunctionError):
@@ -97,6 +101,20 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Guard:
+    """Where the parent table keeps its own account of the run, read (with the parent rows
+    locked) before anything is deleted: the finish time (`finished_column`: a timestamp, or
+    seconds since the epoch; NULL or 0 while the run goes on) and, optionally, a state
+    (`state_column`, running while it is one of `running_states`). A column the database
+    does not have is not read (`optional`: an older schema)."""
+
+    finished_column: str
+    state_column: str | None = None
+    running_states: frozenset[str] = frozenset()
+    optional: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class TargetSpec:
     """One database target: its parent table and the rows that hang off it.
 
@@ -113,6 +131,7 @@ class TargetSpec:
     parent: Step
     children: tuple[Step, ...] = ()
     after: tuple[Step, ...] = ()
+    guard: Guard | None = None
 
     @property
     def steps(self) -> tuple[Step, ...]:
@@ -135,6 +154,8 @@ class ChildDeclaration(Protocol):
 
 
 class TableDeclaration(Protocol):
+    @property
+    def finished_column(self) -> str | None: ...
     @property
     def name(self) -> str: ...
     @property
@@ -187,6 +208,14 @@ def kfp_target(config_key: str = "database.targets.kfp") -> TargetSpec:
                 ("ResourceType", KFP_RUN_RESOURCE_TYPE),
             ),
         ),
+        # KFP's own record: FinishedAtInSec is 0 until the run ends; State (KFP v2's
+        # runtime state, absent from v1 schemas) goes back to RUNNING on a retry.
+        guard=Guard(
+            finished_column="FinishedAtInSec",
+            state_column="State",
+            running_states=KFP_RUNNING_STATES,
+            optional=frozenset({"State"}),
+        ),
     )
 
 
@@ -208,6 +237,11 @@ def argo_archive_target(
         # without telling us how many: deleting them first is exact everywhere.
         children=(step("argo_archived_workflows_labels"),),
         after=(step(ARGO_OFFLOAD_TABLE),),
+        guard=Guard(
+            finished_column="finishedat",
+            state_column="phase",
+            running_states=frozenset({"Pending", "Running", ""}),
+        ),
     )
 
 
@@ -230,6 +264,7 @@ def table_target(declared: TableDeclaration, config_key: str) -> TargetSpec:
             declared.table, declared.key_column, f"{config_key}.table", f"{config_key}.key_column"
         ),
         children=children,
+        guard=Guard(declared.finished_column) if declared.finished_column else None,
     )
 
 

@@ -6,6 +6,11 @@
 - `run.deleted`: the Kubernetes schedule is withdrawn (nothing is left to delete there);
   the database deadline stands, because rows outlive objects by design.
 - Input that cannot be used becomes a `cleanup.failed` event with the reason.
+- An event lapse did not read itself (`Trust.CLAIM`: over HTTP, a replay) is checked
+  against the API server first: a finished run is planned from the object as read, a
+  claim the API server contradicts (a Running run said to be finished, a run said to be
+  deleted that still exists) is refused and recorded, and a run that is gone is timed from
+  now, never moving a stored deadline earlier.
 
 Each decision is a span (`schedule <target>`, `cancel <target>`); the due event is created
 inside it, so its own `traceparent` names the span that scheduled it, and the reaper's
@@ -20,7 +25,7 @@ from datetime import UTC, datetime
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.adapters import Ignored, NeedsFetch, adapt_cloudevent, adapt_object
+from events.adapters import AdapterResult, Ignored, NeedsFetch, adapt_cloudevent, adapt_object
 from events.builder import build_event, parse_payload
 from events.errors import InvalidEvent
 from events.kinds import DEFAULT_KINDS, KindSet, UnknownKind
@@ -32,7 +37,6 @@ from events.models import (
     RunDeleted,
     RunFinished,
 )
-from events.observed import is_observed, marked
 from events.original import capture_event
 from events.run import ContractModel, RunRef, Target
 from events.subjects import InvalidSubjectToken
@@ -51,6 +55,7 @@ from functions.tracing import (
     creation_context,
     step_span,
 )
+from functions.trust import Trust
 
 SOURCE = "/lapse/ttl-planner"
 STAGE = "planner"
@@ -69,23 +74,38 @@ class Planner:
     fetcher: ObjectFetcher | None = None
     clock: Callable[[], datetime] = field(default=_utcnow)
 
-    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
-        """Handle one incoming event; returns the events it emitted."""
+    async def handle(
+        self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
+    ) -> list[BaseCloudEvent]:
+        """Handle one incoming event; returns the events it emitted.
+
+        An event lapse did not read itself (`trust` is a `CLAIM`: anything over HTTP, a
+        replay) is planned from a fresh read of the object it names; where the object is
+        gone, from when lapse learnt of it, never moving a stored deadline earlier
+        (docs/security.md, "The planner")."""
         try:
-            found = await self._run_change(event)
-            if found is None:
+            change = await self._run_change(event, trust)
+            if isinstance(change, _Refused):
+                failed = CleanupFailed(
+                    run=change.run,
+                    reason=f"refused: {change.reason}; nothing was planned",
+                    stage=STAGE,
+                    original=capture_event(event),
+                )
+                return await emit_all(self.emitter, [_event(EventType.CLEANUP_FAILED, failed)])
+            if change is None:
                 return []
-            change, observed = found
-            if isinstance(change, RunDeleted):
+            if isinstance(change.payload, RunDeleted):
                 cancelled = await self._cancel(
-                    change.run, Target.KUBERNETES, "the run object was deleted"
+                    change.payload.run, Target.KUBERNETES, "the run object was deleted"
                 )
                 return await emit_all(self.emitter, [cancelled] if cancelled else [])
-            self._check_kind(change.run)
-            run, first_seen = _with_reference_time(change.run, self.clock())
+            self._check_kind(change.payload.run)
+            run, first_seen = _with_reference_time(change.payload.run, self.clock())
             decisions = plan(run, self.policies, self.clock())
+            keep_pending = first_seen or change.keep_pending
             produced = [
-                await self._apply(run, d, keep_pending=first_seen, observed=observed)
+                await self._apply(run, d, keep_pending=keep_pending, observed=change.observed)
                 for d in decisions.values()
             ]
             return await emit_all(self.emitter, [e for e in produced if e is not None])
@@ -100,22 +120,50 @@ class Planner:
         except UnknownKind as exc:
             raise InvalidEvent(f"{exc}; not planned") from None
 
-    async def _run_change(
-        self, event: BaseCloudEvent
-    ) -> tuple[RunFinished | RunDeleted, bool] | None:
-        """The change and whether it describes a version lapse read from the API server
-        itself (the runtime's mark, or this planner's own fetch: events/observed.py)."""
-        observed = is_observed(event)
+    async def _run_change(self, event: BaseCloudEvent, trust: Trust) -> _Change | _Refused | None:
+        """The change the event reports, as lapse may plan it."""
+        claimed: AdapterResult
         if event.get_type() in (EventType.RUN_FINISHED, EventType.RUN_DELETED):
             payload = parse_payload(event)
             assert isinstance(payload, RunFinished | RunDeleted)
-            return payload, observed
-        result = adapt_cloudevent(event, self.kinds)
-        if isinstance(result, NeedsFetch):
-            result, observed = await self._fetch(result), True
-        if isinstance(result, Ignored):
+            claimed = payload
+        else:
+            claimed = adapt_cloudevent(event, self.kinds)
+        if isinstance(claimed, NeedsFetch):
+            fetched = await self._fetch(claimed)
+            return None if isinstance(fetched, Ignored) else _Change(fetched, observed=True)
+        if isinstance(claimed, Ignored):
             return None
-        return result, observed
+        if trust.observed:
+            return _Change(claimed, observed=True)
+        return await self._verify(claimed)
+
+    async def _verify(self, claim: RunFinished | RunDeleted) -> _Change | _Refused | None:
+        """A claim checked against the API server: what it says of the object now."""
+        run = claim.run
+        if self.fetcher is None:
+            raise InvalidEvent(
+                f"{run.kind} {run.subject}: this planner has no Kubernetes access to check "
+                "an event lapse did not read itself; not planned"
+            )
+        obj = await self.fetcher.fetch(run.api_version, run.kind, run.namespace, run.name)
+        uid = (obj or {}).get("metadata", {}).get("uid")
+        exists = obj is not None and uid == run.uid
+        if isinstance(claim, RunDeleted):
+            if exists:
+                return _Refused(run, f"{run.subject} (uid {run.uid}) still exists")
+            return _Change(claim, observed=False)
+        if not exists:
+            # Gone (or replaced by another run of that name): nothing lapse can read says
+            # when it finished, so it is timed from now, and never earlier than a deadline
+            # already stored for it.
+            return _Change(_timed_from(claim, self.clock()), observed=False, keep_pending=True)
+        fresh = adapt_object(obj, False, self.kinds)
+        if isinstance(fresh, RunFinished):
+            return _Change(fresh, observed=True)
+        if isinstance(fresh, Ignored):
+            return _Refused(run, f"the API server says {fresh.reason}")
+        raise InvalidEvent(f"read {run.kind} {run.subject} is not a run object")
 
     async def _fetch(self, ref: NeedsFetch) -> RunFinished | RunDeleted | Ignored:
         if self.fetcher is None:
@@ -172,8 +220,8 @@ class Planner:
             due = CleanupDue(
                 run=run, target=target, deadline=deadline, policy=policy, scheduled_at=self.clock()
             )
-            event = marked(_event(EventType.CLEANUP_DUE, due), observed)
-            await self.schedules.put(target, run.uid, deadline, event)
+            event = _event(EventType.CLEANUP_DUE, due)
+            await self.schedules.put(target, run.uid, deadline, event, observed=observed)
             span.set_attribute(SCHEDULE_ACTION, "replaced" if pending is not None else "created")
             scheduled = CleanupScheduled(
                 run=run,
@@ -203,6 +251,33 @@ class Planner:
             failed = CleanupFailed(run=run, target=decision.target, reason=exc.reason, stage=STAGE)
             produced = _event(EventType.CLEANUP_FAILED, failed)
         return await emit_all(self.emitter, [produced] if produced is not None else [])
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """A run change to plan. `observed`: its version is one lapse read from the API server
+    (its schedules say so to the reaper). `keep_pending`: a deadline already stored stands."""
+
+    payload: RunFinished | RunDeleted
+    observed: bool
+    keep_pending: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """A claim the API server contradicts: nothing is planned, and it is recorded."""
+
+    run: RunRef
+    reason: str
+
+
+def _timed_from(claim: RunFinished, now: datetime) -> RunFinished:
+    """The claim, timed from `now` unless it says a later finish: a finish time nobody can
+    check never brings a deadline forward."""
+    finished_at = claim.run.finished_at
+    if finished_at is not None and finished_at >= now:
+        return claim
+    return claim.model_copy(update={"run": claim.run.model_copy(update={"finished_at": now})})
 
 
 def _with_reference_time(run: RunRef, now: datetime) -> tuple[RunRef, bool]:

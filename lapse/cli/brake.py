@@ -6,8 +6,10 @@ import argparse
 import asyncio
 from datetime import UTC, datetime
 
+from nats.js.kv import KeyValue
+
 from lapse.cli.common import config_from, reach_nats
-from lapse.edges.limits import engaged, limits_bucket, release
+from lapse.edges.limits import SCOPES, engaged, limits_bucket, release
 from lapse.runtime.resources import Resources
 
 
@@ -20,12 +22,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "NATS key-value bucket LAPSE_LIMITS). When more than "
             "safety.mass_deletion_brake.max_due deletions are due within its window, "
             "deleting pauses for one window and one cleanup.failed (stage brake) is the "
-            "alert."
+            "alert. Objects and database rows each have their own brake, with the same "
+            "settings."
         ),
     )
     actions = brake.add_subparsers(dest="action", metavar="ACTION", required=True)
     status = actions.add_parser("status", help="whether the brake is engaged, and until when")
     status.set_defaults(run=run_brake, release=False)
+    _target_flag(status)
     release_ = actions.add_parser(
         "release",
         help="release an engaged brake now, for every process, with a fresh count",
@@ -36,6 +40,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     release_.set_defaults(run=run_brake, release=True)
+    _target_flag(release_)
+
+
+def _target_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--target",
+        choices=sorted(SCOPES),
+        help="only the brake of this target (default: both; each is reported on its own line)",
+    )
 
 
 def _when(seconds: float) -> str:
@@ -53,15 +66,26 @@ def run_brake(args: argparse.Namespace) -> int:
                 await resources.jetstream(), window=window, replicas=config.nats.replicas
             )
             now = datetime.now(UTC).timestamp()
-            if args.release:
-                was = await release(kv)
-                if was is None or was.until <= now:
-                    return "brake was not engaged; counts reset"
-                return f"released (engaged since {_when(was.since)}, until {_when(was.until)})"
-            current, _ = await engaged(kv)
-            if current is None or current.until <= now:
-                return "not engaged"
-            return f"engaged since {_when(current.since)}, until {_when(current.until)}"
+            targets = [args.target] if args.target else list(SCOPES)
+            lines = []
+            for target in targets:
+                said = await (_release if args.release else _status)(kv, SCOPES[target], now)
+                lines.append(said if args.target else f"{target}: {said}")
+            return "\n".join(lines)
 
     print(asyncio.run(act()))
     return 0
+
+
+async def _release(kv: KeyValue, scope: str, now: float) -> str:
+    was = await release(kv, scope)
+    if was is None or was.until <= now:
+        return "brake was not engaged; counts reset"
+    return f"released (engaged since {_when(was.since)}, until {_when(was.until)})"
+
+
+async def _status(kv: KeyValue, scope: str, now: float) -> str:
+    current, _ = await engaged(kv, scope)
+    if current is None or current.until <= now:
+        return "not engaged"
+    return f"engaged since {_when(current.since)}, until {_when(current.until)}"

@@ -127,7 +127,13 @@ class _NoSchedules:
         raise AssertionError("lapse plan reads no schedules")
 
     async def put(
-        self, target: Target, uid: str, deadline: datetime, due_event: BaseCloudEvent
+        self,
+        target: Target,
+        uid: str,
+        deadline: datetime,
+        due_event: BaseCloudEvent,
+        *,
+        observed: bool = False,
     ) -> None:
         raise AssertionError("lapse plan writes no schedules")
 

@@ -224,6 +224,9 @@ class TableTarget(_Section):
     key_column: ColumnName
     key_from: KeyFrom = "uid"
     children: tuple[ChildTable, ...] = ()
+    # The table's own record of when the run finished (a timestamp, or seconds since the
+    # epoch; NULL or 0 while it runs): checked before its rows are deleted.
+    finished_column: ColumnName | None = None
 
     @property
     def key_source(self) -> tuple[Literal["uid", "name", "label", "annotation"], str | None]:

@@ -22,6 +22,10 @@ Each process takes places and counts in leases (a tenth of a slot, a fiftieth of
 `max_count`) and hands them out itself, so a deletion costs a fraction of a round trip;
 what it leaves unused is lost, which errs on the safe side (slower, a brake sooner).
 Keys outlive their window by the bucket's max age only (history 1): the bucket stays small.
+
+Each target has its own limits with the same settings: the objects' keys are as above (as
+they always were), the database rows' are the same keys under `rows.` (`ROWS`), so a run's
+object and its rows never count twice against one limit.
 """
 
 from __future__ import annotations
@@ -50,6 +54,16 @@ from functions.ratelimit import ADMITTED, BrakeDecision
 
 BUCKET: Final = "LAPSE_LIMITS"
 ENGAGED: Final = "brake.engaged"
+# The scopes: the object reapers' limits, and the row-reapers'.
+OBJECTS: Final = ""
+ROWS: Final = "rows"
+SCOPES: Final = {"kubernetes": OBJECTS, "database": ROWS}
+
+
+def _scoped(scope: str, key: str) -> str:
+    return f"{scope}.{key}" if scope else key
+
+
 # How long a key is kept after its last write; longer than any window it counts.
 MIN_MAX_AGE: Final = 600.0
 
@@ -108,10 +122,11 @@ async def _increment(kv: KeyValue, key: str, seen: int, revision: int, by: int =
 class NatsRateLimit:
     """`functions.ratelimit.RateLimit` for the whole deployment."""
 
-    def __init__(self, kv: KeyValue, rate: float) -> None:
+    def __init__(self, kv: KeyValue, rate: float, *, scope: str = OBJECTS) -> None:
         if not rate > 0 or math.isinf(rate):
             raise ValueError(f"rate must be a positive finite number, not {rate!r}")
         self._kv = kv
+        self._scope = scope
         self.slot = max(1.0, 1.0 / rate)
         self.per_slot = max(1, round(rate * self.slot))
         # Places are taken a tenth of a slot at a time and handed out here, so a deletion
@@ -135,7 +150,7 @@ class NatsRateLimit:
             return max(0.0, self._leased_slot * self.slot - now)
         slot = max(slot, self._leased_slot)  # never back to a slot already given out here
         while True:
-            key = f"rate.{slot}"
+            key = _scoped(self._scope, f"rate.{slot}")
             count, revision = await _count(self._kv, key)
             if count >= self.per_slot:
                 slot += 1
@@ -152,9 +167,9 @@ class Engaged:
     since: float
 
 
-async def engaged(kv: KeyValue) -> tuple[Engaged | None, int]:
+async def engaged(kv: KeyValue, scope: str = OBJECTS) -> tuple[Engaged | None, int]:
     try:
-        entry = await kv.get(ENGAGED)
+        entry = await kv.get(_scoped(scope, ENGAGED))
     except KeyNotFoundError:
         return None, 0
     data = json.loads(entry.value or b"{}")
@@ -164,12 +179,21 @@ async def engaged(kv: KeyValue) -> tuple[Engaged | None, int]:
 class NatsBrake:
     """`functions.ratelimit.Brake` for the whole deployment."""
 
-    def __init__(self, kv: KeyValue, max_count: int, window: float, *, enabled: bool = True):
+    def __init__(
+        self,
+        kv: KeyValue,
+        max_count: int,
+        window: float,
+        *,
+        enabled: bool = True,
+        scope: str = OBJECTS,
+    ):
         if max_count < 1:
             raise ValueError(f"max_count must be at least 1, not {max_count!r}")
         if not window > 0:
             raise ValueError(f"window must be positive, not {window!r}")
         self._kv = kv
+        self._scope = scope
         self.max_count = max_count
         self.window = float(window)
         self.enabled = enabled
@@ -192,11 +216,11 @@ class NatsBrake:
             self._left -= 1
             return ADMITTED
         while True:
-            current, revision = await engaged(self._kv)
+            current, revision = await engaged(self._kv, self._scope)
             if current is not None and now < current.until:
                 return BrakeDecision(admitted=False, until=current.until)
-            count, count_revision = await _count(self._kv, f"brake.{index}")
-            previous, _ = await _count(self._kv, f"brake.{index - 1}")
+            count, count_revision = await _count(self._kv, self._key(f"brake.{index}"))
+            previous, _ = await _count(self._kv, self._key(f"brake.{index - 1}"))
             still_inside = 1.0 - (now / self.window - index)
             # Counting only since the brake last released: a pause is one whole window, so
             # the previous window's deletions were judged before it.
@@ -208,27 +232,32 @@ class NatsBrake:
                     return BrakeDecision(admitted=False, until=now + self.window, tripped=True)
                 continue  # another process engaged it first: pause until its time
             take = min(self.lease, int(room))
-            if await _increment(self._kv, f"brake.{index}", count, count_revision, by=take):
+            if await _increment(
+                self._kv, self._key(f"brake.{index}"), count, count_revision, by=take
+            ):
                 self._leased_window, self._left = index, take - 1
                 return ADMITTED
+
+    def _key(self, key: str) -> str:
+        return _scoped(self._scope, key)
 
     async def _engage(self, now: float, revision: int) -> bool:
         value = json.dumps({"until": now + self.window, "since": now}).encode()
         try:
             if revision == 0:
-                await self._kv.create(ENGAGED, value)
+                await self._kv.create(self._key(ENGAGED), value)
             else:
-                await self._kv.update(ENGAGED, value, last=revision)
+                await self._kv.update(self._key(ENGAGED), value, last=revision)
         except KeyWrongLastSequenceError:
             return False
         return True
 
 
-async def release(kv: KeyValue) -> Engaged | None:
+async def release(kv: KeyValue, scope: str = OBJECTS) -> Engaged | None:
     """Release an engaged brake for every process, with a fresh count. Returns what was
     engaged (None: it was not)."""
-    current, _ = await engaged(kv)
-    keys = [k for k in await _keys(kv) if k.startswith("brake.")]
+    current, _ = await engaged(kv, scope)
+    keys = [k for k in await _keys(kv) if k.startswith(_scoped(scope, "brake."))]
     for key in keys:
         await kv.purge(key)
     return current

@@ -117,7 +117,7 @@ class NatsScheduleStore:
         subject = msg.subject or due_subject(target, uid)
         if self._rederive_handled and await self._handled(subject, msg.seq or 0):
             return None
-        return PendingSchedule(target, uid, due.deadline)
+        return PendingSchedule(target, uid, due.deadline, fired=True, due=due)
 
     async def _handled(self, subject: str, seq: int) -> bool:
         """Whether every durable consumer that takes `subject` has acknowledged stream
@@ -142,7 +142,13 @@ class NatsScheduleStore:
         return self._consumers[1]
 
     async def put(
-        self, target: Target, uid: str, deadline: datetime, due_event: BaseCloudEvent
+        self,
+        target: Target,
+        uid: str,
+        deadline: datetime,
+        due_event: BaseCloudEvent,
+        *,
+        observed: bool = False,
     ) -> None:
         subject = schedule_subject(target, uid)
         with send_span(subject, due_event) as hop:
@@ -152,7 +158,7 @@ class NatsScheduleStore:
                 **schedule_headers(deadline, due_subject(target, uid)),
                 # Copied by the server onto the due message: the reaper may then judge the
                 # version this due event carries without reading it first.
-                **observed_headers(due_event),
+                **observed_headers(observed),
             }
             # Nats-Msg-Id would make a later re-schedule with the same event id a duplicate;
             # replacement is what the subject roll-up is for, so the id is not sent here.

@@ -41,6 +41,7 @@ from opentelemetry import propagate
 
 from events.types import EventType
 from functions.ports import RetryLater
+from functions.trust import Trust
 from lapse import telemetry
 from lapse.config import LapseConfig
 from lapse.errors import LapseError
@@ -71,7 +72,11 @@ class SinkForwarder:
         self.sink = sink
         self._client = client
 
-    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
+    async def handle(
+        self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
+    ) -> list[BaseCloudEvent]:
+        # `trust` stays here: over HTTP the receiver takes everything as a claim
+        # (lapse/runtime/trust.py), so nothing of it is sent on.
         message = to_binary_event(event)
         headers = dict(message.headers)
         propagate.inject(headers)  # the hop: this delivery's span

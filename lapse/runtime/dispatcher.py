@@ -39,7 +39,6 @@ from events.builder import build_event, parse_payload
 from events.errors import InvalidEvent
 from events.models import CleanupFailed
 from events.nats_binding import from_nats, hop_trace_context
-from events.observed import header_says_observed, marked
 from events.original import capture_event, capture_message
 from events.run import RunRef, Target
 from events.types import EventType
@@ -48,6 +47,7 @@ from functions.tracing import creation_context
 from lapse.config import NatsConfig
 from lapse.runtime.outages import Backoff, Outages, nats_unavailable
 from lapse.runtime.routing import Route
+from lapse.runtime.trust import trust_of_message
 from lapse.telemetry import process_span, record_dead_letter, record_retry
 from lapse.telemetry.names import RETRY_DELAY, RETRY_REASON
 
@@ -213,13 +213,9 @@ class Dispatcher:
         route = subscription.route
         key = msg.metadata.sequence.stream if msg.metadata else 0
         attempt = msg.metadata.num_delivered if msg.metadata else 1
+        trust = trust_of_message(msg.headers, attempt)
         try:
-            # The observed mark is believed from lapse's own header only (events/observed.py),
-            # and only on a first delivery: an earlier one may have acted already (a process
-            # killed after its DELETE, before its ack), and a fresh read then finds the
-            # object gone instead of sending a second DELETE.
-            observed = header_says_observed(msg.headers) and attempt <= 1
-            event: BaseCloudEvent | None = marked(from_nats(msg.headers, msg.data), observed)
+            event: BaseCloudEvent | None = from_nats(msg.headers, msg.data)
             problem = None
         except InvalidEvent as exc:
             event, problem = None, exc.reason
@@ -245,7 +241,7 @@ class Dispatcher:
                 await msg.ack()  # same subject, other target: not this route's event
                 return
             try:
-                await subscription.handler.handle(event)
+                await subscription.handler.handle(event, trust)
             except RetryLater as exc:
                 await self._wait_out(msg, route, key, attempt, exc.reason, exc.delay, "RetryLater")
                 return

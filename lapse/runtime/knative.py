@@ -22,12 +22,12 @@ from typing import Any
 
 from opentelemetry.trace import Status, StatusCode
 
-from events.observed import marked
 from functions.ports import Handler, RetryLater
 from lapse.config import ConfigError, load_config
 from lapse.runtime.asgi import Receive, Scope, Send, respond
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
+from lapse.runtime.trust import trust_of_request
 from lapse.telemetry import Telemetry, TelemetryError, configure, record_retry, server_span
 from lapse.telemetry.names import HTTP_STATUS
 
@@ -104,12 +104,11 @@ class FunctionShell:
             why = "nothing to do with this configuration" if self._idle else "not ready"
             await respond(raw, 503, f"{self.name}: {why} {self._problem}".rstrip())
             return
-        # Nothing that arrives over HTTP is taken as read from the API server by lapse.
-        event = marked(scope["event"], False)
+        event = scope["event"]
         method, path = str(scope.get("method", "POST")), str(scope.get("path", "/"))
         with server_span(event, scope.get("headers", []), method=method, path=path) as span:
             try:
-                await self._handler.handle(event)
+                await self._handler.handle(event, trust_of_request())
             except RetryLater as exc:
                 record_retry(self.name, "RetryLater")
                 span.set_attribute(HTTP_STATUS, 503)

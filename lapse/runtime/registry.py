@@ -18,7 +18,7 @@ from functions.ports import Handler
 from functions.row_reaper import RowReaper, targets_for
 from functions.ttl_planner import Planner
 from lapse.edges.kubernetes import KubeEvents
-from lapse.edges.limits import NatsBrake, NatsRateLimit, limits_bucket
+from lapse.edges.limits import OBJECTS, ROWS, NatsBrake, NatsRateLimit, limits_bucket
 from lapse.edges.rows import DatabaseUnavailable, SqlRowStore, open_row_store
 from lapse.runtime.outages import Backoff
 from lapse.runtime.resources import Resources
@@ -61,15 +61,10 @@ async def _object_reaper(resources: Resources) -> Handler:
     )
     # The rate limit and the brake hold for the deployment: their state is in NATS, shared
     # by every reaper process (lapse/edges/limits.py).
-    safety = resources.config.safety
-    brake = safety.mass_deletion_brake
-    window = brake.window.total_seconds()
-    kv = await limits_bucket(
-        await resources.jetstream(), window=window, replicas=resources.config.nats.replicas
-    )
+    rate_limit, brake = await _limits(resources, OBJECTS)
     return ObjectReaper(
-        rate_limit=NatsRateLimit(kv, safety.max_deletions_per_second),
-        brake=NatsBrake(kv, brake.max_due, window, enabled=brake.enabled),
+        rate_limit=rate_limit,
+        brake=brake,
         objects=resources.objects(),
         schedules=await resources.schedules(),
         emitter=await resources.emitter(),
@@ -86,8 +81,29 @@ async def _row_reaper(resources: Resources) -> Handler | None:
     if not targets:
         return None
     store = await _when_reachable(lambda: open_row_store(resources.database(), targets))
+    # The rows' own limits, shared by every row-reaper process (lapse/edges/limits.py).
+    rate_limit, brake = await _limits(resources, ROWS)
     return RowReaper(
-        rows=store, emitter=await resources.emitter(), dry_run=resources.config.safety.dry_run
+        rows=store,
+        schedules=await resources.schedules(),
+        emitter=await resources.emitter(),
+        safety=resources.config.safety,
+        rate_limit=rate_limit,
+        brake=brake,
+    )
+
+
+async def _limits(resources: Resources, scope: str) -> tuple[NatsRateLimit, NatsBrake]:
+    """The rate limit and the mass-deletion brake for one target, for the deployment."""
+    safety = resources.config.safety
+    brake = safety.mass_deletion_brake
+    window = brake.window.total_seconds()
+    kv = await limits_bucket(
+        await resources.jetstream(), window=window, replicas=resources.config.nats.replicas
+    )
+    return (
+        NatsRateLimit(kv, safety.max_deletions_per_second, scope=scope),
+        NatsBrake(kv, brake.max_due, window, enabled=brake.enabled, scope=scope),
     )
 
 

@@ -14,6 +14,7 @@ from opentelemetry.util.types import AttributeValue
 
 from events.types import EventType
 from functions.ports import Handler, RetryLater
+from functions.trust import Trust
 from lapse.telemetry import names
 from lapse.telemetry.providers import instruments, metrics_enabled, tracer, tracing_enabled
 from lapse.telemetry.spans import event_attributes
@@ -115,9 +116,11 @@ class InstrumentedHandler:
         self.function = function
         self.inner = handler
 
-    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
+    async def handle(
+        self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
+    ) -> list[BaseCloudEvent]:
         if not tracing_enabled() and not metrics_enabled():
-            return await self.inner.handle(event)
+            return await self.inner.handle(event, trust)
         tally = _Tally()
         token = _tally.set(tally)
         started = time.perf_counter()
@@ -130,7 +133,7 @@ class InstrumentedHandler:
                     span.set_attribute(names.FUNCTION, self.function)
                     span.set_attributes(event_attributes(event))
                     span.set_attributes(run_attributes(_data(event)))
-                produced = await self._call(event, span)
+                produced = await self._call(event, trust, span)
                 result = "ok"
                 self._observe(event, produced, span, tally)
         except RetryLater:
@@ -145,9 +148,9 @@ class InstrumentedHandler:
             )  # fmt: skip
         return produced
 
-    async def _call(self, event: BaseCloudEvent, span: Span) -> list[BaseCloudEvent]:
+    async def _call(self, event: BaseCloudEvent, trust: Trust, span: Span) -> list[BaseCloudEvent]:
         try:
-            return await self.inner.handle(event)
+            return await self.inner.handle(event, trust)
         except RetryLater as exc:
             # Not an error: the runtime delivers the event again later.
             span.add_event("retry later", {names.RETRY_REASON: exc.reason[:256]})

@@ -92,9 +92,13 @@ async def test_the_brake_trips_once_for_the_deployment_and_a_command_releases_it
         assert out.returncode == 0, out.stderr
         return out.stdout
 
-    assert (await lapse("brake", "status")).startswith("engaged since")
-    assert (await lapse("brake", "release")).startswith("released")
-    assert (await lapse("brake", "status")).strip() == "not engaged"
+    assert (await lapse("brake", "status")).startswith("kubernetes: engaged since")
+    assert (await lapse("brake", "status", "--target", "database")).strip() == "not engaged"
+    assert (await lapse("brake", "release", "--target", "kubernetes")).startswith("released")
+    assert (await lapse("brake", "status")).splitlines() == [
+        "kubernetes: not engaged",
+        "database: not engaged",
+    ]
     again = await workers(own_nats.url, "brake", 1, max_due=max_due, window=60)
     assert all(d["admitted"] for r in again for d in r["decisions"])
 

@@ -116,6 +116,7 @@ def test_event_type_values_are_the_contract() -> None:
         "rescheduled",
         "replaced",
         "skipped",
+        "refused",
     }
 
 

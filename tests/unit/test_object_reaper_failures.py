@@ -75,32 +75,33 @@ def test_unauthorized_fails() -> None:
 def test_too_many_requests_retries_after_what_the_server_said() -> None:
     failure = api_failure(api_exception(429, "too many requests", {"Retry-After": "7"}))
     assert failure is not None and failure.retry_after == 7.0
-    verdict = judge_failure(failure, "delete", RUN, ARGO_WORKFLOW)
-    assert isinstance(verdict, RetryLater) and verdict.delay == 7.0
-    assert "HTTP 429" in verdict.reason
+    with pytest.raises(RetryLater) as raised:
+        judge_failure(failure, "delete", RUN, ARGO_WORKFLOW)
+    assert raised.value.delay == 7.0
+    assert "HTTP 429" in raised.value.reason
 
 
 @pytest.mark.parametrize(("retry_after", "delay"), [(None, 5.0), (0.0, 1.0), (86400.0, 300.0)])
 def test_retry_delay_is_bounded(retry_after: float | None, delay: float) -> None:
-    verdict = judge_failure(
-        ApiCallFailure(503, "etcd leader changed", retry_after), "get", RUN, ARGO_WORKFLOW
-    )
-    assert isinstance(verdict, RetryLater) and verdict.delay == delay
+    with pytest.raises(RetryLater) as raised:
+        judge_failure(
+            ApiCallFailure(503, "etcd leader changed", retry_after), "get", RUN, ARGO_WORKFLOW
+        )
+    assert raised.value.delay == delay
 
 
 @pytest.mark.parametrize("status", [408, 500, 502, 503, 504])
 def test_server_side_trouble_is_retried(status: int) -> None:
-    assert isinstance(
-        judge_failure(ApiCallFailure(status, "x"), "delete", RUN, ARGO_WORKFLOW), RetryLater
-    )
+    with pytest.raises(RetryLater):
+        judge_failure(ApiCallFailure(status, "x"), "delete", RUN, ARGO_WORKFLOW)
 
 
 def test_no_response_is_retried() -> None:
     error = urllib3.exceptions.MaxRetryError(None, "/apis", reason=ConnectionRefusedError())  # type: ignore[arg-type]
     failure = api_failure(error)
     assert failure is not None and failure.status is None
-    verdict = judge_failure(failure, "get", RUN, ARGO_WORKFLOW)
-    assert isinstance(verdict, RetryLater) and "no response" in verdict.reason
+    with pytest.raises(RetryLater, match="no response"):
+        judge_failure(failure, "get", RUN, ARGO_WORKFLOW)
     assert api_failure(ConnectionResetError()) is not None
 
 

@@ -15,25 +15,31 @@ import jsonschema
 import pytest
 from cloudevents.core.base import BaseCloudEvent
 
-from events.builder import build_event, parse_payload
+from events.builder import build_event, outcome_id, parse_payload
 from events.models import MAX_TEXT, CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
 from events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
 from events.schemas import load_schema
 from events.types import EventType, Outcome
 from functions.ports import RetryLater
+from functions.ratelimit import LocalBrake, MassDeletionBrake
 from functions.row_reaper import (
-    BatchRetryLater,
+    Contradicted,
     Counted,
     Rejected,
     RowReaper,
     RunResult,
+    RunRows,
     TargetSpec,
     Unavailable,
 )
 from functions.row_reaper.handler import describe
 from functions.row_reaper.targets import kfp_target
+from functions.row_reaper.verdict import RunFacts
+from functions.safety import SafetyConfig
+from tests.fakes import FakeSchedules
 
 DEADLINE = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+FINISHED = DEADLINE - timedelta(days=30)
 NOW = DEADLINE + timedelta(seconds=2)
 
 
@@ -49,19 +55,31 @@ def kfp_counts(n: int = 1) -> Counted:
 
 
 class FakeRows:
-    """A RowStore whose answer per run is chosen by the test."""
+    """A RowStore whose answer per run is chosen by the test; `facts` is the database's
+    account of every run, judged by the run's precondition as the real store does."""
 
-    def __init__(self, answer: Callable[[Mapping[str, str]], RunResult] | None = None) -> None:
+    def __init__(
+        self,
+        answer: Callable[[Mapping[str, str]], RunResult] | None = None,
+        facts: RunFacts | None = None,
+    ) -> None:
         self.answer = answer or (lambda keys: kfp_counts())
+        self.facts = facts
         self.calls: list[tuple[list[dict[str, str]], bool]] = []
 
     @property
     def targets(self) -> Sequence[TargetSpec]:
         return [kfp_target()]
 
-    async def delete(self, runs: Sequence[Mapping[str, str]], *, dry_run: bool) -> list[RunResult]:
-        self.calls.append(([dict(r) for r in runs], dry_run))
-        return [self.answer(r) for r in runs]
+    async def delete(self, runs: Sequence[RunRows], *, dry_run: bool) -> list[RunResult]:
+        self.calls.append(([dict(r.keys) for r in runs], dry_run))
+        results: list[RunResult] = []
+        for run in runs:
+            if self.facts is not None and run.accepts is not None and not run.accepts(self.facts):
+                results.append(Contradicted(self.facts))
+            else:
+                results.append(self.answer(run.keys))
+        return results
 
 
 class ListEmitter:
@@ -72,32 +90,48 @@ class ListEmitter:
         self.events.append(event)
 
 
-def run_ref(run_id: str | None = "r1") -> RunRef:
+def run_ref(run_id: str | None = "r1", uid: str = "uid-1") -> RunRef:
     return RunRef(
         engine=Engine.ARGO,
         api_version="argoproj.io/v1alpha1",
         kind="Workflow",
         namespace="team-a",
         name="train-7",
-        uid="uid-1",
+        uid=uid,
         phase="Succeeded",
         labels={KFP_RUN_ID_LABEL: run_id} if run_id else {},
         kfp_run_id=run_id,
+        finished_at=FINISHED,
     )
 
 
 def due(
-    run_id: str | None = "r1", *, target: Target = Target.DATABASE, deadline: datetime = DEADLINE
+    run_id: str | None = "r1",
+    *,
+    target: Target = Target.DATABASE,
+    deadline: datetime = DEADLINE,
+    uid: str = "uid-1",
 ) -> BaseCloudEvent:
     payload = CleanupDue(
-        run=run_ref(run_id), target=target, deadline=deadline, policy="p", scheduled_at=deadline
-    )
+        run=run_ref(run_id, uid), target=target, deadline=deadline, policy="p",
+        scheduled_at=deadline,
+    )  # fmt: skip
     return build_event(EventType.CLEANUP_DUE, source="/lapse/test", data=payload)
 
 
-def reaper(rows: FakeRows, **options: Any) -> tuple[RowReaper, ListEmitter]:
-    emitter = ListEmitter()
-    return RowReaper(rows=rows, emitter=emitter, clock=lambda: NOW, **options), emitter
+def reaper(
+    rows: FakeRows, *, dry_run: bool = False, **options: Any
+) -> tuple[RowReaper, ListEmitter, FakeSchedules]:
+    emitter, schedules = ListEmitter(), FakeSchedules()
+    handler = RowReaper(
+        rows=rows,
+        schedules=schedules,
+        emitter=emitter,
+        safety=SafetyConfig(dry_run=dry_run),
+        clock=lambda: NOW,
+        **options,
+    )
+    return handler, emitter, schedules
 
 
 def valid(event: BaseCloudEvent) -> BaseCloudEvent:
@@ -118,9 +152,10 @@ def failed(event: BaseCloudEvent) -> CleanupFailed:
 
 async def test_deleted_rows_are_reported_per_table_with_latency() -> None:
     rows = FakeRows()
-    handler, emitter = reaper(rows)
+    handler, emitter, stored = reaper(rows)
 
-    emitted = await handler.handle(due("r1"))
+    event = stored.fired(due("r1"))
+    emitted = await handler.handle(event)
 
     assert emitter.events == emitted
     result = completed(emitted[0])
@@ -131,13 +166,14 @@ async def test_deleted_rows_are_reported_per_table_with_latency() -> None:
     assert result.latency_seconds == pytest.approx(2.0)
     assert not result.dry_run
     assert emitted[0].get_extension("target") == "database"
+    assert emitted[0].get_id() == outcome_id(event.get_id(), EventType.CLEANUP_COMPLETED)
     assert rows.calls == [([{"kfp": "r1"}], False)]
 
 
 async def test_nothing_deleted_is_already_gone() -> None:
-    handler, _ = reaper(FakeRows(lambda keys: kfp_counts(0)))
+    handler, _, stored = reaper(FakeRows(lambda keys: kfp_counts(0)))
 
-    result = completed((await handler.handle(due()))[0])
+    result = completed((await handler.handle(stored.fired(due())))[0])
 
     assert result.outcome is Outcome.ALREADY_GONE
     assert result.detail == "kfp: run_metrics=0, tasks=0, resource_references=0, run_details=0"
@@ -145,9 +181,9 @@ async def test_nothing_deleted_is_already_gone() -> None:
 
 async def test_dry_run_asks_for_counts_only_and_says_so() -> None:
     rows = FakeRows()
-    handler, _ = reaper(rows, dry_run=True)
+    handler, _, stored = reaper(rows, dry_run=True)
 
-    result = completed((await handler.handle(due()))[0])
+    result = completed((await handler.handle(stored.fired(due())))[0])
 
     assert rows.calls[0][1] is True
     assert result.outcome is Outcome.DRY_RUN and result.dry_run
@@ -156,9 +192,9 @@ async def test_dry_run_asks_for_counts_only_and_says_so() -> None:
 
 async def test_run_without_kfp_run_id_is_already_gone_without_asking_the_database() -> None:
     rows = FakeRows()
-    handler, _ = reaper(rows)
+    handler, _, stored = reaper(rows)
 
-    result = completed((await handler.handle(due(None)))[0])
+    result = completed((await handler.handle(stored.fired(due(None))))[0])
 
     assert rows.calls == []
     assert result.outcome is Outcome.ALREADY_GONE
@@ -169,7 +205,7 @@ async def test_run_without_kfp_run_id_is_already_gone_without_asking_the_databas
 
 async def test_unusable_input_becomes_cleanup_failed() -> None:
     rows = FakeRows()
-    handler, emitter = reaper(rows)
+    handler, emitter, _ = reaper(rows)
     finished = build_event(
         EventType.RUN_FINISHED, source="/lapse/test", data=RunFinished(run=run_ref())
     )
@@ -178,7 +214,7 @@ async def test_unusable_input_becomes_cleanup_failed() -> None:
     del broken_data["deadline"]
     broken = type(broken)(broken.get_attributes(), broken_data)
 
-    emitted = await handler.handle_batch([finished, broken])
+    emitted = [*await handler.handle(finished), *await handler.handle(broken)]
 
     assert rows.calls == []
     assert emitter.events == emitted
@@ -186,97 +222,119 @@ async def test_unusable_input_becomes_cleanup_failed() -> None:
     assert "expected a CleanupDue event" in reasons[0].reason
     assert "deadline" in reasons[1].reason
     assert all(r.stage == "row-reaper" and r.original is not None for r in reasons)
+    # One due event, one outcome: the id is derived, so a redelivery is a duplicate.
+    assert emitted[1].get_id() == outcome_id(broken.get_id(), EventType.CLEANUP_FAILED)
 
 
 async def test_kubernetes_due_events_are_not_this_reapers() -> None:
     rows = FakeRows()
-    handler, emitter = reaper(rows)
+    handler, emitter, _ = reaper(rows)
 
     assert await handler.handle(due(target=Target.KUBERNETES)) == []
     assert rows.calls == [] and emitter.events == []
 
 
-async def test_unreachable_database_raises_retry_later_and_emits_nothing() -> None:
-    handler, emitter = reaper(
-        FakeRows(lambda keys: Unavailable("database unreachable: x")), retry_delay=7
-    )
+async def test_unreachable_database_raises_retry_later_after_one_second() -> None:
+    handler, emitter, stored = reaper(FakeRows(lambda keys: Unavailable("database unreachable")))
 
     with pytest.raises(RetryLater) as caught:
-        await handler.handle(due())
+        await handler.handle(stored.fired(due()))
 
-    assert not isinstance(caught.value, BatchRetryLater)
-    assert caught.value.reason == "database unreachable: x"
-    assert caught.value.delay == 7
+    assert caught.value.reason == "database unreachable"
+    # The first wait docs/architecture.md states; the runtime doubles it from there.
+    assert caught.value.delay == 1.0
     assert emitter.events == []
 
 
 async def test_refused_run_becomes_cleanup_failed_with_the_run() -> None:
-    handler, _ = reaper(FakeRows(lambda keys: Rejected("the database refused the delete: fk")))
+    handler, _, stored = reaper(
+        FakeRows(lambda keys: Rejected("the database refused the delete: fk"))
+    )
 
-    result = failed((await handler.handle(due("r9")))[0])
+    result = failed((await handler.handle(stored.fired(due("r9"))))[0])
 
     assert result.reason == "the database refused the delete: fk"
     assert result.run is not None and result.run.kfp_run_id == "r9"
     assert result.target is Target.DATABASE
 
 
-async def test_early_due_event_waits_for_its_deadline() -> None:
+# --- nothing on anyone's word ----------------------------------------------------------------
+
+
+async def test_a_due_event_no_stored_schedule_backs_is_refused_and_deletes_nothing() -> None:
     rows = FakeRows()
-    handler, emitter = reaper(rows)
+    handler, emitter, _ = reaper(rows)
 
-    with pytest.raises(RetryLater) as caught:
-        await handler.handle(due(deadline=NOW + timedelta(minutes=5)))
+    event = due("r1")
+    result = completed((await handler.handle(event))[0])
 
-    assert caught.value.delay == pytest.approx(300)
-    assert rows.calls == [] and emitter.events == []
-
-
-async def test_slightly_early_due_event_within_clock_skew_is_handled() -> None:
-    handler, _ = reaper(FakeRows())
-
-    result = completed((await handler.handle(due(deadline=NOW + timedelta(milliseconds=500))))[0])
-
-    assert result.outcome is Outcome.DELETED
+    assert rows.calls == []
+    assert result.outcome is Outcome.REFUSED
+    assert result.detail is not None and "no schedule lapse stored" in result.detail
+    assert emitter.events[0].get_id() == outcome_id(event.get_id(), EventType.CLEANUP_COMPLETED)
 
 
-async def test_batch_is_split_into_transactions_of_batch_size() -> None:
+async def test_the_stored_deadline_wins_over_the_events() -> None:
     rows = FakeRows()
-    handler, emitter = reaper(rows, batch_size=2)
+    handler, _, stored = reaper(rows)
+    later = NOW + timedelta(hours=1)
+    stored.fired(due("r1", deadline=later))  # what lapse stored: an hour from now
 
-    emitted = await handler.handle_batch([due(f"r{i}") for i in range(5)])
+    result = completed((await handler.handle(due("r1", deadline=DEADLINE)))[0])
 
-    assert [len(keys) for keys, _ in rows.calls] == [2, 2, 1]
-    assert [completed(e).run.kfp_run_id for e in emitted] == [f"r{i}" for i in range(5)]
-    assert emitter.events == emitted
-
-
-async def test_batch_retries_only_the_runs_that_did_not_commit() -> None:
-    def answer(keys: Mapping[str, str]) -> RunResult:
-        return Unavailable("deadlock") if keys["kfp"] == "r1" else kfp_counts()
-
-    handler, emitter = reaper(FakeRows(answer))
-    events = [due(f"r{i}") for i in range(3)]
-
-    with pytest.raises(BatchRetryLater) as caught:
-        await handler.handle_batch(events)
-
-    assert [r.event for r in caught.value.retries] == [events[1]]
-    assert caught.value.reason == "deadlock"
-    assert [completed(e).run.kfp_run_id for e in caught.value.emitted] == ["r0", "r2"]
-    assert list(caught.value.emitted) == emitter.events
+    assert rows.calls == []
+    assert result.outcome is Outcome.RESCHEDULED
+    assert result.detail is not None and later.isoformat() in result.detail
 
 
-async def test_batch_stops_asking_a_database_that_failed_a_whole_transaction() -> None:
-    rows = FakeRows(lambda keys: Unavailable("database unreachable"))
-    handler, emitter = reaper(rows, batch_size=2)
-    events = [due(f"r{i}") for i in range(6)]
+async def test_the_stored_runs_keys_are_deleted_never_the_events() -> None:
+    rows = FakeRows()
+    handler, _, stored = reaper(rows)
+    stored.fired(due("r1"))  # lapse stored run r1 under uid-1
 
-    with pytest.raises(BatchRetryLater) as caught:
-        await handler.handle_batch(events)
+    # A forged event: the same uid, another run's KFP id.
+    await handler.handle(due("victim", deadline=DEADLINE))
 
-    assert len(rows.calls) == 1
-    assert [r.event for r in caught.value.retries] == events
-    assert emitter.events == []
+    assert rows.calls == [([{"kfp": "r1"}], False)]
+
+
+async def test_a_run_the_database_says_is_running_is_kept() -> None:
+    running = RunFacts(running=True, finished_at=FINISHED, state="RUNNING")
+    handler, _, stored = reaper(FakeRows(facts=running))
+
+    result = completed((await handler.handle(stored.fired(due())))[0])
+
+    assert result.outcome is Outcome.KEPT
+    assert result.detail is not None and "not finished (RUNNING)" in result.detail
+
+
+async def test_a_run_that_finished_later_than_planned_is_rescheduled_by_as_much() -> None:
+    later = RunFacts(running=False, finished_at=FINISHED + timedelta(hours=2))
+    handler, _, stored = reaper(FakeRows(facts=later))
+
+    result = completed((await handler.handle(stored.fired(due())))[0])
+
+    assert result.outcome is Outcome.RESCHEDULED
+    [(target, uid, fire_at, moved)] = stored.puts
+    assert (target, uid) == (Target.DATABASE, "uid-1")
+    assert fire_at == moved.deadline == DEADLINE + timedelta(hours=2)
+
+
+async def test_the_brake_reschedules_rows_and_trips_once() -> None:
+    brake = MassDeletionBrake(1, 60)
+    rows = FakeRows()
+    handler, _, stored = reaper(rows, brake=LocalBrake(brake))
+    first = await handler.handle(stored.fired(due("r1", uid="u1")))
+    second = await handler.handle(stored.fired(due("r2", uid="u2")))
+    third = await handler.handle(stored.fired(due("r3", uid="u3")))
+
+    assert completed(first[0]).outcome is Outcome.DELETED
+    assert [e.get_type() for e in second] == [EventType.CLEANUP_FAILED, EventType.CLEANUP_COMPLETED]
+    assert failed(second[0]).stage == "brake"
+    assert completed(second[1]).outcome is Outcome.RESCHEDULED
+    assert [completed(e).outcome for e in third] == [Outcome.RESCHEDULED]
+    assert rows.calls == [([{"kfp": "r1"}], False)]
+    assert [uid for _, uid, _, _ in stored.puts] == ["u2", "u3"]
 
 
 def test_detail_is_bounded() -> None:
@@ -285,8 +343,3 @@ def test_detail_is_bounded() -> None:
     text = describe(counted, {})
 
     assert len(text) == MAX_TEXT and text.endswith("...")
-
-
-def test_batch_size_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="batch_size"):
-        RowReaper(rows=FakeRows(), emitter=ListEmitter(), batch_size=0)

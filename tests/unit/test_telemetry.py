@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,11 +22,13 @@ from events.types import EventType
 from events.types import Outcome as CleanupOutcome
 from functions import tracing
 from functions.ports import RetryLater
-from functions.row_reaper import Counted, RowReaper, RunResult, TargetSpec, Unavailable
+from functions.row_reaper import Counted, RowReaper, RunResult, RunRows, TargetSpec, Unavailable
 from functions.row_reaper.targets import kfp_target
+from functions.trust import Trust
 from lapse import telemetry
 from lapse.telemetry import names
 from lapse.telemetry.spans import delivery_parent, span_context_of, subject_template
+from tests.fakes import FakeSchedules
 
 DEADLINE = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -178,7 +180,7 @@ class Rows:
     def targets(self) -> Sequence[TargetSpec]:
         return [kfp_target()]
 
-    async def delete(self, runs: Sequence[Mapping[str, str]], *, dry_run: bool) -> list[RunResult]:
+    async def delete(self, runs: Sequence[RunRows], *, dry_run: bool) -> list[RunResult]:
         for _ in runs:  # what the SQL store's statements would count, one per table
             for _ in range(4):
                 telemetry.count_database_statement("DELETE")
@@ -197,9 +199,12 @@ async def test_a_deletion_is_one_span_with_its_outcome_and_metrics(
     memory: telemetry.InMemoryTelemetry,
 ) -> None:
     late = DEADLINE + timedelta(seconds=2.5)
-    reaper = RowReaper(Rows(Counted((("kfp", "run_details", 1),))), Emitted(), clock=lambda: late)
+    stored = FakeSchedules()
+    reaper = RowReaper(
+        Rows(Counted((("kfp", "run_details", 1),))), stored, Emitted(), clock=lambda: late
+    )
     handler = telemetry.InstrumentedHandler("row-reaper", reaper)
-    (completed,) = await handler.handle(due_event())
+    (completed,) = await handler.handle(stored.fired(due_event()))
 
     (span,) = memory.spans()
     attributes = dict(span.attributes or {})
@@ -233,10 +238,13 @@ async def test_a_deletion_is_one_span_with_its_outcome_and_metrics(
 async def test_a_retry_is_neither_an_error_nor_an_outcome(
     memory: telemetry.InMemoryTelemetry,
 ) -> None:
-    reaper = RowReaper(Rows(Unavailable("connection refused")), Emitted(), clock=lambda: DEADLINE)
+    stored = FakeSchedules()
+    reaper = RowReaper(
+        Rows(Unavailable("connection refused")), stored, Emitted(), clock=lambda: DEADLINE
+    )
     handler = telemetry.InstrumentedHandler("row-reaper", reaper)
     with pytest.raises(RetryLater):
-        await handler.handle(due_event())
+        await handler.handle(stored.fired(due_event()))
     (span,) = memory.spans()
     assert span.status.is_unset
     assert [event.name for event in span.events] == ["retry later"]
@@ -248,7 +256,9 @@ async def test_a_retry_is_neither_an_error_nor_an_outcome(
 
 async def test_a_bug_marks_the_span_as_failed(memory: telemetry.InMemoryTelemetry) -> None:
     class Broken:
-        async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
+        async def handle(
+            self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
+        ) -> list[BaseCloudEvent]:
             raise KeyError("oops")
 
     with pytest.raises(KeyError):

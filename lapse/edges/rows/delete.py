@@ -41,14 +41,14 @@ async def delete_target(
             owners = {key: position for key, (_, position) in matched.items()}
             values = [value for value, _ in matched.values()]
         else:
-            owners, values = _owners(step, runs, normalize)
+            owners, values = owners_of(step, runs, normalize)
         for value, rows in await _remove(conn, step, values, dry_run=dry_run):
             position = owners.get(normalize(value))
             if position is not None:
                 tallies[position][(target.spec.name, step.name)] += rows
 
 
-def _owners(
+def owners_of(
     step: Bound, runs: list[PendingRun], normalize: Normalize
 ) -> tuple[dict[Hashable, int], list[object]]:
     """Key value -> the first run that asked for it (a key asked for twice is deleted once,
@@ -73,10 +73,10 @@ async def _lock_parent(
     normalize: Normalize,
 ) -> dict[str, dict[Hashable, tuple[object, int]]]:
     parent = target.parent
-    owners, values = _owners(parent, runs, normalize)
+    owners, values = owners_of(parent, runs, normalize)
     vias = target.vias
     through: dict[str, dict[Hashable, tuple[object, int]]] = {via.name: {} for via in vias}
-    for part in _slices(sorted(values, key=_sort_key)):
+    for part in slices(sorted(values, key=_sort_key)):
         query = (
             select(parent.column, *vias)
             .where(parent.column.in_(part), *parent.where)
@@ -100,7 +100,7 @@ async def _remove(
     """Delete (or count) the step's rows for `values`; (key value, rows) pairs."""
     counted: list[tuple[object, int]] = []
     returning = conn.dialect.delete_returning and not dry_run
-    for part in _slices(values):
+    for part in slices(values):
         condition = (step.column.in_(part), *step.where)
         if returning:
             result = await conn.execute(delete(step.table).where(*condition).returning(step.column))
@@ -116,7 +116,7 @@ async def _remove(
     return counted
 
 
-def _slices(values: list[object]) -> list[list[object]]:
+def slices(values: list[object]) -> list[list[object]]:
     return [values[i : i + MAX_IN_VALUES] for i in range(0, len(values), MAX_IN_VALUES)]
 
 

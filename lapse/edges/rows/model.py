@@ -10,6 +10,7 @@ from sqlalchemy import Column, Table
 from sqlalchemy.sql.elements import ColumnElement
 
 from functions.row_reaper.targets import TargetSpec
+from functions.row_reaper.verdict import RunFacts
 
 
 class BadKey(Exception):
@@ -35,11 +36,21 @@ class Bound:
 
 
 @dataclass(eq=False, frozen=True)
+class BoundGuard:
+    """A target's `Guard` resolved against the parent table (functions/row_reaper/targets.py)."""
+
+    finished: Column[Any]
+    state: Column[Any] | None
+    running_states: frozenset[str]
+
+
+@dataclass(eq=False, frozen=True)
 class BoundTarget:
     spec: TargetSpec
     parent: Bound
     children: tuple[Bound, ...]
     after: tuple[Bound, ...]
+    guard: BoundGuard | None = None
 
     @property
     def steps(self) -> tuple[Bound, ...]:
@@ -58,4 +69,5 @@ class BoundTarget:
 class PendingRun:
     index: int
     keys: Mapping[str, str]
+    accepts: Callable[[RunFacts], bool] | None = None
     values: dict[Bound, object] = field(default_factory=dict)

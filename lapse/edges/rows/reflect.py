@@ -13,13 +13,14 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from functions.row_reaper.targets import ARGO_ARCHIVE, KFP, Step, TargetSpec
 from lapse.config import ConfigError
-from lapse.edges.rows.model import Bound, BoundTarget, Coerce
+from lapse.edges.rows.model import Bound, BoundGuard, BoundTarget, Coerce
 
 
 class SchemaMismatch(ConfigError):
     """The configured targets do not match the database (one line per problem)."""
 
 
+_BUILT_IN: Final = frozenset({KFP, ARGO_ARCHIVE})
 _MISSING_TABLE_HINTS: Final = {
     KFP: " (is database.url KFP's database, e.g. mlpipeline?)",
     ARGO_ARCHIVE: " (is database.url Argo's archive database, with persistence.archive on?)",
@@ -34,6 +35,7 @@ def reflect_targets(conn: Connection, targets: Sequence[TargetSpec]) -> tuple[Bo
         parent = reflector.step(spec, spec.parent)
         children = tuple(reflector.step(spec, child, parent=parent) for child in spec.children)
         after = tuple(reflector.step(spec, step) for step in spec.after)
+        guard = reflector.guard(spec, parent) if parent is not None else None
         if parent is not None and all(children) and all(after):
             bound.append(
                 BoundTarget(
@@ -41,6 +43,7 @@ def reflect_targets(conn: Connection, targets: Sequence[TargetSpec]) -> tuple[Bo
                     parent,
                     tuple(c for c in children if c is not None),
                     tuple(a for a in after if a is not None),
+                    guard,
                 )
             )
     if reflector.problems:
@@ -73,6 +76,31 @@ class _Reflector:
             return None
         conditions = tuple(w for w in where if w is not None)
         return Bound(spec.name, step.table, table, column, conditions, coerce, via)
+
+    def guard(self, spec: TargetSpec, parent: Bound) -> BoundGuard | None:
+        """The parent table's own account of the run, where the target has one."""
+        guard = spec.guard
+        if guard is None:
+            return None
+        key = (
+            f"{spec.config_key}.finished_column" if spec.name not in _BUILT_IN else spec.config_key
+        )
+        columns: dict[str, Column[Any] | None] = {}
+        for name in filter(None, (guard.finished_column, guard.state_column)):
+            if name in guard.optional and not self._has_column(parent.table, name):
+                columns[name] = None
+            else:
+                columns[name] = self._column(parent.table, name, key)
+        finished = columns.get(guard.finished_column)
+        if finished is None:
+            return None
+        state = columns.get(guard.state_column) if guard.state_column else None
+        return BoundGuard(finished, state, guard.running_states)
+
+    def _has_column(self, table: Table, name: str) -> bool:
+        if table.c.get(name) is not None:
+            return True
+        return self.fold_case and any(c.name.lower() == name.lower() for c in table.c)
 
     def _constant(
         self, table: Table, name: str, value: str, config_key: str

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from functions.row_reaper.ports import Counted, Rejected, RunResult, Unavailable
+from functions.row_reaper.ports import (
+    Contradicted,
+    Counted,
+    Rejected,
+    RunResult,
+    RunRows,
+    Unavailable,
+)
 from functions.row_reaper.targets import TargetSpec
 from lapse.edges.rows.delete import delete_target, normalizer
 from lapse.edges.rows.failures import DATABASE_ERRORS, classify_failure, is_conflict
+from lapse.edges.rows.guard import read_facts
 from lapse.edges.rows.model import BadKey, BoundTarget, PendingRun
 from lapse.edges.rows.reflect import SchemaMismatch, reflect_targets
 from lapse.errors import LapseError
@@ -62,15 +70,15 @@ class SqlRowStore:
                 raise DatabaseUnavailable(classify_failure(exc).reason) from exc
             self._bound = bound
 
-    async def delete(self, runs: Sequence[Mapping[str, str]], *, dry_run: bool) -> list[RunResult]:
+    async def delete(self, runs: Sequence[RunRows], *, dry_run: bool) -> list[RunResult]:
         try:
             await self.start()
         except DatabaseUnavailable as exc:
             return [Unavailable(exc.reason)] * len(runs)
         results: list[RunResult] = [Unavailable("not attempted")] * len(runs)
         prepared: list[PendingRun] = []
-        for index, keys in enumerate(runs):
-            run = PendingRun(index, keys)
+        for index, rows in enumerate(runs):
+            run = PendingRun(index, rows.keys, rows.accepts)
             try:
                 self._coerce(run)
             except BadKey as exc:
@@ -101,7 +109,7 @@ class SqlRowStore:
             return []
         for attempt in range(CONFLICT_RETRIES + 1):
             try:
-                tallies = await self._transaction(runs, dry_run)
+                return await self._transaction(runs, dry_run)
             except DATABASE_ERRORS as exc:
                 failure = classify_failure(exc)
                 # A deadlock victim is rolled back and meant to be run again; InnoDB's gap
@@ -111,7 +119,6 @@ class SqlRowStore:
                     await asyncio.sleep(random.uniform(0, 0.05 * (attempt + 1)))
                     continue
                 break
-            return [Counted(tuple(tally)) for tally in tallies]
         if isinstance(failure, Unavailable) or len(runs) == 1:
             return [failure] * len(runs)
         # Something in this batch is refused for good: find which run, commit the others.
@@ -123,15 +130,40 @@ class SqlRowStore:
                 results += await self._attempt([run], dry_run)
         return results
 
-    async def _transaction(
-        self, runs: list[PendingRun], dry_run: bool
-    ) -> list[list[tuple[str, str, int]]]:
+    async def _transaction(self, runs: list[PendingRun], dry_run: bool) -> list[RunResult]:
         tallies: list[dict[tuple[str, str], int]] = [{} for _ in runs]
+        refused: dict[int, Contradicted] = {}
         async with asyncio.timeout(self.timeout), self.engine.connect() as conn:
             normalize = normalizer(conn)
             async with conn.begin() as tx:
+                # The preconditions first, every run's rows locked while they are judged:
+                # a run the database contradicts keeps all its rows, in every target.
                 for target in self._bound or ():
-                    members = [i for i, run in enumerate(runs) if target.spec.name in run.keys]
+                    members = [
+                        i
+                        for i, run in enumerate(runs)
+                        if target.spec.name in run.keys and run.accepts is not None
+                    ]
+                    if target.guard is None or not members:
+                        continue
+                    facts = await read_facts(
+                        conn,
+                        target,
+                        [runs[i] for i in members],
+                        dry_run=dry_run,
+                        normalize=normalize,
+                    )
+                    for position, fact in facts.items():
+                        index = members[position]
+                        accepts = runs[index].accepts
+                        if accepts is not None and not accepts(fact):
+                            refused.setdefault(index, Contradicted(fact))
+                for target in self._bound or ():
+                    members = [
+                        i
+                        for i, run in enumerate(runs)
+                        if target.spec.name in run.keys and i not in refused
+                    ]
                     if members:
                         await delete_target(
                             conn,
@@ -143,7 +175,10 @@ class SqlRowStore:
                         )
                 if dry_run:
                     await tx.rollback()
-        return [[(t, table, n) for (t, table), n in tally.items()] for tally in tallies]
+        return [
+            refused.get(i) or Counted(tuple((t, table, n) for (t, table), n in tally.items()))
+            for i, tally in enumerate(tallies)
+        ]
 
 
 async def open_row_store(

@@ -24,10 +24,10 @@ from events.builder import build_event
 from events.errors import InvalidEvent
 from events.kinds import ARGO_WORKFLOW, KindSpec
 from events.models import RunFinished
-from events.observed import marked
 from events.run import KFP_RUN_ID_LABEL, RunRef, Target
 from events.types import EventType
 from functions.policy import Action, Decision, Policy, decide
+from functions.trust import Trust
 from functions.ttl_planner import Planner
 from lapse.edges.kubernetes import Page, finished_pages, list_metadata
 from lapse.operations.reconcile.counts import (
@@ -209,7 +209,9 @@ class Reconciler:
             counts.ignored += 1
             return
         try:
-            emitted = await self.planner.handle(self._event(obj, finished))
+            # Listed from the API server by this process: the planned version may be judged
+            # by the reaper without another read (functions/trust.py).
+            emitted = await self.planner.handle(self._event(obj, finished), Trust.OBSERVED)
         except Exception as exc:  # NATS trouble: counted and reported, the rest goes on
             counts.errors += 1
             self.note(f"planning {finished.run.subject}: {one_line(exc)}")
@@ -223,10 +225,7 @@ class Reconciler:
         event_id = (
             f"{metadata['uid']}.{metadata.get('resourceVersion', '')}.{EventType.RUN_FINISHED}"
         )
-        # Listed from the API server by this process: the planned version may be judged by
-        # the reaper without another read (events/observed.py).
-        event = build_event(EventType.RUN_FINISHED, source=SOURCE, data=finished, id=event_id)
-        return marked(event, True)
+        return build_event(EventType.RUN_FINISHED, source=SOURCE, data=finished, id=event_id)
 
     # rows ---------------------------------------------------------------------------------
 

@@ -29,7 +29,13 @@ class ReadOnlySchedules:
         return await self._store.get(target, uid)
 
     async def put(
-        self, target: Target, uid: str, deadline: datetime, due_event: BaseCloudEvent
+        self,
+        target: Target,
+        uid: str,
+        deadline: datetime,
+        due_event: BaseCloudEvent,
+        *,
+        observed: bool = False,
     ) -> None:
         pass
 

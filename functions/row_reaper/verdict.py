@@ -1,0 +1,114 @@
+"""The row-reaper's judgements (pure): is a due event backed by what lapse stored, and what
+the database's own account of the run means for it.
+
+The row-reaper cannot read the run object (it is usually gone by the time its rows are
+due), so it never takes a due event's word for the deadline or for which rows it names:
+- `prove`: the deadline and the run are those of the schedule lapse stored for this
+  (database, uid) — the due message the server fired from it, or the schedule still
+  pending — never the event's own content (docs/security.md, "The row-reaper");
+- `judge_facts`: inside the deleting transaction the database says whether the run is
+  still running, and when it finished; a run that is running is kept, a run that finished
+  later than lapse planned from has its deadline moved by the difference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final, TypeAlias
+
+from events.models import CleanupDue
+from functions.ports import PendingSchedule
+
+# The scheduler fires at the deadline; a due event earlier than this is a clock-skewed or
+# hand-made one, and rows deleted early cannot be brought back.
+EARLY_TOLERANCE: Final = timedelta(seconds=1)
+# Finish times are stored in whole seconds by KFP (FinishedAtInSec) and Argo's archive.
+FINISH_TOLERANCE: Final = timedelta(seconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Proven:
+    """The deadline lapse stored has come: `due` is the stored due event's content."""
+
+    due: CleanupDue
+
+
+@dataclass(frozen=True, slots=True)
+class NotYet:
+    """The stored deadline is later than this due event: the stored schedule will fire."""
+
+    deadline: datetime
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unbacked:
+    """No schedule lapse stored backs this due event: nothing is deleted."""
+
+    reason: str
+
+
+Proof: TypeAlias = Proven | NotYet | Unbacked
+
+
+def prove(claim: CleanupDue, stored: PendingSchedule | None, now: datetime) -> Proof:
+    """Whether the rows `claim` names are due, from what lapse stored alone."""
+    subject = f"{claim.run.subject} (uid {claim.run.uid})"
+    if stored is None:
+        return Unbacked(f"no schedule lapse stored backs this due event for {subject}")
+    if stored.deadline - now > EARLY_TOLERANCE:
+        return NotYet(
+            stored.deadline,
+            f"the deadline lapse stored for {subject} is {stored.deadline.isoformat()}",
+        )
+    if not stored.fired or stored.due is None:
+        # Pending and due: the server fires it any moment, and that is the event to act on.
+        return NotYet(stored.deadline, f"the schedule lapse stored for {subject} fires now")
+    return Proven(stored.due)
+
+
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """What the database says of a run, read inside the deleting transaction."""
+
+    running: bool
+    finished_at: datetime | None
+    state: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """The database says the run is not finished: its rows stay (re-planned when it ends)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class MoveTo:
+    """The run finished later than lapse planned from: the deadline moves by as much."""
+
+    deadline: datetime
+    reason: str
+
+
+Contradiction: TypeAlias = Keep | MoveTo
+
+
+def judge_facts(due: CleanupDue, facts: RunFacts, now: datetime) -> Contradiction | None:
+    """None when the database agrees with the plan (delete); otherwise why not."""
+    planned = due.run.finished_at
+    if facts.running or facts.finished_at is None:
+        state = f" ({facts.state})" if facts.state else ""
+        return Keep(f"the database says {due.run.subject} is not finished{state}")
+    if planned is None or facts.finished_at - planned <= FINISH_TOLERANCE:
+        return None
+    later = facts.finished_at - planned
+    deadline = due.deadline + later
+    if deadline - now <= EARLY_TOLERANCE:
+        return None  # finished later, and due all the same
+    return MoveTo(
+        deadline,
+        f"the database says {due.run.subject} finished at {facts.finished_at.isoformat()}, "
+        f"{later.total_seconds():.0f}s after lapse planned from; due {deadline.isoformat()}",
+    )

@@ -1,0 +1,69 @@
+"""A run's own account in the database, read with its parent rows locked, before deleting.
+
+The row-reaper's precondition (functions/row_reaper/ports.py: `RunRows.accepts`) is judged
+on this: the database's finish time and state for the run, as the engine wrote them.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from functions.row_reaper.verdict import RunFacts
+from lapse.edges.rows.delete import Normalize, owners_of, slices
+from lapse.edges.rows.model import BoundGuard, BoundTarget, PendingRun
+
+
+async def read_facts(
+    conn: AsyncConnection,
+    target: BoundTarget,
+    runs: list[PendingRun],
+    *,
+    dry_run: bool,
+    normalize: Normalize,
+) -> dict[int, RunFacts]:
+    """Facts per run position in `runs`, for the runs the parent table has a row of. The
+    rows are locked (FOR UPDATE, outside a dry run) until the transaction ends, so what is
+    judged is what is deleted."""
+    guard = target.guard
+    if guard is None:
+        return {}
+    parent = target.parent
+    owners, values = owners_of(parent, runs, normalize)
+    columns = [parent.column, guard.finished]
+    if guard.state is not None:
+        columns.append(guard.state)
+    facts: dict[int, RunFacts] = {}
+    for part in slices(values):
+        query = select(*columns).where(parent.column.in_(part), *parent.where)
+        query = query.order_by(parent.column)  # one lock order for every transaction
+        if not dry_run:
+            query = query.with_for_update()
+        for row in await conn.execute(query):
+            position = owners.get(normalize(row[0]))
+            if position is not None and position not in facts:
+                facts[position] = _facts(guard, row[1], row[2] if guard.state is not None else None)
+    return facts
+
+
+def _facts(guard: BoundGuard, finished: Any, state: Any) -> RunFacts:
+    state_text = None if state is None else str(state)
+    finished_at = _as_time(finished)
+    running = state_text is not None and state_text in guard.running_states
+    return RunFacts(running=running, finished_at=finished_at, state=state_text)
+
+
+def _as_time(value: Any) -> datetime | None:
+    """A finish time as engines store it: a timestamp, or seconds since the epoch; NULL and
+    0 mean "not finished"."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    if isinstance(value, int | float | Decimal) and not isinstance(value, bool):
+        return datetime.fromtimestamp(float(value), UTC) if value > 0 else None
+    return None
