@@ -36,6 +36,7 @@ from events.subjects import due_subject
 from events.types import EventType, Outcome
 from functions.object_reaper import ObjectReaper
 from functions.safety import SafetyConfig
+from functions.trust import Trust
 from functions.ttl_planner import Planner
 from lapse.config import NatsConfig, Streams
 from lapse.edges.kubernetes import ApiCallFailure, Workflows, load_api_client
@@ -194,8 +195,9 @@ class Stack:
     async def plan(self, obj: dict[str, Any]) -> None:
         finished = adapt_workflow(obj)
         assert isinstance(finished, RunFinished)
+        # As the watcher plans it: a version lapse read itself.
         await self.planner.handle(
-            build_event(EventType.RUN_FINISHED, source="/test", data=finished)
+            build_event(EventType.RUN_FINISHED, source="/test", data=finished), Trust.OBSERVED
         )
 
     async def exists(self, obj: dict[str, Any]) -> bool:

@@ -7,17 +7,18 @@ import signal
 import subprocess
 import sys
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 from cloudevents.core.bindings.http import to_binary_event
+from cloudevents.core.v1.event import CloudEvent
 from func_python.cloudevent import ASGIApplication
 from nats.js import JetStreamContext
 
 from events.builder import build_event
 from events.models import CleanupDue, RunFinished
-from events.observed import OBSERVED_HEADER, marked
+from events.observed import OBSERVED_HEADER
 from events.run import Engine, RunRef, Target
 from events.subjects import schedule_subject
 from events.types import EventType
@@ -28,27 +29,35 @@ from lapse.edges.nats import connect
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
+from tests.conftest import KubeStack
 from tests.stack import wait_for
+from tests.unit.test_object_reaper_verdict import argo_workflow
 
 
 async def test_planner_function_schedules_from_an_http_cloudevent(
-    nats_server: EmbeddedNats, lapse_streams: JetStreamContext
+    kube: KubeStack, nats_server: EmbeddedNats, lapse_streams: JetStreamContext
 ) -> None:
+    """A run.finished over HTTP is a claim: the planner plans the Workflow as it reads it
+    from the API server (its real finishedAt), never the finish time the event states, and
+    the schedule says lapse read that version itself."""
+    ns = kube.namespace("shell-planner")
+    finished = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+    body = argo_workflow("wf", namespace=ns, finished_at=finished)
+    body["metadata"]["annotations"] = {"lapse.dev/ttl": "30d"}
+    wf = await kube.workflows.create(ns, body)
+    uid = wf["metadata"]["uid"]
     function = new()
-    function.start({"LAPSE_NATS__URL": nats_server.url})
+    function.start(
+        {"LAPSE_NATS__URL": nats_server.url, "LAPSE_KUBERNETES__KUBECONFIG": str(kube.kubeconfig)}
+    )
     await function.started()
     app = ASGIApplication(function)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://function") as http:
         assert (await http.get("/health/readiness")).status_code == 200
 
-        uid = str(uuid.uuid4())
-        run = RunRef(
-            engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
-            namespace="ns", name="wf", uid=uid, phase="Succeeded",
-            finished_at=datetime(2026, 11, 21, 12, 0, tzinfo=UTC),
-            annotations={"lapse.dev/ttl": "30d"},
-        )  # fmt: skip
+        # The claim: finished in 2000, so due long ago.
+        run = claimed_run(ns, "wf", uid, finished_at=datetime(2000, 1, 1, tzinfo=UTC))
         message = to_binary_event(
             build_event(EventType.RUN_FINISHED, source="/test", data=RunFinished(run=run))
         )
@@ -62,30 +71,36 @@ async def test_planner_function_schedules_from_an_http_cloudevent(
     pending = await NatsScheduleStore(nc.jetstream(), Streams()).get(Target.KUBERNETES, uid)
     await nc.close()
     assert pending is not None
-    assert pending.deadline == datetime(2026, 12, 21, 12, 0, tzinfo=UTC)
+    assert pending.deadline == finished + timedelta(days=30)
+    stored = await lapse_streams.get_last_msg(
+        Streams().schedule, schedule_subject(Target.KUBERNETES, uid)
+    )
+    assert stored.headers is not None and stored.headers.get(OBSERVED_HEADER) == "apiserver"
     function.stop()
 
 
 async def test_an_event_over_http_is_never_taken_as_read_by_lapse(
-    nats_server: EmbeddedNats, lapse_streams: JetStreamContext
+    kube: KubeStack, nats_server: EmbeddedNats, lapse_streams: JetStreamContext
 ) -> None:
-    """A run.finished posted with the observed extension (events/observed.py) is a claim:
-    the schedule the planner puts for it does not carry lapse's mark, so the reaper will
-    read the object before judging it."""
+    """A run.finished posted with the observed attribute for an object the API server does
+    not have is a claim lapse cannot check: it is timed from now (never from the finish
+    time it states) and its schedule does not carry lapse's mark, so the reaper will read
+    the object before judging it."""
     function = new()
-    function.start({"LAPSE_NATS__URL": nats_server.url})
+    function.start(
+        {"LAPSE_NATS__URL": nats_server.url, "LAPSE_KUBERNETES__KUBECONFIG": str(kube.kubeconfig)}
+    )
     await function.started()
     transport = httpx.ASGITransport(app=ASGIApplication(function))
     uid = str(uuid.uuid4())
-    run = RunRef(
-        engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
-        namespace="ns", name="claimed", uid=uid, phase="Succeeded",
-        finished_at=datetime(2026, 11, 21, 12, 0, tzinfo=UTC),
-        annotations={"lapse.dev/ttl": "30d"},
-    )  # fmt: skip
+    run = claimed_run(
+        kube.namespace("shell-claim"), "claimed", uid, finished_at=datetime(2000, 1, 1, tzinfo=UTC)
+    )
     event = build_event(EventType.RUN_FINISHED, source="/test", data=RunFinished(run=run))
-    message = to_binary_event(marked(event, True))
+    attributes = {**event.get_attributes(), "lapseobserved": "apiserver"}
+    message = to_binary_event(CloudEvent(attributes=attributes, data=event.get_data()))
     assert message.headers.get("ce-lapseobserved") == "apiserver"
+    before = datetime.now(UTC)
     async with httpx.AsyncClient(transport=transport, base_url="http://function") as http:
         response = await http.post("/", headers=message.headers, content=message.body)
         assert response.status_code == 202
@@ -96,6 +111,16 @@ async def test_an_event_over_http_is_never_taken_as_read_by_lapse(
     assert stored.headers is not None and stored.headers.get("ce-type") == EventType.CLEANUP_DUE
     assert OBSERVED_HEADER not in stored.headers
     assert "ce-lapseobserved" not in stored.headers
+    pending = await NatsScheduleStore(lapse_streams, Streams()).get(Target.KUBERNETES, uid)
+    assert pending is not None and pending.deadline >= before + timedelta(days=30)
+
+
+def claimed_run(namespace: str, name: str, uid: str, *, finished_at: datetime) -> RunRef:
+    return RunRef(
+        engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+        namespace=namespace, name=name, uid=uid, phase="Succeeded",
+        finished_at=finished_at, annotations={"lapse.dev/ttl": "30d"},
+    )  # fmt: skip
 
 
 async def test_function_with_bad_config_is_not_ready() -> None:
@@ -144,10 +169,23 @@ async def test_a_function_with_nothing_to_do_is_ready_and_refuses_work(
 
 
 async def test_lapse_serve_runs_a_function_over_http(
-    nats_server: EmbeddedNats, lapse_streams: JetStreamContext, tmp_path: Path
+    kube: KubeStack, nats_server: EmbeddedNats, lapse_streams: JetStreamContext, tmp_path: Path
 ) -> None:
+    ns = kube.namespace("shell-serve")
+    body = argo_workflow(
+        "served",
+        namespace=ns,
+        phase="Failed",
+        finished_at=datetime(2026, 11, 21, 12, 0, tzinfo=UTC),
+    )
+    body["metadata"]["annotations"] = {"lapse.dev/ttl": "1h"}
+    uid = (await kube.workflows.create(ns, body))["metadata"]["uid"]
     port = free_port()
-    env = {**os.environ, "LAPSE_NATS__URL": nats_server.url}
+    env = {
+        **os.environ,
+        "LAPSE_NATS__URL": nats_server.url,
+        "LAPSE_KUBERNETES__KUBECONFIG": str(kube.kubeconfig),
+    }
     with (tmp_path / "serve.log").open("wb") as log:
         # Popen returns at once; the waits below are bounded polls.
         server = subprocess.Popen(  # noqa: ASYNC220
@@ -165,10 +203,9 @@ async def test_lapse_serve_runs_a_function_over_http(
                     return False
 
             await wait_for(ready, timeout=30, interval=0.2)
-            uid = str(uuid.uuid4())
             run = RunRef(
                 engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
-                namespace="ns", name="served", uid=uid, phase="Failed",
+                namespace=ns, name="served", uid=uid, phase="Failed",
                 finished_at=datetime(2026, 11, 21, 12, 0, tzinfo=UTC),
                 annotations={"lapse.dev/ttl": "1h"},
             )  # fmt: skip

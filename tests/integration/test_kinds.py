@@ -33,12 +33,12 @@ from events.kinds import (
     resolve_kinds,
 )
 from events.models import CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
-from events.observed import marked
 from events.run import Target
 from events.timeutil import format_rfc3339
 from events.types import EventType, Outcome
 from functions.object_reaper import ObjectReaper
 from functions.safety import SafetyConfig
+from functions.trust import Trust
 from functions.ttl_planner import Planner
 from lapse.config import Streams
 from lapse.edges.kubernetes import KubeObjects
@@ -344,13 +344,15 @@ async def test_api_requests_per_deletion_counted_by_the_api_server(
 async def test_auto_reads_first_unless_lapse_itself_read_the_planned_version(
     stage: Stage, observed: bool
 ) -> None:
-    """read_before_delete: auto (the default): a due event the runtime marked as carrying a
-    version lapse read (events/observed.py) costs one DELETE; any other is read first."""
+    """read_before_delete: auto (the default): a due event the runtime hands over as
+    carrying a version lapse read (`Trust.OBSERVED`) costs one DELETE; any other is read
+    first."""
     ns = stage.kube.namespace(f"{PREFIX}auto-{str(observed).lower()}")
     obj = await stage.finished(JOB, ns, f"auto-{uuid.uuid4().hex[:6]}")
     expected = {"jobs": {"DELETE": 1}} if observed else {"jobs": {"GET": 1, "DELETE": 1}}
     before = requests_by_verb(stage.kube, "jobs")
-    result = outcome(await stage.reaper().handle(marked(due_event(JOB, obj), observed)))
+    trust = Trust.OBSERVED if observed else Trust.CLAIM
+    result = outcome(await stage.reaper().handle(due_event(JOB, obj), trust))
     after = requests_by_verb(stage.kube, "jobs")
     assert isinstance(result, CleanupCompleted) and result.outcome is Outcome.DELETED
     assert {"jobs": spent(before, after)} == expected
@@ -365,11 +367,11 @@ async def test_a_planned_version_that_changed_is_read_again_before_deleting(
     refuses it (409) and the fresh read keeps the object."""
     ns = stage.kube.namespace(f"{PREFIX}changed-{str(setting).lower()}")
     obj = await stage.finished(JOB, ns, "changed")
-    event = marked(due_event(JOB, obj), True)
+    event = due_event(JOB, obj)
     obj["metadata"]["annotations"]["lapse.dev/keep"] = "true"
     await stage.objects.replace(JOB, ns, "changed", obj)
     reaper = stage.reaper(safety=SafetyConfig.model_validate({"read_before_delete": setting}))
-    result = outcome(await reaper.handle(event))
+    result = outcome(await reaper.handle(event, Trust.OBSERVED))
     assert isinstance(result, CleanupCompleted) and result.outcome is Outcome.KEPT
     assert await stage.exists(JOB, obj)
 
@@ -422,10 +424,13 @@ async def test_a_kind_the_configuration_does_not_list_is_refused_and_kept(
     finished = adapt(obj, JOB)
     assert isinstance(finished, RunFinished)
     [refused] = await planner.handle(
-        build_event(EventType.RUN_FINISHED, source="/test", data=finished)
+        build_event(EventType.RUN_FINISHED, source="/test", data=finished), Trust.OBSERVED
     )
     payload = parse_payload(refused)
-    assert isinstance(payload, CleanupFailed) and "not planned" in payload.reason
+    assert (
+        isinstance(payload, CleanupFailed)
+        and "is not a kind lapse is configured for" in payload.reason
+    )
 
 
 async def test_a_workflow_from_a_template_is_deleted_by_the_templates_ttl(
@@ -444,7 +449,8 @@ async def test_a_workflow_from_a_template_is_deleted_by_the_templates_ttl(
     )
     finished = adapt(wf, ARGO_WORKFLOW)
     assert isinstance(finished, RunFinished)
-    emitted = await planner.handle(build_event(EventType.RUN_FINISHED, source="/t", data=finished))
+    event = build_event(EventType.RUN_FINISHED, source="/t", data=finished)
+    emitted = await planner.handle(event, Trust.OBSERVED)
     scheduled = [parse_payload(e) for e in emitted]
     [deadline] = [p.deadline for p in scheduled if getattr(p, "target", None) is Target.KUBERNETES]  # type: ignore[union-attr]
     assert deadline == finished_at.replace(microsecond=0) + timedelta(seconds=60)

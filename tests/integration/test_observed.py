@@ -1,10 +1,13 @@
-"""The observed mark (events/observed.py) on a real NATS server: only what lapse itself read
-from the API server reaches a reaper marked, however an event claims it.
+"""Trust on a real NATS server (functions/trust.py, lapse/runtime/trust.py): only what lapse
+itself read from the API server reaches a handler as `Trust.OBSERVED`, however an event
+claims it.
 
 The chain: the watcher's publisher writes `Lapse-Observed`; the planner keeps the mark on
-the schedule it puts; the server copies the schedule's headers onto the due message; the
-dispatcher marks the delivered event from that header alone. An event sent with the
-extension itself (`ce-lapseobserved`, as anyone posting to an ingress can) arrives unmarked.
+the schedule it puts for a version it may trust; the server copies the schedule's headers
+onto the due message; the dispatcher decides the trust from that header alone, on a first
+delivery. An event that claims it in its content (a `ce-lapseobserved` attribute, as anyone
+posting to an ingress can write) is a claim. Who may write the header at all is NATS's
+permissions' business (tests/integration/test_nats_security.py).
 """
 
 from __future__ import annotations
@@ -12,19 +15,22 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from cloudevents.core.base import BaseCloudEvent
+from cloudevents.core.v1.event import CloudEvent
 from nats.js import JetStreamContext
 
 from events.builder import build_event
 from events.models import CleanupDue, RunFinished
 from events.nats_binding import to_nats
-from events.observed import OBSERVED_HEADER, is_observed, marked
+from events.observed import OBSERVED_HEADER
 from events.run import Engine, RunRef, Target
 from events.subjects import due_subject, event_subject, schedule_subject
 from events.types import EventType
 from functions.ports import RetryLater
+from functions.trust import Trust
 from functions.ttl_planner import Planner
 from lapse.config import NatsConfig, Streams
 from lapse.edges.publishing import NatsEmitter, NatsPublisher
@@ -59,15 +65,33 @@ def due_event(uid: str, deadline: datetime) -> BaseCloudEvent:
     return build_event(EventType.CLEANUP_DUE, source="/test", data=due)
 
 
+def claiming_the_mark(event: BaseCloudEvent) -> BaseCloudEvent:
+    """The event with the attribute a forger would add."""
+    attributes = {**event.get_attributes(), "lapseobserved": "apiserver"}
+    return CloudEvent(attributes=attributes, data=event.get_data())
+
+
 class Recorder:
     def __init__(self) -> None:
         self.observed: dict[str, bool] = {}
 
-    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
+    async def handle(
+        self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
+    ) -> list[BaseCloudEvent]:
         data = event.get_data()
         assert isinstance(data, dict)
-        self.observed[data["run"]["uid"]] = is_observed(event)
+        self.observed[data["run"]["uid"]] = trust.observed
         return []
+
+
+class GoneObjects:
+    """The planner's read of a claimed object: the API server has none (the claim is then
+    timed from now and its schedule is not marked)."""
+
+    async def fetch(
+        self, api_version: str, kind: str, namespace: str, name: str
+    ) -> dict[str, Any] | None:
+        return None
 
 
 async def last_headers(js: JetStreamContext, stream: str, subject: str) -> dict[str, str]:
@@ -83,10 +107,10 @@ async def test_only_lapses_own_header_marks_a_delivered_due_event(
     deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
     read, claimed, forged = (str(uuid.uuid4()) for _ in range(3))
     # A schedule the planner put for a version lapse read, and one for a claim.
-    await store.put(Target.KUBERNETES, read, deadline, marked(due_event(read, deadline), True))
+    await store.put(Target.KUBERNETES, read, deadline, due_event(read, deadline), observed=True)
     await store.put(Target.KUBERNETES, claimed, deadline, due_event(claimed, deadline))
-    # A due message written with the extension but without lapse's header.
-    message = to_nats(marked(due_event(forged, deadline), True))
+    # A due message written with the attribute but without lapse's header.
+    message = to_nats(claiming_the_mark(due_event(forged, deadline)))
     assert "ce-lapseobserved" in message.headers
     await js.publish(due_subject(Target.KUBERNETES, forged), message.body, headers=message.headers)
 
@@ -111,13 +135,15 @@ async def test_the_planner_keeps_the_mark_on_the_schedule_and_the_watchers_publi
     lapse_streams: JetStreamContext,
 ) -> None:
     js = lapse_streams
-    planner = Planner(NatsScheduleStore(js, STREAMS), NatsEmitter(js, STREAMS))
+    planner = Planner(
+        NatsScheduleStore(js, STREAMS), NatsEmitter(js, STREAMS), fetcher=GoneObjects()
+    )
     finished = datetime.now(UTC) - timedelta(seconds=1)
     seen, told = str(uuid.uuid4()), str(uuid.uuid4())
     for uid, observed in ((seen, True), (told, False)):
         pending = run_ref(uid, finished).model_copy(update={"annotations": {"lapse.dev/ttl": "1h"}})
         event = build_event(EventType.RUN_FINISHED, source="/test", data=RunFinished(run=pending))
-        await planner.handle(marked(event, observed))
+        await planner.handle(event, Trust.OBSERVED if observed else Trust.CLAIM)
     seen_at = schedule_subject(Target.KUBERNETES, seen)
     told_at = schedule_subject(Target.KUBERNETES, told)
     assert (await last_headers(js, STREAMS.schedule, seen_at)).get(OBSERVED_HEADER) == "apiserver"
@@ -129,7 +155,7 @@ async def test_the_planner_keeps_the_mark_on_the_schedule_and_the_watchers_publi
         event = build_event(
             EventType.RUN_FINISHED, source="/test", data=RunFinished(run=run_ref(seen, finished))
         )
-        await NatsPublisher(js, STREAMS, observed=observed).publish(marked(event, True))
+        await NatsPublisher(js, STREAMS, observed=observed).publish(claiming_the_mark(event))
         headers = await last_headers(js, STREAMS.events, subject)
         assert (headers.get(OBSERVED_HEADER) == "apiserver") is observed
 
@@ -140,8 +166,10 @@ class FailsOnce:
     def __init__(self) -> None:
         self.observed: list[bool] = []
 
-    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
-        self.observed.append(is_observed(event))
+    async def handle(
+        self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
+    ) -> list[BaseCloudEvent]:
+        self.observed.append(trust.observed)
         if len(self.observed) == 1:
             raise RetryLater("not yet", 0.2)
         return []
@@ -154,7 +182,7 @@ async def test_a_redelivered_due_event_is_not_marked(lapse_streams: JetStreamCon
     uid = str(uuid.uuid4())
     deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
     await NatsScheduleStore(js, STREAMS).put(
-        Target.KUBERNETES, uid, deadline, marked(due_event(uid, deadline), True)
+        Target.KUBERNETES, uid, deadline, due_event(uid, deadline), observed=True
     )
     handler = FailsOnce()
     route = Route(

@@ -19,6 +19,7 @@ from events.run import Engine, RunRef, Target
 from events.subjects import schedule_subject
 from events.types import EventType
 from functions.policy import Policy
+from functions.trust import Trust
 from functions.ttl_planner import Planner
 from lapse.config import Streams
 from lapse.edges.publishing import NatsEmitter
@@ -97,7 +98,7 @@ def deleted(r: RunRef) -> Any:
 async def test_deadline_fires_on_due_subject(bus: Bus) -> None:
     sub = await bus.due_reader()
     r = run(annotations={"lapse.dev/ttl": "2s"})
-    emitted = await bus.planner().handle(finished(r))
+    emitted = await bus.planner().handle(finished(r), Trust.OBSERVED)
     assert [e.get_type() for e in emitted] == [EventType.CLEANUP_SCHEDULED]  # database: never
 
     arrivals = await bus.collect_due(sub, window=6)
@@ -116,9 +117,9 @@ async def test_changed_ttl_fires_once_at_the_new_time(bus: Bus) -> None:
     start = datetime.now(UTC)
     r = run(annotations={"lapse.dev/ttl": "2s"}, finished=start)
     planner = bus.planner()
-    await planner.handle(finished(r))
+    await planner.handle(finished(r), Trust.OBSERVED)
     moved = r.model_copy(update={"annotations": {"lapse.dev/ttl": "4s"}})
-    emitted = await planner.handle(finished(moved))
+    emitted = await planner.handle(finished(moved), Trust.OBSERVED)
     assert len(emitted) == 1
     assert parse_payload(emitted[0]).replaced is True  # type: ignore[union-attr]
 
@@ -142,9 +143,9 @@ async def test_keep_and_never_cancel(
 ) -> None:
     sub = await bus.due_reader()
     r = run(annotations={"lapse.dev/ttl": "2s"})
-    await bus.planner().handle(finished(r))
+    await bus.planner().handle(finished(r), Trust.OBSERVED)
     emitted = await bus.planner(policies).handle(
-        finished(r.model_copy(update={"annotations": second}))
+        finished(r.model_copy(update={"annotations": second})), Trust.OBSERVED
     )
     assert [e.get_type() for e in emitted] == [EventType.CLEANUP_CANCELLED]
     assert await bus.collect_due(sub, window=4) == []
@@ -155,9 +156,9 @@ async def test_run_deleted_cancels_only_the_kubernetes_deadline(bus: Bus) -> Non
     policies = [{"name": "both", "kubernetes": {"ttl": "3s"}, "database": {"ttl": "3s"}}]
     r = run()
     planner = bus.planner(policies)
-    emitted = await planner.handle(finished(r))
+    emitted = await planner.handle(finished(r), Trust.OBSERVED)
     assert sorted(parse_payload(e).target for e in emitted) == ["database", "kubernetes"]  # type: ignore[union-attr]
-    cancelled = await planner.handle(deleted(r))
+    cancelled = await planner.handle(deleted(r), Trust.OBSERVED)
     assert [parse_payload(e).target for e in cancelled] == [Target.KUBERNETES]  # type: ignore[union-attr]
 
     arrivals = await bus.collect_due(sub, window=6)
@@ -169,9 +170,11 @@ async def test_duplicate_finish_creates_no_second_schedule(bus: Bus) -> None:
     r = run(annotations={"lapse.dev/ttl": "2s"})
     planner = bus.planner()
     event = finished(r)
-    assert len(await planner.handle(event)) == 1
-    assert await planner.handle(event) == []  # redelivery
-    assert await planner.handle(finished(r)) == []  # a re-list produces a new event id
+    assert len(await planner.handle(event, Trust.OBSERVED)) == 1
+    assert await planner.handle(event, Trust.OBSERVED) == []  # redelivery
+    assert (
+        await planner.handle(finished(r), Trust.OBSERVED) == []
+    )  # a re-list produces a new event id
     info = await bus.js.stream_info(
         STREAMS.schedule, subjects_filter=schedule_subject(Target.KUBERNETES, r.uid)
     )
@@ -207,7 +210,9 @@ async def test_ten_thousand_runs_all_fire_once(bus: Bus) -> None:
     start = datetime.now(UTC)
     runs = [run(annotations={"lapse.dev/ttl": "3s"}, finished=start) for _ in range(10_000)]
     for i in range(0, len(runs), 250):
-        await asyncio.gather(*(planner.handle(finished(r)) for r in runs[i : i + 250]))
+        await asyncio.gather(
+            *(planner.handle(finished(r), Trust.OBSERVED) for r in runs[i : i + 250])
+        )
     planned = datetime.now(UTC)
     print(f"\nplanned 10,000 runs in {(planned - start).total_seconds():.1f} s")
 
@@ -231,14 +236,14 @@ async def test_replanning_after_the_deadline_fired_issues_no_second_due(bus: Bus
     sub = await bus.due_reader()
     r = run(annotations={"lapse.dev/ttl": "1s"})
     planner = bus.planner()
-    await planner.handle(finished(r))
+    await planner.handle(finished(r), Trust.OBSERVED)
     assert len(await bus.collect_due(sub, window=3)) == 1
     # The watcher re-lists (a restart) while the reaper is still behind: same run again.
-    assert await planner.handle(finished(r)) == []
+    assert await planner.handle(finished(r), Trust.OBSERVED) == []
     assert await bus.collect_due(sub, window=2) == []
     # A changed TTL still re-plans.
     moved = r.model_copy(update={"annotations": {"lapse.dev/ttl": "2s"}})
-    assert len(await planner.handle(finished(moved))) == 1
+    assert len(await planner.handle(finished(moved), Trust.OBSERVED)) == 1
 
 
 async def test_a_run_without_finished_at_keeps_its_first_deadline(bus: Bus) -> None:
@@ -251,9 +256,9 @@ async def test_a_run_without_finished_at_keeps_its_first_deadline(bus: Bus) -> N
     later = Planner(
         planner.schedules, planner.emitter, clock=lambda: first_seen + timedelta(minutes=7)
     )
-    produced = await first.handle(finished(r))
+    produced = await first.handle(finished(r), Trust.OBSERVED)
     scheduled = [parse_payload(e) for e in produced if e.get_type() == EventType.CLEANUP_SCHEDULED]
     assert [s.deadline for s in scheduled] == [first_seen + timedelta(hours=1)]  # type: ignore[union-attr]
-    assert await later.handle(finished(r)) == []
+    assert await later.handle(finished(r), Trust.OBSERVED) == []
     pending = await planner.schedules.get(Target.KUBERNETES, r.uid)
     assert pending is not None and pending.deadline == first_seen + timedelta(hours=1)

@@ -3,6 +3,12 @@
 Connection trouble is provoked for real: the engine talks to the database through a TCP
 proxy on loopback that the test closes (refusing new connections, cutting open ones) and
 opens again; the shared database servers are never stopped.
+
+The subject here is the database edge. What lapse stored for each due event (the schedule
+the row-reaper proves a deadline from) is held in memory (`tests.fakes.FakeSchedules`): every
+due event these tests deliver is first stored as fired, as the NATS scheduler would have.
+The proof against a real NATS server, and forged events that no schedule backs, are in
+tests/e2e/test_forged_events.py.
 """
 
 from __future__ import annotations
@@ -37,13 +43,15 @@ from events.models import CleanupCompleted, CleanupDue, CleanupFailed
 from events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
 from events.types import EventType, Outcome
 from functions.ports import RetryLater
-from functions.row_reaper import BatchRetryLater, RowReaper, TargetSpec, targets_for
+from functions.row_reaper import RowReaper, RowStore, TargetSpec, targets_for
 from functions.row_reaper.targets import argo_archive_target, kfp_target
+from functions.safety import SafetyConfig
 from lapse.config import DatabaseTargets
 from lapse.edges.database import create_engine
 from lapse.edges.rows import DatabaseUnavailable, SchemaMismatch, SqlRowStore, open_row_store
 from tests import argo_archive_schema as argo
 from tests import kfp_schema as kfp
+from tests.fakes import FakeSchedules
 from tests.stack import Database
 
 pytestmark = pytest.mark.db
@@ -66,6 +74,7 @@ def due(
     name: str = "wf",
     labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
+    finished_at: datetime | None = None,
 ) -> BaseCloudEvent:
     labels = dict(labels or {})
     if kfp_run_id is not None:
@@ -81,6 +90,7 @@ def due(
         labels=labels,
         annotations=annotations or {},
         kfp_run_id=kfp_run_id,
+        finished_at=finished_at,
     )
     payload = CleanupDue(
         run=run, target=Target.DATABASE, deadline=DEADLINE, policy="test", scheduled_at=DEADLINE
@@ -105,12 +115,28 @@ async def engine(database: Database) -> AsyncIterator[AsyncEngine]:
     await engine.dispose()
 
 
+class Backed:
+    """A RowReaper whose every due event is one lapse stored (fired by the scheduler)."""
+
+    def __init__(self, rows: RowStore, emitter: ListEmitter, **options: Any) -> None:
+        self.stored = FakeSchedules()
+        self.inner = RowReaper(rows=rows, schedules=self.stored, emitter=emitter, **options)
+
+    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
+        return await self.inner.handle(self.stored.fired(event))
+
+
 async def reaper(
-    engine: AsyncEngine, targets: list[TargetSpec], *, dry_run: bool = False, batch_size: int = 500
-) -> tuple[RowReaper, ListEmitter]:
+    engine: AsyncEngine, targets: list[TargetSpec], *, dry_run: bool = False
+) -> tuple[Backed, ListEmitter]:
     emitter = ListEmitter()
     store = await open_row_store(engine, targets)
-    return RowReaper(rows=store, emitter=emitter, dry_run=dry_run, batch_size=batch_size), emitter
+    return Backed(store, emitter, safety=SafetyConfig(dry_run=dry_run)), emitter
+
+
+async def handle_all(handler: Backed, events: list[BaseCloudEvent]) -> list[BaseCloudEvent]:
+    """Every event delivered at once, as a consumer's batch is; outcomes in event order."""
+    return [e for emitted in await asyncio.gather(*map(handler.handle, events)) for e in emitted]
 
 
 # --- KFP ---------------------------------------------------------------------------------
@@ -236,26 +262,26 @@ async def test_dry_run_counts_and_deletes_nothing(engine: AsyncEngine) -> None:
         }
 
 
-async def test_batch_deletes_many_runs_across_transactions(engine: AsyncEngine) -> None:
+async def test_many_runs_at_once_each_in_its_own_transaction(engine: AsyncEngine) -> None:
     await kfp.create_kfp_tables(engine)
-    run_ids = [str(uuid.uuid4()) for _ in range(1200)]
+    run_ids = [str(uuid.uuid4()) for _ in range(300)]
     survivor = str(uuid.uuid4())
     async with engine.begin() as conn:
         await kfp.insert_kfp_runs(conn, [*run_ids, survivor])
-    handler, emitter = await reaper(engine, [kfp_target()], batch_size=500)
+    handler, emitter = await reaper(engine, [kfp_target()])
     events = [due(kfp_run_id=run_id) for run_id in run_ids]
-    events.append(events[0])  # a duplicate delivery inside the same batch
 
-    emitted = await handler.handle_batch(events)
+    emitted = await handle_all(handler, events)
+    emitted += await handler.handle(events[0])  # a duplicate delivery, later
 
     outcomes = [completed(e).outcome for e in emitted]
-    assert outcomes.count(Outcome.DELETED) == 1200
+    assert outcomes.count(Outcome.DELETED) == 300
     assert outcomes.count(Outcome.ALREADY_GONE) == 1
     assert all(
         completed(e).detail == "kfp: run_metrics=2, tasks=2, resource_references=2, run_details=1"
-        for e in emitted[:1200]
+        for e in emitted[:300]
     )
-    assert emitter.events == emitted
+    assert sorted(e.get_id() for e in emitter.events) == sorted(e.get_id() for e in emitted)
     async with engine.connect() as conn:
         assert await kfp.kfp_total(conn) == {
             "run_details": 1,
@@ -271,13 +297,13 @@ async def test_concurrent_duplicate_deliveries_delete_each_run_once(engine: Asyn
     run_ids = [str(uuid.uuid4()) for _ in range(300)]
     async with engine.begin() as conn:
         await kfp.insert_kfp_runs(conn, run_ids)
-    handler, _ = await reaper(engine, [kfp_target()], batch_size=50)
+    handler, _ = await reaper(engine, [kfp_target()])
     events = {run_id: due(kfp_run_id=run_id) for run_id in run_ids}
 
     # The same runs, delivered to two consumers at once, in opposite orders.
     forward, backward = await asyncio.gather(
-        handler.handle_batch(list(events.values())),
-        handler.handle_batch(list(reversed(events.values()))),
+        handle_all(handler, list(events.values())),
+        handle_all(handler, list(reversed(events.values()))),
     )
 
     deleted: dict[str, int] = {}
@@ -471,7 +497,7 @@ async def test_refused_run_fails_alone_and_the_batch_goes_on(engine: AsyncEngine
     # Not a whole number for the BIGINT key column: refused before any SQL runs.
     events.append(due(labels={RUN_LABEL: "ok-1"}, annotations={"example.com/job-id": "x1"}))
 
-    emitted = await handler.handle_batch(events)
+    emitted = [e for due_event in events for e in await handler.handle(due_event)]
 
     by_type = [e.get_type() for e in emitted]
     assert by_type.count(EventType.CLEANUP_COMPLETED) == 2
@@ -618,19 +644,16 @@ async def test_unreachable_database_retries_then_deletes_everything(
     events = [due(kfp_run_id=run_id) for run_id in run_ids]
 
     proxy.cut()
-    with pytest.raises(RetryLater) as single:
-        await handler.handle(events[0])
-    with pytest.raises(BatchRetryLater) as batch:
-        await handler.handle_batch(events)
-
-    assert single.value.delay > 0 and "unreachable" in single.value.reason
-    assert [r.event for r in batch.value.retries] == events
-    assert emitter.events == [] and batch.value.emitted == ()
+    for due_event in events:
+        with pytest.raises(RetryLater) as single:
+            await handler.handle(due_event)
+        assert single.value.delay > 0 and "unreachable" in single.value.reason
+    assert emitter.events == []
     async with engine.connect() as conn:
         assert (await kfp.kfp_total(conn))["run_details"] == 3
 
     await proxy.open()
-    emitted = await handler.handle_batch(events)
+    emitted = await handle_all(handler, events)
 
     assert [completed(e).outcome for e in emitted] == [Outcome.DELETED] * 3
     async with engine.connect() as conn:
@@ -650,7 +673,7 @@ async def test_started_while_unreachable_checks_schema_once_reachable(
     with pytest.raises(DatabaseUnavailable):
         await open_row_store(through, [kfp_target()])
     emitter = ListEmitter()
-    handler = RowReaper(rows=SqlRowStore(through, [kfp_target()]), emitter=emitter)
+    handler = Backed(SqlRowStore(through, [kfp_target()]), emitter)
     with pytest.raises(RetryLater):
         await handler.handle(due(kfp_run_id=run_id))
     assert emitter.events == []
@@ -673,7 +696,7 @@ async def test_hanging_database_times_out_into_retry_later(
         await kfp.insert_kfp_runs(conn, [run_id])
     emitter = ListEmitter()
     store = await open_row_store(through, [kfp_target()], timeout=1.0)
-    handler = RowReaper(rows=store, emitter=emitter)
+    handler = Backed(store, emitter)
     proxy.cut()
     proxy.stall = True
     await proxy.open()
@@ -714,10 +737,12 @@ async def test_mysql_without_returning_counts_with_a_locking_select(mysql: Datab
             lambda conn, cursor, statement, *args: statements.append(statement),
         )
 
-        results = [completed(e) for e in await handler.handle_batch(events)]
+        results = [completed(e) for due_event in events for e in await handler.handle(due_event)]
 
         assert not any("RETURNING" in s for s in statements)
-        assert sum("GROUP BY" in s and "FOR UPDATE" in s for s in statements) == 7
+        # Per run: run_metrics, tasks, resource_references, run_details, and the archive's
+        # labels, workflow and offloaded nodes (the archive's parent is locked by its guard).
+        assert sum("GROUP BY" in s and "FOR UPDATE" in s for s in statements) == 14
 
         assert [r.detail for r in results] == [
             "kfp: run_metrics=3, tasks=2, resource_references=2, run_details=1; "
@@ -787,7 +812,9 @@ async def test_connection_lost_mid_transaction_commits_nothing(
         assert await kfp.kfp_counts(conn, run_id) == dict.fromkeys(kfp.KFP_TABLES, 0)
 
 
-async def test_not_yet_due_event_is_retried_at_its_deadline(engine: AsyncEngine) -> None:
+async def test_an_early_due_event_deletes_nothing_and_the_stored_schedule_stands(
+    engine: AsyncEngine,
+) -> None:
     await kfp.create_kfp_tables(engine)
     run_id = str(uuid.uuid4())
     async with engine.begin() as conn:
@@ -795,12 +822,73 @@ async def test_not_yet_due_event_is_retried_at_its_deadline(engine: AsyncEngine)
     emitter = ListEmitter()
     store = await open_row_store(engine, [kfp_target()])
     early = DEADLINE - timedelta(minutes=10)
-    handler = RowReaper(rows=store, emitter=emitter, clock=lambda: early)
+    handler = Backed(store, emitter, clock=lambda: early)
 
-    with pytest.raises(RetryLater) as caught:
-        await handler.handle(due(kfp_run_id=run_id))
+    result = completed((await handler.handle(due(kfp_run_id=run_id)))[0])
 
-    assert caught.value.delay == pytest.approx(600)
-    assert emitter.events == []
+    assert result.outcome is Outcome.RESCHEDULED
+    assert result.detail is not None and DEADLINE.isoformat() in result.detail
+    async with engine.connect() as conn:
+        assert (await kfp.kfp_counts(conn, run_id))["run_details"] == 1
+
+
+# --- the database's own account of the run ---------------------------------------------------
+
+
+async def test_a_kfp_run_the_database_says_is_running_keeps_every_row(
+    engine: AsyncEngine,
+) -> None:
+    await kfp.create_kfp_tables(engine)
+    running, retried, done = (str(uuid.uuid4()) for _ in range(3))
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, [running, retried, done])
+        # Still going: no finish time. Retried: finished once, RUNNING again.
+        await conn.execute(
+            kfp.run_details.update()
+            .where(kfp.run_details.c["UUID"] == running)
+            .values(FinishedAtInSec=0, State="RUNNING", Conditions="Running")
+        )
+        await conn.execute(
+            kfp.run_details.update()
+            .where(kfp.run_details.c["UUID"] == retried)
+            .values(State="RUNNING")
+        )
+    handler, _ = await reaper(engine, [kfp_target()])
+
+    results = {
+        run_id: completed((await handler.handle(due(kfp_run_id=run_id)))[0])
+        for run_id in (running, retried, done)
+    }
+
+    assert results[running].outcome is Outcome.KEPT
+    assert results[retried].outcome is Outcome.KEPT
+    assert results[retried].detail is not None and "RUNNING" in results[retried].detail
+    assert results[done].outcome is Outcome.DELETED
+    async with engine.connect() as conn:
+        full = {"run_details": 1, "run_metrics": 2, "tasks": 2, "resource_references": 2}
+        assert await kfp.kfp_counts(conn, running) == full
+        assert await kfp.kfp_counts(conn, retried) == full
+
+
+async def test_a_run_that_finished_later_than_planned_is_moved_not_deleted(
+    engine: AsyncEngine,
+) -> None:
+    await kfp.create_kfp_tables(engine)
+    run_id = str(uuid.uuid4())
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, [run_id])
+    planned_finish = datetime.fromtimestamp(1_700_000_600 - 3600, UTC)  # an hour too early
+    emitter = ListEmitter()
+    store = await open_row_store(engine, [kfp_target()])
+    now = DEADLINE + timedelta(seconds=5)
+    handler = Backed(store, emitter, clock=lambda: now)
+
+    result = completed(
+        (await handler.handle(due(kfp_run_id=run_id, finished_at=planned_finish)))[0]
+    )
+
+    assert result.outcome is Outcome.RESCHEDULED
+    [(_, _, fire_at, moved)] = handler.stored.puts
+    assert fire_at == moved.deadline == DEADLINE + timedelta(hours=1)
     async with engine.connect() as conn:
         assert (await kfp.kfp_counts(conn, run_id))["run_details"] == 1
