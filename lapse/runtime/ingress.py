@@ -134,7 +134,7 @@ def read_token(path: Path) -> str:
     if not token:
         raise ConfigError([f"{TOKEN_KEY}: {path} is empty"])
     if any(c.isspace() or not c.isprintable() for c in token):
-        raise ConfigError([f"{TOKEN_KEY}: {path} holds more than one token (white space)"])
+        raise ConfigError([f"{TOKEN_KEY}: {path}: white space or control characters in the token"])
     return token
 
 
