@@ -18,6 +18,7 @@ from lapse.edges.kubernetes.client import in_a_pod, kubeconfig_found
 from lapse.embedded.kube import EmbeddedKube, run_kind_crds
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port, port_open
+from lapse.runtime.ingress import listen_token
 from lapse.runtime.pipeline import Pipeline
 
 log = logging.getLogger("lapse")
@@ -44,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="127.0.0.1:8080",
         metavar="HOST:PORT",
         help="where the HTTP ingress accepts pushed CloudEvents (default: %(default)s; "
-        "'' turns it off)",
+        "'' turns it off); beyond loopback it needs ingress.token_file, a bearer token "
+        "every request must carry",
     )
     parser.add_argument(
         "--no-watch",
@@ -87,6 +89,9 @@ def start_embedded_kube(state_dir: Path) -> EmbeddedKube:
 def run_up(args: argparse.Namespace) -> int:
     # What an earlier `lapse up` wrote is not configuration: this one starts its own.
     config = settings_from(args, found_by_up=False).config
+    # Before any server is started: an ingress open beyond loopback is a configuration
+    # error (exit 2, the key named), not something to find out after the cluster came up.
+    listen_token(args.listen or None, config.ingress)
     state_dir = state_dir_of(args)
     state_dir.mkdir(parents=True, exist_ok=True)
     nats_server: EmbeddedNats | None = None

@@ -295,6 +295,11 @@ class IngressConfig(_Section):
     # Refusals recorded on the DLQ (and audit trail) per minute; beyond it they are only
     # counted (metric lapse.ingress.rejections), so a flood cannot fill the streams.
     max_records_per_minute: int = Field(default=60, ge=1)
+    # A file holding the bearer token senders must present (`Authorization: Bearer ...`),
+    # read once at start-up. Required when `--listen` is not a loopback address; on
+    # loopback it applies when set. Only a file: a token in the environment or in this
+    # file would show in `ps e`, in a ConfigMap, in a crash report.
+    token_file: Path | None = None
 
 
 def _kinds(value: object) -> object:

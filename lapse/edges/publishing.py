@@ -16,7 +16,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
 from events.nats_binding import NatsMessage, to_nats
-from events.observed import API_SERVER, OBSERVED_HEADER
+from events.observed import API_SERVER, OBSERVED_HEADER, marked
 from events.subjects import audit_subject, dlq_subject, event_subject
 from events.types import EventType
 from lapse.config import Streams
@@ -43,7 +43,8 @@ class NatsPublisher:
 
     `observed`: the publisher is lapse's own watcher, whose events describe object versions
     it read from the API server; they carry lapse's header saying so (events/observed.py).
-    The ingress publishes what it was sent and never says so."""
+    The ingress publishes what it was sent and never says so: whatever mark the sender
+    put on the event (the `lapseobserved` extension) is dropped, not passed on."""
 
     def __init__(self, js: JetStreamContext, streams: Streams, *, observed: bool = False) -> None:
         self._js = js
@@ -51,6 +52,10 @@ class NatsPublisher:
         self._headers = {OBSERVED_HEADER: API_SERVER} if observed else {}
 
     async def publish(self, event: BaseCloudEvent) -> None:
+        if not self._headers:
+            # A claim from outside: a consumer that believed the extension (another tool
+            # on the subject, a future reader) would skip the read before a DELETE.
+            event = marked(event, False)
         subject = event_subject(event.get_type())
         await publish_event(self._js, subject, self._stream, event, self._headers)
 

@@ -5,9 +5,17 @@ A request is answered 202 only after JetStream has stored the event, so a sender
 - 413: the body is over `ingress.max_body_bytes`, or the event, re-encoded with its
   headers, would not fit in the NATS server's max_payload;
 - 400: not a CloudEvent, or an event the adapters refuse (the reason says why);
+- 401: a token is configured (`ingress.token_file`) and the request does not carry it as
+  `Authorization: Bearer <token>`; nothing of the request is read or kept;
+- 422: a usable event of a type no running handler consumes (`pushed_types`): stored, it
+  would be read by no one, so the 202 would be a lie;
 - 503 only for lapse's own trouble: NATS unavailable, retry later.
 Input is checked with the same adapters the planner uses, so a malformed Workflow is
-refused at the door instead of dead-lettered later.
+refused at the door instead of dead-lettered later. What the sender claims about itself
+is not passed on: the publisher drops the `lapseobserved` extension (events/observed.py).
+
+Listening beyond loopback needs a token (`listen_token`): `lapse up --listen 0.0.0.0:8080`
+without `ingress.token_file` does not start.
 
 Every refusal is counted (`lapse.ingress.rejections`) and recorded, bounded: a
 `dev.lapse.cleanup.failed.v1` with stage `ingress`, the reason and the bounded original
@@ -20,9 +28,13 @@ NATS never delays a sender's 4xx.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Final
 
 from cloudevents.core.base import BaseCloudEvent
@@ -40,10 +52,11 @@ from events.original import capture_event, capture_message
 from events.types import EventType
 from functions.ratelimit import TokenBucket
 from lapse.config import ConfigError, LapseConfig
-from lapse.config.schema import DEFAULT_MAX_BODY_BYTES
+from lapse.config.schema import DEFAULT_MAX_BODY_BYTES, IngressConfig
 from lapse.edges.nats import max_payload
 from lapse.edges.publishing import NatsEmitter, NatsPublisher
 from lapse.runtime.asgi import Receive, Scope, Send, posted_headers, respond
+from lapse.runtime.routing import Route, load_routes, pushed_types
 from lapse.telemetry import names, server_span
 from lapse.telemetry.providers import instruments
 
@@ -65,6 +78,9 @@ Publish = Callable[[BaseCloudEvent], Awaitable[None]]
 Record = Callable[[BaseCloudEvent], Awaitable[None]]
 
 LAPSE_RUN_TYPES = (EventType.RUN_FINISHED, EventType.RUN_DELETED)
+TOKEN_KEY: Final = "ingress.token_file"
+# Names `--listen` may use that reach this machine only.
+LOOPBACK_NAMES: Final = frozenset({"localhost"})
 
 
 def check(event: BaseCloudEvent) -> str | None:
@@ -76,10 +92,57 @@ def check(event: BaseCloudEvent) -> str | None:
     return result.reason if isinstance(result, Ignored) else None
 
 
-class _Refused(Exception):
-    """One refusal: the status, the reason given to the sender, what it looked like."""
+def is_loopback(listen: str) -> bool:
+    """Whether `HOST:PORT` (hypercorn's bind syntax) listens on this machine only. Anything
+    not plainly loopback (0.0.0.0, ::, a host name, a unix socket) counts as reachable."""
+    host, sep, _ = listen.rpartition(":")
+    if not sep:
+        return False
+    host = host.removeprefix("[").removesuffix("]")
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
-    def __init__(self, status: int, kind: str, reason: str, original: OriginalEvent) -> None:
+
+def listen_token(listen: str | None, config: IngressConfig) -> str | None:
+    """The bearer token the ingress on `listen` requires (None: open, on loopback only).
+    `ConfigError` naming the key when it listens beyond loopback without one, or the file
+    cannot be read; the message never contains the file's content."""
+    if config.token_file is None:
+        if listen and not is_loopback(listen):
+            raise ConfigError(
+                [
+                    f"{TOKEN_KEY}: required to listen on {listen}, beyond loopback "
+                    "(a file holding a bearer token; LAPSE_INGRESS__TOKEN_FILE), "
+                    "or --listen 127.0.0.1:PORT"
+                ]
+            )
+        return None
+    return read_token(config.token_file)
+
+
+def read_token(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise ConfigError([f"{TOKEN_KEY}: cannot read {path}: {why}"]) from None
+    token = text.strip()  # a Secret written with `echo` ends in a newline
+    if not token:
+        raise ConfigError([f"{TOKEN_KEY}: {path} is empty"])
+    if any(c.isspace() or not c.isprintable() for c in token):
+        raise ConfigError([f"{TOKEN_KEY}: {path}: white space or control characters in the token"])
+    return token
+
+
+class _Refused(Exception):
+    """One refusal: the status, the reason given to the sender, what it looked like (None:
+    nothing of it is kept, as for a sender that did not authenticate)."""
+
+    def __init__(self, status: int, kind: str, reason: str, original: OriginalEvent | None) -> None:
         super().__init__(reason)
         self.status = status
         self.kind = kind
@@ -91,7 +154,9 @@ class Ingress:
     """An ASGI application: POST / with a CloudEvent (binary or structured mode).
 
     `max_payload` is the NATS server's limit (headers and body), when known; `record`
-    stores a refusal's `cleanup.failed` (the emitter: audit trail and DLQ).
+    stores a refusal's `cleanup.failed` (the emitter: audit trail and DLQ). `accepted`:
+    the event types it stores, those a handler consumes (default: every type the Trigger
+    file routes to `lapse.events`); `token`: the bearer token a request must carry.
     """
 
     def __init__(
@@ -103,8 +168,14 @@ class Ingress:
         record: Record | None = None,
         max_records_per_minute: int = 60,
         clock: Callable[[], float] = time.monotonic,
+        accepted: frozenset[str] | None = None,
+        token: str | None = None,
     ) -> None:
         self._publish = publish
+        self.accepted = accepted if accepted is not None else pushed_types(load_routes())
+        # Compared as digests: equal length whatever was sent, so neither the comparison
+        # (hmac.compare_digest) nor its length check says anything about the token.
+        self._token_digest = _digest(token) if token is not None else None
         self.max_body_bytes = max_body_bytes
         self._max_payload = max_payload
         self._record = record
@@ -117,6 +188,13 @@ class Ingress:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = await posted_headers(scope, receive, send)
         if headers is None:
+            return
+        if (unauthorized := self._unauthorized(headers)) is not None:
+            # Before the body is read: nothing an unauthenticated sender sent is parsed,
+            # stored or recorded, only that it tried and from where.
+            await _challenge(send, unauthorized)
+            peer = _peer(scope)
+            self._refused(_Refused(401, "unauthorized", f"{unauthorized} (from {peer})", None))
             return
         try:
             event, ignored = await self._accept(headers, receive)
@@ -183,7 +261,31 @@ class Ingress:
                 raise _Refused(400, "invalid", exc.reason, capture_event(event)) from None
             if size + HEADER_ROOM > self._max_payload:
                 raise _Refused(413, "too_large", self._too_large_for_nats(), capture_event(event))
+        if ignored is None and event.get_type() not in self.accepted:
+            # Usable, but stored it would wait on `lapse.events.<type>` for a consumer that
+            # does not exist: refused, so the sender knows nothing will happen.
+            raise _Refused(
+                422,
+                "unrouted",
+                f"no handler here takes {event.get_type()!r} (no route in "
+                "infra/knative/triggers.yaml, or its function is not running)",
+                capture_event(event),
+            )
         return event, ignored
+
+    def _unauthorized(self, headers: Mapping[str, str]) -> str | None:
+        """Why the request is not authorized, or None. The presented value is never part
+        of the answer: it may be a real token sent to the wrong place."""
+        if self._token_digest is None:
+            return None
+        scheme, _, presented = headers.get("authorization", "").strip().partition(" ")
+        if not scheme:
+            return "no bearer token"
+        if scheme.lower() != "bearer":
+            return "Authorization is not a bearer token"
+        if not hmac.compare_digest(_digest(presented.strip()), self._token_digest):
+            return "wrong bearer token"
+        return None
 
     def _too_large_for_nats(self) -> str:
         limit = f" ({self._max_payload} bytes)" if self._max_payload is not None else ""
@@ -230,10 +332,19 @@ class Ingress:
             await asyncio.wait(set(self._recording))
 
 
-async def nats_ingress(js: JetStreamContext, config: LapseConfig) -> Ingress:
-    """The ingress `lapse up` serves: publishes to `lapse.events.<type>`, records refusals
-    through the emitter. A limit above what the NATS server accepts is refused here, at
-    start-up (`ConfigError` naming the key), not discovered as failures later."""
+async def nats_ingress(
+    js: JetStreamContext,
+    config: LapseConfig,
+    *,
+    listen: str | None = None,
+    routes: list[Route] | None = None,
+) -> Ingress:
+    """The ingress `lapse up` serves on `listen`: publishes to `lapse.events.<type>` the
+    types `routes` consume (default: every route in the Trigger file), records refusals
+    through the emitter. A limit above what the NATS server accepts, or a listen address
+    beyond loopback without a token, is refused here, at start-up (`ConfigError` naming
+    the key), not discovered later."""
+    token = listen_token(listen, config.ingress)
     server_limit = max_payload(js)
     limit = config.ingress.max_body_bytes
     if server_limit is not None and limit > server_limit:
@@ -250,7 +361,31 @@ async def nats_ingress(js: JetStreamContext, config: LapseConfig) -> Ingress:
         max_payload=server_limit,
         record=NatsEmitter(js, streams).emit,
         max_records_per_minute=config.ingress.max_records_per_minute,
+        accepted=pushed_types(routes if routes is not None else load_routes()),
+        token=token,
     )
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", errors="surrogateescape")).digest()
+
+
+def _peer(scope: Scope) -> str:
+    client = scope.get("client")
+    return f"{client[0]}" if client else "an unknown address"
+
+
+async def _challenge(send: Send, why: str) -> None:
+    """401 with the challenge RFC 6750 asks for; `invalid_token` when one was presented."""
+    challenge = 'Bearer realm="lapse"'
+    if why == "wrong bearer token":
+        challenge += ', error="invalid_token"'
+    headers = [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"www-authenticate", challenge.encode()),
+    ]
+    await send({"type": "http.response.start", "status": 401, "headers": headers})
+    await send({"type": "http.response.body", "body": why.encode()})
 
 
 def _message_size(event: BaseCloudEvent) -> int:

@@ -31,7 +31,7 @@ from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.ingress import Ingress, nats_ingress
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
-from lapse.runtime.routing import Route, load_routes
+from lapse.runtime.routing import Route, load_routes, pushed_types
 from lapse.runtime.watcher import KindWatcher
 
 log = logging.getLogger(__name__)
@@ -85,9 +85,16 @@ class Pipeline:
             js = await resources.jetstream()
             await self._ensure_streams(js)
             emitter = await resources.emitter()
-            # Before anything starts: a limit NATS cannot honour is a configuration error.
-            ingress = await nats_ingress(js, self.config) if self._listen else None
+            # Before anything starts: a limit NATS cannot honour, or an ingress reachable
+            # beyond loopback without a token, is a configuration error.
+            ingress = (
+                await nats_ingress(js, self.config, listen=self._listen) if self._listen else None
+            )
             subscriptions = await self._subscribe(resources)
+            if ingress is not None:
+                # What the ingress stores, a handler here reads: the types of the routes
+                # whose function is running (a function with nothing to do is not).
+                ingress.accepted = pushed_types(s.route for s in subscriptions)
             dispatcher = Dispatcher(js, emitter, self.config.nats, subscriptions)
             # The dispatcher and the ingress finish their in-flight work when stopped; the
             # watcher and the gauges' poller are simply cancelled.

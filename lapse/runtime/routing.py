@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import yaml
 
 import infra
-from events.subjects import AUDIT_PREFIX, DUE_PREFIX, subject_filter
+from events.subjects import AUDIT_PREFIX, DUE_PREFIX, event_subject, subject_filter
 from lapse.config import Streams
 
 SERVICE_PREFIX = "lapse-"
@@ -37,6 +37,20 @@ class Route:
 
     def matches(self, attributes: Mapping[str, object]) -> bool:
         return all(str(attributes.get(k)) == v for k, v in self.filters.items())
+
+    @property
+    def takes_pushed(self) -> bool:
+        """Whether this route consumes what the HTTP ingress stores: every event of its
+        type on `lapse.events.<type>` (no other filter that could leave some unread)."""
+        event_type = self.filters["type"]
+        return self.subject == event_subject(event_type) and self.filters.keys() == {"type"}
+
+
+def pushed_types(routes: Iterable[Route]) -> frozenset[str]:
+    """The event types the ingress may store: those a route consumes from
+    `lapse.events.<type>`. Anything else stored there would be read by no one, so the
+    ingress refuses it (docs/architecture.md, "The HTTP ingress")."""
+    return frozenset(route.filters["type"] for route in routes if route.takes_pushed)
 
 
 def load_routes(text: str | None = None) -> list[Route]:

@@ -77,7 +77,8 @@ RETRY_DELAY: Final = "lapse.retry.delay_seconds"
 LINK_KIND: Final = "lapse.link"  # on links: creation | hop
 API: Final = "lapse.api"  # kubernetes | database
 HANDLER_RESULT: Final = "lapse.handler.result"  # ok | retry | error
-INGRESS_REJECTION: Final = "lapse.ingress.rejection"  # too_large | not_cloudevent | invalid
+# too_large | not_cloudevent | invalid | unrouted | unauthorized
+INGRESS_REJECTION: Final = "lapse.ingress.rejection"
 INGRESS_RECORDED: Final = "lapse.ingress.recorded"  # false: beyond max_records_per_minute
 
 

@@ -14,12 +14,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from bench.report import parse_timestamp
 from lapse.edges.database import create_engine
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
 from tests.conftest import KubeStack, kube_stack
+from tests.e2e.apiserver_audit import audited_kube_stack, deletes, successful
 from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_counts
 from tests.stack import Database, scratch_database, wait_for
 
@@ -211,3 +214,128 @@ async def test_sigkill_mid_work_loses_nothing_and_deletes_nothing_twice(
         assert count - len(deleted) <= count - survivors_at_kill
     finally:
         assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def audited_kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KubeStack, Path]]:
+    """An API server of its own that logs every Workflow DELETE: when the deletion was made
+    is counted where it happened, not taken from lapse's account of it."""
+    with audited_kube_stack(tmp_path_factory.mktemp("kube-ingress")) as stack:
+        yield stack
+
+
+def reference_event(workflow: dict[str, Any], action: str = "update") -> tuple[dict[str, str], str]:
+    """A Knative ApiServerSource event in Reference mode: an ObjectReference, no object."""
+    meta = workflow["metadata"]
+    ref = {
+        "apiVersion": workflow["apiVersion"],
+        "kind": workflow["kind"],
+        "namespace": meta["namespace"],
+        "name": meta["name"],
+    }
+    headers = {
+        "ce-specversion": "1.0",
+        "ce-id": str(uuid.uuid4()),
+        "ce-source": "https://10.96.0.1:443",
+        "ce-type": f"dev.knative.apiserver.ref.{action}",
+        "ce-subject": f"/apis/argoproj.io/v1alpha1/namespaces/{meta['namespace']}/workflows/"
+        + meta["name"],
+        "content-type": "application/json",
+    }
+    return headers, json.dumps(ref)
+
+
+def ingress_config(path: Path, nats_url: str, kube: KubeStack, token_file: Path | None) -> Path:
+    token = f"ingress: {{token_file: '{token_file}'}}\n" if token_file else ""
+    path.write_text(
+        f"nats: {{url: '{nats_url}'}}\nkubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n{token}"
+    )
+    return path
+
+
+async def test_a_reference_mode_event_on_the_ingress_deletes_the_run_at_its_deadline(
+    tmp_path: Path, own_nats: EmbeddedNats, audited_kube: tuple[KubeStack, Path]
+) -> None:
+    """The ApiServerSource in Reference mode sends only where the object is. lapse up once
+    answered 202 and never read it again; now the planner GETs the object and plans it."""
+    kube, audit_log = audited_kube
+    config = ingress_config(tmp_path / "lapse.yaml", own_nats.url, kube, None)
+    ns = kube.namespace(f"ref-{uuid.uuid4().hex[:6]}")
+    up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
+    up.args.append("--no-watch")  # the ingress is the only way lapse hears of the run
+    await up.start()
+    try:
+        created = await kube.workflows.create(
+            ns, finished_workflow("referenced", annotations={"lapse.dev/ttl": "5s"})
+        )
+        deadline = parse_timestamp(created["status"]["finishedAt"]) + 5
+        headers, body = reference_event(created)
+        async with httpx.AsyncClient(timeout=30) as http:
+            answer = await http.post(
+                f"http://127.0.0.1:{up.ingress_port}/", headers=headers, content=body
+            )
+        assert answer.status_code == 202, answer.text
+
+        # Not before its deadline...
+        while datetime.now(UTC).timestamp() < deadline - 0.5:
+            assert await kube.workflows.get(ns, "referenced") is not None, "deleted early"
+            await asyncio.sleep(0.2)
+
+        async def gone() -> bool:
+            return await kube.workflows.get(ns, "referenced") is None
+
+        # ...and at it.
+        await wait_for(gone, timeout=30, interval=0.2)
+        [delete] = successful(deletes(audit_log, ns)["referenced"])
+        assert delete.at >= deadline, f"DELETE {deadline - delete.at:.2f}s before the deadline"
+        assert delete.at - deadline < 10, f"DELETE {delete.at - deadline:.1f}s late"
+        history = lapse_json("history", "-n", ns, config=config)
+        assert [(row["name"], row["outcome"]) for row in history] == [("referenced", "deleted")]
+    finally:
+        assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
+
+
+async def test_up_with_a_token_refuses_senders_without_it_and_never_shows_it(
+    tmp_path: Path, own_nats: EmbeddedNats, audited_kube: tuple[KubeStack, Path]
+) -> None:
+    kube, _ = audited_kube
+    token = f"t-{uuid.uuid4().hex}"
+    token_file = tmp_path / "ingress-token"
+    token_file.write_text(token + "\n")
+    config = ingress_config(tmp_path / "lapse.yaml", own_nats.url, kube, token_file)
+    ns = kube.namespace(f"tok-{uuid.uuid4().hex[:6]}")
+    up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
+    up.args.append("--no-watch")
+    await up.start()
+    try:
+        created = await kube.workflows.create(
+            ns, finished_workflow("guarded", annotations={"lapse.dev/ttl": "1h"})
+        )
+        headers, body = reference_event(created)
+        url = f"http://127.0.0.1:{up.ingress_port}/"
+        async with httpx.AsyncClient(timeout=30) as http:
+            anonymous = await http.post(url, headers=headers, content=body)
+            guessed = await http.post(
+                url, headers={**headers, "authorization": "Bearer guess"}, content=body
+            )
+            allowed = await http.post(
+                url, headers={**headers, "authorization": f"Bearer {token}"}, content=body
+            )
+        assert anonymous.status_code == guessed.status_code == 401
+        assert anonymous.headers["www-authenticate"].startswith("Bearer")
+        assert allowed.status_code == 202, allowed.text
+
+        async def planned() -> bool:
+            status = lapse_json("status", config=config)
+            return bool(status["pending"]["kubernetes"]["count"] == 1)
+
+        await wait_for(planned, timeout=30, interval=0.5)  # the authenticated one only
+        refusals = lapse_json("dlq", "list", "--stage", "ingress", config=config)
+        assert sorted(row["reason"].split(" (")[0] for row in refusals) == [
+            "401: no bearer token",
+            "401: wrong bearer token",
+        ]
+    finally:
+        assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
+    assert token not in (tmp_path / "up.log").read_text()
+    assert token not in json.dumps(refusals)

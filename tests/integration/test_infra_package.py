@@ -31,7 +31,7 @@ from tests.infra_package import (
 )
 
 # The Secrets the user creates (docs/deploy.md); the package ships none.
-DOCUMENTED_SECRETS = {"lapse-database", "lapse-nats"}
+DOCUMENTED_SECRETS = {"lapse-database", "lapse-nats", "lapse-ingress"}
 KNATIVE_PATH = ("dev", "production")
 
 
@@ -133,6 +133,8 @@ def test_every_reference_is_shipped_or_a_documented_secret(overlay: str) -> None
         for volume in spec.get("volumes", []):
             if "configMap" in volume:
                 assert volume["configMap"]["name"] in config_maps, label
+            if "secret" in volume:
+                secrets_used.add(volume["secret"]["secretName"])
         for container in spec["containers"]:
             for env in container.get("env", []):
                 source = env.get("valueFrom", {})
