@@ -17,8 +17,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
+from cloudevents.core.base import BaseCloudEvent
+from cloudevents.core.v1.event import CloudEvent
+
 OBSERVED_HEADER: Final = "Lapse-Observed"
 API_SERVER: Final = "apiserver"
+# The CloudEvent attribute the mark once travelled in inside a process. Nothing believes it
+# any more; a sender who writes it is claiming, and the ingress drops it (`unclaimed`).
+OBSERVED_EXTENSION: Final = "lapseobserved"
 
 
 def header_says_observed(headers: Mapping[str, str] | None) -> bool:
@@ -29,3 +35,11 @@ def header_says_observed(headers: Mapping[str, str] | None) -> bool:
 def observed_headers(observed: bool) -> dict[str, str]:
     """The header to publish with a message that describes a version lapse read itself."""
     return {OBSERVED_HEADER: API_SERVER} if observed else {}
+
+
+def unclaimed(event: BaseCloudEvent) -> BaseCloudEvent:
+    """The event without the attribute a sender may write to claim lapse's mark."""
+    attributes = dict(event.get_attributes())
+    if attributes.pop(OBSERVED_EXTENSION, None) is None:
+        return event
+    return CloudEvent(attributes=attributes, data=event.get_data())

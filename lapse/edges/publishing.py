@@ -16,7 +16,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
 from events.nats_binding import NatsMessage, to_nats
-from events.observed import API_SERVER, OBSERVED_HEADER, marked
+from events.observed import API_SERVER, OBSERVED_HEADER, unclaimed
 from events.subjects import audit_subject, dlq_subject, event_subject
 from events.types import EventType
 from lapse.config import Streams
@@ -55,7 +55,7 @@ class NatsPublisher:
         if not self._headers:
             # A claim from outside: a consumer that believed the extension (another tool
             # on the subject, a future reader) would skip the read before a DELETE.
-            event = marked(event, False)
+            event = unclaimed(event)
         subject = event_subject(event.get_type())
         await publish_event(self._js, subject, self._stream, event, self._headers)
 
