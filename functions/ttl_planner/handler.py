@@ -9,8 +9,7 @@
 - An event lapse did not read itself (`Trust.CLAIM`: over HTTP, a replay) is checked
   against the API server first: a finished run is planned from the object as read, a
   claim the API server contradicts (a Running run said to be finished, a run said to be
-  deleted that still exists) is refused and recorded, and a run that is gone is timed from
-  now, never moving a stored deadline earlier.
+  deleted that still exists, a run the API server does not have) is refused and recorded.
 
 Each decision is a span (`schedule <target>`, `cancel <target>`); the due event is created
 inside it, so its own `traceparent` names the span that scheduled it, and the reaper's
@@ -80,9 +79,8 @@ class Planner:
         """Handle one incoming event; returns the events it emitted.
 
         An event lapse did not read itself (`trust` is a `CLAIM`: anything over HTTP, a
-        replay) is planned from a fresh read of the object it names; where the object is
-        gone, from when lapse learnt of it, never moving a stored deadline earlier
-        (docs/security.md, "The planner")."""
+        replay) is planned from a fresh read of the object it names, or not at all
+        (docs/security.md, "What each handler believes")."""
         try:
             change = await self._run_change(event, trust)
             if isinstance(change, _Refused):
@@ -103,9 +101,8 @@ class Planner:
             self._check_kind(change.payload.run)
             run, first_seen = _with_reference_time(change.payload.run, self.clock())
             decisions = plan(run, self.policies, self.clock())
-            keep_pending = first_seen or change.keep_pending
             produced = [
-                await self._apply(run, d, keep_pending=keep_pending, observed=change.observed)
+                await self._apply(run, d, keep_pending=first_seen, observed=change.observed)
                 for d in decisions.values()
             ]
             return await emit_all(self.emitter, [e for e in produced if e is not None])
@@ -154,10 +151,17 @@ class Planner:
                 return _Refused(run, f"{run.subject} (uid {run.uid}) still exists")
             return _Change(claim, observed=False)
         if not exists:
-            # Gone (or replaced by another run of that name): nothing lapse can read says
-            # when it finished, so it is timed from now, and never earlier than a deadline
-            # already stored for it.
-            return _Change(_timed_from(claim, self.clock()), observed=False, keep_pending=True)
+            # Gone (or the name is another run's now): nothing lapse can read says what the
+            # run was. Its namespace and labels choose the policy, and its run ids choose
+            # the rows, so believing them could delete another run's rows early: nothing
+            # is planned. `lapse reconcile` schedules the rows of runs whose object is gone
+            # from the database's own records.
+            return _Refused(
+                run,
+                f"the API server has no {run.kind} {run.subject} with uid {run.uid}, and lapse "
+                "plans nothing it cannot read (lapse reconcile schedules the rows of runs "
+                "whose object is gone)",
+            )
         fresh = adapt_object(obj, False, self.kinds)
         if isinstance(fresh, RunFinished):
             return _Change(fresh, observed=True)
@@ -256,11 +260,10 @@ class Planner:
 @dataclass(frozen=True, slots=True)
 class _Change:
     """A run change to plan. `observed`: its version is one lapse read from the API server
-    (its schedules say so to the reaper). `keep_pending`: a deadline already stored stands."""
+    (its schedules say so to the reaper)."""
 
     payload: RunFinished | RunDeleted
     observed: bool
-    keep_pending: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,15 +272,6 @@ class _Refused:
 
     run: RunRef
     reason: str
-
-
-def _timed_from(claim: RunFinished, now: datetime) -> RunFinished:
-    """The claim, timed from `now` unless it says a later finish: a finish time nobody can
-    check never brings a deadline forward."""
-    finished_at = claim.run.finished_at
-    if finished_at is not None and finished_at >= now:
-        return claim
-    return claim.model_copy(update={"run": claim.run.model_copy(update={"finished_at": now})})
 
 
 def _with_reference_time(run: RunRef, now: datetime) -> tuple[RunRef, bool]:

@@ -16,8 +16,8 @@ from cloudevents.core.v1.event import CloudEvent
 from func_python.cloudevent import ASGIApplication
 from nats.js import JetStreamContext
 
-from events.builder import build_event
-from events.models import CleanupDue, RunFinished
+from events.builder import build_event, parse_payload
+from events.models import CleanupDue, CleanupFailed, RunFinished
 from events.observed import OBSERVED_HEADER
 from events.run import Engine, RunRef, Target
 from events.subjects import schedule_subject
@@ -29,6 +29,7 @@ from lapse.edges.nats import connect
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
+from lapse.operations.audit import audit_events
 from tests.conftest import KubeStack
 from tests.stack import wait_for
 from tests.unit.test_object_reaper_verdict import argo_workflow
@@ -83,9 +84,7 @@ async def test_an_event_over_http_is_never_taken_as_read_by_lapse(
     kube: KubeStack, nats_server: EmbeddedNats, lapse_streams: JetStreamContext
 ) -> None:
     """A run.finished posted with the observed attribute for an object the API server does
-    not have is a claim lapse cannot check: it is timed from now (never from the finish
-    time it states) and its schedule does not carry lapse's mark, so the reaper will read
-    the object before judging it."""
+    not have is a claim lapse cannot check: refused and recorded, nothing scheduled."""
     function = new()
     function.start(
         {"LAPSE_NATS__URL": nats_server.url, "LAPSE_KUBERNETES__KUBECONFIG": str(kube.kubeconfig)}
@@ -100,19 +99,20 @@ async def test_an_event_over_http_is_never_taken_as_read_by_lapse(
     attributes = {**event.get_attributes(), "lapseobserved": "apiserver"}
     message = to_binary_event(CloudEvent(attributes=attributes, data=event.get_data()))
     assert message.headers.get("ce-lapseobserved") == "apiserver"
-    before = datetime.now(UTC)
     async with httpx.AsyncClient(transport=transport, base_url="http://function") as http:
         response = await http.post("/", headers=message.headers, content=message.body)
         assert response.status_code == 202
     function.stop()
-    stored = await lapse_streams.get_last_msg(
-        Streams().schedule, schedule_subject(Target.KUBERNETES, uid)
-    )
-    assert stored.headers is not None and stored.headers.get("ce-type") == EventType.CLEANUP_DUE
-    assert OBSERVED_HEADER not in stored.headers
-    assert "ce-lapseobserved" not in stored.headers
-    pending = await NatsScheduleStore(lapse_streams, Streams()).get(Target.KUBERNETES, uid)
-    assert pending is not None and pending.deadline >= before + timedelta(days=30)
+    [failed] = [
+        parse_payload(e, CleanupFailed)
+        async for e in audit_events(
+            lapse_streams, Streams().audit, event_type=EventType.CLEANUP_FAILED
+        )
+    ]
+    assert failed.stage == "planner" and failed.run is not None and failed.run.uid == uid
+    assert failed.reason.startswith("refused: the API server has no Workflow")
+    for target in (Target.KUBERNETES, Target.DATABASE):
+        assert await NatsScheduleStore(lapse_streams, Streams()).get(target, uid) is None
 
 
 def claimed_run(namespace: str, name: str, uid: str, *, finished_at: datetime) -> RunRef:
