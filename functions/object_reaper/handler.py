@@ -95,25 +95,26 @@ def _utcnow() -> datetime:
 
 @dataclass(frozen=True, slots=True)
 class _Scope:
-    """1. Is the namespace in scope; then judge the planned version (`trusted`) or read."""
+    """1. Is the namespace in scope."""
 
-    trusted: bool
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """2'-3'. Judge the version the due event carries, without reading it."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Read:
-    """2-3. Read the object fresh and judge it. `admitted`: the brake and rate limit have
-    already let this due event through (a re-read after a 409)."""
-
-    admitted: bool
-    conflicts: int = 0
+    """2-3. Read the object fresh and judge it."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Admit:
-    """4. Ask the brake and the rate limit before deleting what `verdict` judged."""
+    """4. Ask the brake and the rate limit before deleting what `verdict` judged.
+    `observed`: that version is one lapse read (a rescheduled due event says so)."""
 
     verdict: Delete
+    observed: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +125,14 @@ class _Remove:
     conflicts: int
 
 
-_State: TypeAlias = _Scope | _Read | _Admit | _Remove
+@dataclass(frozen=True, slots=True)
+class _Reread:
+    """2-3 again after a 409, already admitted: read, judge, and DELETE or end."""
+
+    conflicts: int
+
+
+_State: TypeAlias = _Scope | _Planned | _Read | _Admit | _Remove | _Reread
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,27 +241,33 @@ class ObjectReaper:
         """The safety sequence (docs/architecture.md, "How a deletion is made safe"), as a
         state machine: each state names the next step, and the loop ends in one `_End`.
         Every step is safe to repeat: redelivery finds the object gone."""
-        state: _State = _Scope(trusted)
+        state: _State = _Scope()
         while True:
             match state:
-                case _Scope(trusted=trusted):
+                case _Scope():
                     # 1. Outside safety.namespaces lapse does not even read (its RBAC may
                     #    rightly be missing there).
                     reason = out_of_scope(due.run.namespace, self.safety.namespaces)
                     if reason is not None:
                         return _Skipped(reason)
-                    planned = self._as_planned(due, kind) if trusted else None
-                    state = _Admit(planned) if planned is not None else _Read(admitted=False)
-                case _Read(admitted=admitted, conflicts=conflicts):
+                    state = _Planned() if trusted else _Read()
+                case _Planned():
+                    # 2'-3'. The version the due event carries, judged as it is (it is one
+                    #    lapse read, or read_before_delete is off): deletable now, or read.
+                    planned = self._as_planned(due, kind)
+                    # Lapse's own read, unless read_before_delete is off for a claim.
+                    observed = self.safety.read_before_delete == "auto"
+                    state = _Read() if planned is None else _Admit(planned, observed)
+                case _Read():
                     # 2. A fresh read (and the children the kind's gates look at), and
                     # 3. the pure verdict on the object as it is now (verdict.py).
                     verdict = await self._read_and_classify(due, kind)
                     if not isinstance(verdict, Delete) or verdict.dry_run:
                         return verdict
-                    state = _Remove(verdict, conflicts) if admitted else _Admit(verdict)
-                case _Admit(verdict=verdict):
+                    state = _Admit(verdict, observed=True)
+                case _Admit(verdict=verdict, observed=observed):
                     # 4. The mass-deletion brake, then the rate limit: once per due event.
-                    held = await self._admit(verdict, trusted)
+                    held = await self._admit(verdict, observed)
                     if held is not None:
                         return held
                     state = _Remove(verdict, conflicts=0)
@@ -268,8 +282,14 @@ class ObjectReaper:
                             "between read and delete; trying again later",
                             CONFLICT_RETRY_DELAY,
                         )
-                    # 409: the object changed since it was judged; read and judge again.
-                    state = _Read(admitted=True, conflicts=conflicts + 1)
+                    state = _Reread(conflicts + 1)
+                case _Reread(conflicts=conflicts):
+                    # 409: the object changed since it was judged; read and judge again
+                    # (already admitted: the brake counts a due event once).
+                    verdict = await self._read_and_classify(due, kind)
+                    if not isinstance(verdict, Delete) or verdict.dry_run:
+                        return verdict
+                    state = _Remove(verdict, conflicts)
 
     def _as_planned(self, due: CleanupDue, kind: KindSpec) -> Delete | None:
         return as_planned(due, kind, self.policies, self.safety, self.clock())
