@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from lapse.cli.common import config_from, reach_nats
 from lapse.edges.limits import engaged, limits_bucket, release
+from lapse.embedded.nats_identities import ADMIN, READER
 from lapse.runtime.resources import Resources
 
 
@@ -43,7 +44,7 @@ def _when(seconds: float) -> str:
 
 
 def run_brake(args: argparse.Namespace) -> int:
-    config = config_from(args)
+    config = config_from(args, identity=ADMIN if args.release else READER)
     window = config.safety.mass_deletion_brake.window.total_seconds()
 
     async def act() -> str:

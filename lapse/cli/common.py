@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from events.kinds import KindSet
 from lapse.cli import state
 from lapse.config import ConfigError, LapseConfig, load_config
+from lapse.embedded.nats_identities import READER, Identity, password_file
 from lapse.errors import LapseError
 from lapse.runtime.outages import nats_unavailable
 from lapse.runtime.resources import Resources
@@ -47,9 +48,12 @@ def _with(config: LapseConfig, section: str, **values: Any) -> LapseConfig:
     return config.model_copy(update={section: part})
 
 
-def settings_from(args: argparse.Namespace, *, found_by_up: bool = True) -> Settings:
+def settings_from(
+    args: argparse.Namespace, *, found_by_up: bool = True, identity: Identity = READER
+) -> Settings:
     """The configuration with the global flags applied; with `found_by_up`, what `lapse up`
-    wrote to its state directory fills in an unset NATS URL, database URL and cluster."""
+    wrote to its state directory fills in an unset NATS URL, database URL and cluster, and
+    the NATS credential of `identity` (read-only unless the command repairs: `ADMIN`)."""
     try:
         config = load_config(getattr(args, "config", None))
     except ConfigError as exc:
@@ -72,14 +76,21 @@ def settings_from(args: argparse.Namespace, *, found_by_up: bool = True) -> Sett
     if config.database.url:
         origins["database"] = "database.url"
     if found_by_up:
-        config = _found_by_up(config, state_dir_of(args), origins)
+        config = _found_by_up(config, state_dir_of(args), origins, identity)
     return Settings(config, origins)
 
 
-def _found_by_up(config: LapseConfig, where: Path, origins: dict[str, str]) -> LapseConfig:
+def _found_by_up(
+    config: LapseConfig, where: Path, origins: dict[str, str], identity: Identity
+) -> LapseConfig:
     if config.nats.url is None and (found := state.read(where, state.NATS_URL)):
         config = _with(config, "nats", url=found[0])
         origins["nats"] = f"{found[1]} (written by lapse up)"
+        # lapse up's server admits only its users; the command connects as the identity
+        # it needs, unless the configuration names a credential of its own.
+        secret = password_file(where, identity)
+        if config.nats.auth_key is None and secret.exists():
+            config = _with(config, "nats", user=identity.user, password_file=secret)
     if config.database.url is None and (found := state.read(where, state.DATABASE_URL)):
         config = _with(config, "database", url=found[0])
         origins["database"] = f"{found[1]} (written by lapse up)"
@@ -96,8 +107,8 @@ def _cluster_configured(config: LapseConfig) -> bool:
     return (Path.home() / ".kube" / "config").exists()
 
 
-def config_from(args: argparse.Namespace) -> LapseConfig:
-    return settings_from(args).config
+def config_from(args: argparse.Namespace, *, identity: Identity = READER) -> LapseConfig:
+    return settings_from(args, identity=identity).config
 
 
 class Unreachable(LapseError):

@@ -1,0 +1,177 @@
+"""Who may publish what on lapse's NATS: the identities and their subject permissions.
+
+The trust mark (`Lapse-Observed`, events/observed.py) is believed only from messages on
+subjects that only lapse's own identities may publish; an open NATS would let anyone put a
+due event with the mark and a forged finished state. So the server enforces, per user, the
+subjects each may publish (docs/deploy.md, "NATS identities"). `lapse up`'s embedded
+nats-server is started with these users (random passwords in its state directory, files
+0600); infra/dev-nats/nats.conf grants the same sets to the Kubernetes components, and
+tests/integration/test_manifests.py checks they agree.
+
+Nobody but the server itself publishes `lapse.due.>` in normal operation: a schedule fires
+into it by the server's internal publish, which user permissions do not apply to (checked
+on a real server by tests/integration/test_nats_identities.py). Only the admin identity
+may put a due event there by hand (`lapse dlq replay`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+
+# JetStream API requests that only read: stream and consumer info, message gets (the
+# schedule store's last-message lookups, KV gets), and the ephemeral consumers the
+# read-only commands read with (nats-py names them: `$JS.API.CONSUMER.CREATE.<stream>.
+# <name>.<filter>`) and their fetches. Acks are publishes (`$JS.ACK.>`); the read-only consumers are AckNone,
+# so a reader needs none. `$JS.FC.>` answers an ordered consumer's flow control (KV keys).
+JS_READ: Final = (
+    "$JS.API.INFO",
+    "$JS.API.STREAM.INFO.*",
+    "$JS.API.STREAM.NAMES",
+    "$JS.API.STREAM.LIST",
+    "$JS.API.STREAM.MSG.GET.*",
+    "$JS.API.DIRECT.GET.>",
+    "$JS.API.CONSUMER.INFO.*.*",
+    "$JS.API.CONSUMER.NAMES.*",
+    "$JS.API.CONSUMER.LIST.*",
+    "$JS.API.CONSUMER.CREATE.>",
+    "$JS.API.CONSUMER.MSG.NEXT.*.*",
+    "$JS.FC.>",
+)
+
+# What a process that handles events needs on top: creating and updating the streams and
+# buckets it uses (`lapse up` applies them at start-up), its durable consumers, cancelling
+# a schedule (a purge by subject), and acks, naks and in-progress marks.
+JS_WORK: Final = (
+    "$JS.API.>",
+    "$JS.ACK.>",
+)
+
+# Never, for anyone but the admin: deleting a stream or rewriting its messages. (A stream
+# update could also add a republish into lapse.due.>; the process identity keeps
+# STREAM.UPDATE because `lapse up` applies the stream definitions, and it is lapse's own.)
+JS_DESTRUCTIVE: Final = (
+    "$JS.API.STREAM.DELETE.>",
+    "$JS.API.STREAM.MSG.DELETE.>",
+)
+
+EVENTS: Final = "lapse.events.>"
+SCHEDULES: Final = "lapse.sched.>"
+DUE: Final = "lapse.due.>"
+AUDIT: Final = "lapse.audit.>"
+DLQ: Final = "lapse.dlq.>"
+INBOX: Final = "_INBOX.>"
+# The key-value buckets lapse writes (lapse/edges/limits.py, lapse/edges/health.py; a unit
+# test checks the names agree).
+KV_BUCKETS: Final = ("LAPSE_LIMITS", "LAPSE_HEALTH")
+KV: Final = tuple(f"$KV.{bucket}.>" for bucket in KV_BUCKETS)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """One NATS user: the subjects it may publish (allow, then deny) and subscribe to."""
+
+    user: str
+    role: str  # what it is for, in docs/deploy.md's table
+    publish: tuple[str, ...]
+    publish_deny: tuple[str, ...] = ()
+    subscribe: tuple[str, ...] = (INBOX,)
+
+    def permissions(self) -> dict[str, Any]:
+        """The server's `permissions` block for this user."""
+        publish: dict[str, list[str]] = {"allow": list(self.publish)}
+        if self.publish_deny:
+            publish["deny"] = list(self.publish_deny)
+        return {"publish": publish, "subscribe": {"allow": list(self.subscribe)}}
+
+
+# `lapse up`: watcher and ingress (lapse.events), planner and reapers (schedules, outcomes,
+# dead letters, the limits and health buckets). Never lapse.due.>: only the server fires
+# due messages, from the schedules.
+PROCESS: Final = Identity(
+    user="lapse",
+    role="lapse up (watcher, ingress, planner, reapers, dispatcher)",
+    publish=(EVENTS, SCHEDULES, AUDIT, DLQ, *KV, *JS_WORK, INBOX),
+    publish_deny=(DUE, *JS_DESTRUCTIVE),
+)
+
+# lapse status, history, plan, dlq list|show, brake status: read the streams, publish
+# nothing on lapse.* (nor on $KV.*, nor any JetStream API call that changes a stream).
+READER: Final = Identity(
+    user="lapse-reader",
+    role="read-only commands: status, history, plan, dlq list|show, brake status",
+    publish=JS_READ,
+    publish_deny=("lapse.>", "$KV.>", *JS_DESTRUCTIVE),
+)
+
+# lapse dlq replay|purge, brake release, reconcile, infra apply: the operator's repairs. A
+# replay publishes the due event where the scheduler fires it (lapse.due.>), a purge
+# deletes DLQ entries, reconcile puts schedules, infra apply creates the streams.
+ADMIN: Final = Identity(
+    user="lapse-admin",
+    role="repairs: dlq replay|purge, brake release, reconcile, infra apply",
+    publish=("lapse.>", *KV, "$JS.>", INBOX),
+)
+
+EMBEDDED: Final = (PROCESS, READER, ADMIN)
+
+# Where `lapse up` keeps the passwords (one file per user, 0600, the directory 0700).
+CREDENTIALS_DIR: Final = "nats-credentials"
+
+
+def password_file(state_dir: Path, identity: Identity) -> Path:
+    return state_dir / CREDENTIALS_DIR / f"{identity.user}.password"
+
+
+def ensure_passwords(state_dir: Path) -> dict[str, str]:
+    """Each embedded identity's password, generated at the first start and kept, so a
+    command still connected (or started) during a restart of `lapse up` is not refused."""
+    directory = state_dir / CREDENTIALS_DIR
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)  # mkdir's mode is masked by the umask
+    passwords: dict[str, str] = {}
+    for identity in EMBEDDED:
+        path = password_file(state_dir, identity)
+        with contextlib.suppress(FileNotFoundError):
+            passwords[identity.user] = path.read_text(encoding="utf-8").strip()
+        if not passwords.get(identity.user):
+            passwords[identity.user] = secrets.token_urlsafe(32)
+            _write_private(path, passwords[identity.user] + "\n")
+    return passwords
+
+
+def _write_private(path: Path, text: str) -> None:
+    # Created 0600 from the start: never readable by others, not even for a moment.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+    os.chmod(path, 0o600)
+
+
+def authorization(passwords: dict[str, str], identities: tuple[Identity, ...]) -> dict[str, Any]:
+    """The server configuration's `authorization` block: every identity with its password
+    and permissions. No anonymous user: a client without credentials is refused."""
+    return {
+        "authorization": {
+            "users": [
+                {
+                    "user": identity.user,
+                    "password": passwords[identity.user],
+                    "permissions": identity.permissions(),
+                }
+                for identity in identities
+            ]
+        }
+    }
+
+
+def write_config(path: Path, config: dict[str, Any]) -> None:
+    """The server's configuration file (JSON, which nats-server reads), 0600: it holds the
+    passwords."""
+    _write_private(path, json.dumps(config, indent=2) + "\n")
