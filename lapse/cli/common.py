@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from events.kinds import KindSet
 from lapse.cli import state
 from lapse.config import ConfigError, LapseConfig, load_config
+from lapse.config.redact import redact_url
 from lapse.embedded.nats_identities import READER, Identity, password_file
 from lapse.errors import LapseError
 from lapse.runtime.outages import nats_unavailable
@@ -121,7 +122,7 @@ async def reach_nats(resources: Resources, timeout: float = NATS_TIMEOUT) -> Non
     try:
         await asyncio.wait_for(resources.jetstream(), timeout)
     except (TimeoutError, OSError) as exc:
-        url = resources.config.nats.url
+        url = redact_url(resources.config.nats.url)
         raise Unreachable(
             f"no answer from NATS at {url} within {timeout:g}s ({type(exc).__name__}): "
             "is the server (or `lapse up`) running? Set --nats-url or nats.url otherwise"

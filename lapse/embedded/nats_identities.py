@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-
 # JetStream API requests that only read: stream and consumer info, message gets (the
 # schedule store's last-message lookups, KV gets), and the ephemeral consumers the
 # read-only commands read with (nats-py names them: `$JS.API.CONSUMER.CREATE.<stream>.
-# <name>.<filter>`) and their fetches. Acks are publishes (`$JS.ACK.>`); the read-only consumers are AckNone,
-# so a reader needs none. `$JS.FC.>` answers an ordered consumer's flow control (KV keys).
+# <name>.<filter>`) and their fetches. Acks are publishes (`$JS.ACK.>`); the read-only
+# consumers are AckNone, so a reader needs none. `$JS.FC.>` answers an ordered consumer's
+# flow control (a KV bucket's keys are listed with one).
 JS_READ: Final = (
     "$JS.API.INFO",
     "$JS.API.STREAM.INFO.*",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,7 +25,7 @@ from nats.js.errors import NotFoundError
 from events.run import Target
 from events.subjects import due_subject, event_subject, schedule_subject
 from lapse.config import NatsConfig
-from lapse.edges.nats import NatsRefused, connect
+from lapse.edges.nats import NatsRefused, connect, security_options
 from lapse.edges.schedules import schedule_headers
 from lapse.edges.streams import configured_streams, ensure_streams
 from lapse.embedded.nats import EmbeddedNats
@@ -79,14 +79,19 @@ class Client:
         """Wait (bounded) until the server reported a permission violation for `subject`."""
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            if any(f"violation for publish to \"{subject.lower()}\"" in e.lower() for e in self.errors):
+            if any(
+                f'violation for publish to "{subject.lower()}"' in e.lower() for e in self.errors
+            ):
                 return
             await asyncio.sleep(0.05)
         raise AssertionError(f"no permissions violation for {subject}: {self.errors}")
 
 
+OpenAs = Callable[[Identity], Awaitable["Client"]]
+
+
 @pytest.fixture
-async def as_identity(guarded: Guarded) -> AsyncIterator[object]:
+async def as_identity(guarded: Guarded) -> AsyncIterator[OpenAs]:
     opened: list[NATS] = []
 
     async def open_as(identity: Identity) -> Client:
@@ -96,8 +101,6 @@ async def as_identity(guarded: Guarded) -> AsyncIterator[object]:
             errors.append(str(exc))
 
         config = guarded.config(identity)
-        from lapse.edges.nats import security_options
-
         nc = NATS()
         await nc.connect(
             guarded.server.url,
@@ -125,9 +128,13 @@ async def streams(guarded: Guarded) -> None:
 
 async def stored(client: Client, subject: str) -> bool:
     try:
-        await client.js.get_last_msg(SCHED if subject.startswith("lapse.") and (
-            subject.startswith("lapse.sched") or subject.startswith("lapse.due")
-        ) else "LAPSE_EVENTS", subject)
+        await client.js.get_last_msg(
+            SCHED
+            if subject.startswith("lapse.")
+            and (subject.startswith("lapse.sched") or subject.startswith("lapse.due"))
+            else "LAPSE_EVENTS",
+            subject,
+        )
     except NotFoundError:
         return False
     return True
@@ -142,7 +149,7 @@ async def test_a_wrong_password_is_refused(guarded: Guarded, tmp_path: Path) -> 
     wrong = tmp_path / "wrong"
     wrong.write_text("not-the-password\n")
     config = NatsConfig(url=guarded.server.url, user=PROCESS.user, password_file=wrong)
-    with pytest.raises(NatsRefused, match="nats.password_file"):
+    with pytest.raises(NatsRefused, match=r"nats\.password_file"):
         await connect(guarded.server.url, config=config)
 
 
@@ -156,9 +163,9 @@ async def test_the_password_files_are_private(guarded: Guarded) -> None:
 
 
 async def test_a_schedule_by_the_process_fires_into_due_though_it_may_not_publish_there(
-    streams: None, as_identity: object
+    streams: None, as_identity: OpenAs
 ) -> None:
-    process = await as_identity(PROCESS)  # type: ignore[operator]
+    process = await as_identity(PROCESS)
     uid = str(uuid.uuid4())
     due = due_subject(Target.KUBERNETES, uid)
     # The process may not put a due message itself...
@@ -210,9 +217,9 @@ async def test_a_schedule_by_the_process_fires_into_due_though_it_may_not_publis
     ],
 )
 async def test_the_reader_publishes_nothing(
-    streams: None, as_identity: object, subject: str
+    streams: None, as_identity: OpenAs, subject: str
 ) -> None:
-    reader = await as_identity(READER)  # type: ignore[operator]
+    reader = await as_identity(READER)
     await reader.nc.publish(subject, b"x", headers={"Lapse-Observed": "apiserver"})
     await reader.violation(subject)
     if subject.startswith(("lapse.sched", "lapse.due", "lapse.events")):
@@ -220,9 +227,9 @@ async def test_the_reader_publishes_nothing(
 
 
 async def test_the_reader_reads_but_cannot_change_a_stream(
-    streams: None, as_identity: object
+    streams: None, as_identity: OpenAs
 ) -> None:
-    reader = await as_identity(READER)  # type: ignore[operator]
+    reader = await as_identity(READER)
     # What the read-only commands do: info, direct get, an ephemeral AckNone consumer.
     info = await reader.js.stream_info(SCHED)
     assert info.config.name == SCHED
@@ -251,8 +258,8 @@ async def test_the_reader_reads_but_cannot_change_a_stream(
     assert len([e for e in reader.errors if "violation" in e.lower()]) == 2, reader.errors
 
 
-async def test_the_admin_replays_a_due_event(streams: None, as_identity: object) -> None:
-    admin = await as_identity(ADMIN)  # type: ignore[operator]
+async def test_the_admin_replays_a_due_event(streams: None, as_identity: OpenAs) -> None:
+    admin = await as_identity(ADMIN)
     due = due_subject(Target.KUBERNETES, str(uuid.uuid4()))
     ack = await admin.js.publish(due, b"replayed")
     assert ack.stream == SCHED
