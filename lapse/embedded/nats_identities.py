@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +122,78 @@ ADMIN: Final = Identity(
 
 EMBEDDED: Final = (PROCESS, READER, ADMIN)
 
+# On Kubernetes each component has its own user (infra/dev-nats/nats.conf, generated from
+# these; the production NATS is configured the same way: docs/deploy.md). `lapse up` in
+# one Deployment is PROCESS; the streams Job runs `lapse infra apply` as ADMIN. None but
+# the admin may publish lapse.due.>: the bridge reads due events, it never writes one.
+_WORKER_DENY: Final = (DUE, *JS_DESTRUCTIVE)
+PLANNER: Final = Identity(
+    user="lapse-planner",
+    role="ttl-planner function: puts, replaces and cancels schedules",
+    publish=(SCHEDULES, AUDIT, DLQ, *JS_WORK, INBOX),
+    publish_deny=_WORKER_DENY,
+)
+OBJECT_REAPER: Final = Identity(
+    user="lapse-object-reaper",
+    role="object-reaper function: outcomes, reschedules, the shared deletion limits",
+    publish=(SCHEDULES, AUDIT, DLQ, *KV, *JS_WORK, INBOX),
+    publish_deny=_WORKER_DENY,
+)
+ROW_REAPER: Final = Identity(
+    user="lapse-row-reaper",
+    role="row-reaper function: outcomes, reschedules, the shared deletion limits",
+    publish=(SCHEDULES, AUDIT, DLQ, *KV, *JS_WORK, INBOX),
+    publish_deny=_WORKER_DENY,
+)
+BRIDGE: Final = Identity(
+    user="lapse-bridge",
+    role="lapse bridge: consumes due events and outcomes (acks), dead-letters",
+    publish=(AUDIT, DLQ, *KV, *JS_WORK, INBOX),
+    publish_deny=(SCHEDULES, EVENTS, *_WORKER_DENY),
+)
+DLQ_SINK: Final = Identity(
+    user="lapse-dlq-sink",
+    role="dead-letter sink: stores what the Broker gave up on",
+    publish=(DLQ, AUDIT, *JS_WORK, INBOX),
+    publish_deny=(SCHEDULES, EVENTS, *_WORKER_DENY),
+)
+KUBERNETES: Final = (
+    PROCESS, PLANNER, OBJECT_REAPER, ROW_REAPER, BRIDGE, DLQ_SINK, READER, ADMIN,
+)  # fmt: skip
+# The Secret holding every Kubernetes identity's password, one key per user.
+USERS_SECRET: Final = "lapse-nats-users"
+
+
+def password_variable(identity: Identity) -> str:
+    """The environment variable nats-server reads the identity's password from."""
+    return identity.user.upper().replace("-", "_") + "_PASSWORD"
+
+
+def kubernetes_conf() -> str:
+    """infra/dev-nats/nats.conf: the users and permissions of KUBERNETES, each password a
+    reference to an environment variable the NATS pod takes from the Secret
+    (`password: $LAPSE_PLANNER_PASSWORD`; nats-server resolves it, so no password is in a
+    ConfigMap)."""
+    users = authorization({i.user: f"@{password_variable(i)}@" for i in KUBERNETES}, KUBERNETES)
+    body = json.dumps(
+        {
+            "port": 4222,
+            "http_port": 8222,
+            "jetstream": {"store_dir": "/data"},
+            **users,
+        },
+        indent=2,
+    )
+    body = re.sub(r'"@(\w+)@"', r"$\1", body)
+    return (
+        "# nats-server configuration of the dev NATS (infra/dev-nats/nats.yaml): one user per\n"
+        '# lapse component, each with the subjects it may publish (docs/deploy.md, "NATS\n'
+        '# identities"). Generated: python -m lapse.embedded.nats_identities > this file\n'
+        "# (tests/integration/test_manifests.py checks it is current). Passwords are $VARs\n"
+        "# the pod sets from the Secret lapse-nats-users.\n" + body + "\n"
+    )
+
+
 # Where `lapse up` keeps the passwords (one file per user, 0600, the directory 0700).
 CREDENTIALS_DIR: Final = "nats-credentials"
 
@@ -175,3 +248,7 @@ def write_config(path: Path, config: dict[str, Any]) -> None:
     """The server's configuration file (JSON, which nats-server reads), 0600: it holds the
     passwords."""
     _write_private(path, json.dumps(config, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    print(kubernetes_conf(), end="")
