@@ -54,12 +54,21 @@ JS_WORK: Final = (
     "$JS.ACK.>",
 )
 
-# Never, for anyone but the admin: deleting a stream or rewriting its messages. (A stream
-# update could also add a republish into lapse.due.>; the process identity keeps
-# STREAM.UPDATE because `lapse up` applies the stream definitions, and it is lapse's own.)
+# Never, for anyone but the admin: deleting a stream or rewriting its messages.
 JS_DESTRUCTIVE: Final = (
     "$JS.API.STREAM.DELETE.>",
     "$JS.API.STREAM.MSG.DELETE.>",
+)
+
+# Creating or updating a stream publishes by the server's hand: a stream's RePublish from a
+# subject one may publish (lapse.events.>) onto lapse.due.> is accepted, and what it
+# republishes is stored in LAPSE_SCHED with its headers (checked on nats-server 2.15). So
+# only identities that may put schedules anyway (and thereby fire a due event) create or
+# update streams: the process (`lapse up` applies the definitions at start-up), the planner
+# and reapers (the limits bucket is made on first use), and the admin.
+JS_STREAM_CHANGES: Final = (
+    "$JS.API.STREAM.CREATE.>",
+    "$JS.API.STREAM.UPDATE.>",
 )
 
 EVENTS: Final = "lapse.events.>"
@@ -108,7 +117,7 @@ READER: Final = Identity(
     user="lapse-reader",
     role="read-only commands: status, history, plan, dlq list|show, brake status",
     publish=JS_READ,
-    publish_deny=("lapse.>", "$KV.>", *JS_DESTRUCTIVE),
+    publish_deny=("lapse.>", "$KV.>", *JS_DESTRUCTIVE, *JS_STREAM_CHANGES),
 )
 
 # lapse dlq replay|purge, brake release, reconcile, infra apply: the operator's repairs. A
@@ -145,17 +154,18 @@ ROW_REAPER: Final = Identity(
     publish=(SCHEDULES, AUDIT, DLQ, *KV, *JS_WORK, INBOX),
     publish_deny=_WORKER_DENY,
 )
+# The bridge and the sink schedule nothing, so they may change no stream either.
 BRIDGE: Final = Identity(
     user="lapse-bridge",
     role="lapse bridge: consumes due events and outcomes (acks), dead-letters",
-    publish=(AUDIT, DLQ, *KV, *JS_WORK, INBOX),
-    publish_deny=(SCHEDULES, EVENTS, *_WORKER_DENY),
+    publish=(AUDIT, DLQ, *KV, *JS_READ, "$JS.API.CONSUMER.>", "$JS.ACK.>", INBOX),
+    publish_deny=(SCHEDULES, EVENTS, *_WORKER_DENY, *JS_STREAM_CHANGES),
 )
 DLQ_SINK: Final = Identity(
     user="lapse-dlq-sink",
     role="dead-letter sink: stores what the Broker gave up on",
-    publish=(DLQ, AUDIT, *JS_WORK, INBOX),
-    publish_deny=(SCHEDULES, EVENTS, *_WORKER_DENY),
+    publish=(DLQ, AUDIT, *JS_READ, INBOX),
+    publish_deny=(SCHEDULES, EVENTS, *_WORKER_DENY, *JS_STREAM_CHANGES),
 )
 KUBERNETES: Final = (
     PROCESS, PLANNER, OBJECT_REAPER, ROW_REAPER, BRIDGE, DLQ_SINK, READER, ADMIN,

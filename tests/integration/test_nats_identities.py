@@ -10,6 +10,7 @@ server said "Permissions Violation" to the client.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -31,7 +32,11 @@ from lapse.edges.streams import configured_streams, ensure_streams
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.nats_identities import (
     ADMIN,
+    BRIDGE,
+    CREDENTIALS_DIR,
+    DLQ_SINK,
     EMBEDDED,
+    KUBERNETES,
     PROCESS,
     READER,
     Identity,
@@ -265,3 +270,82 @@ async def test_the_admin_replays_a_due_event(streams: None, as_identity: OpenAs)
     assert ack.stream == SCHED
     assert (await admin.js.get_last_msg(SCHED, due)).data == b"replayed"
     assert admin.errors == []
+
+
+@pytest.fixture(scope="module")
+def kubernetes_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
+    """The users of infra/dev-nats/nats.conf (the same `permissions`), with passwords."""
+    state_dir = tmp_path_factory.mktemp("k8s")
+    (state_dir / CREDENTIALS_DIR).mkdir()
+    passwords = {}
+    for identity in KUBERNETES:
+        passwords[identity.user] = secrets.token_urlsafe(16)
+        password_file(state_dir, identity).write_text(passwords[identity.user])
+    server = EmbeddedNats(state_dir / "nats", settings=authorization(passwords, KUBERNETES))
+    server.start()
+    yield Guarded(server, state_dir)
+    server.stop()
+
+
+@pytest.mark.parametrize(
+    "identity", [i for i in KUBERNETES if i is not ADMIN], ids=lambda i: i.user
+)
+async def test_on_kubernetes_only_the_admin_may_put_a_due_event(
+    kubernetes_server: Guarded, identity: Identity
+) -> None:
+    nc = NATS()
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    await nc.connect(
+        kubernetes_server.server.url,
+        error_cb=on_error,
+        max_reconnect_attempts=0,
+        **security_options(kubernetes_server.config(identity)),
+    )
+    try:
+        client = Client(nc, errors)
+        subjects = [due_subject(Target.KUBERNETES, "k8s")]
+        if identity in (READER, BRIDGE, DLQ_SINK):
+            # They never schedule, so they change no stream either: a stream's RePublish
+            # onto lapse.due.> would be a due event put by the server's hand.
+            subjects += [
+                schedule_subject(Target.KUBERNETES, "k8s"),
+                "$JS.API.STREAM.UPDATE.LAPSE_EVENTS",
+                "$JS.API.STREAM.CREATE.KV_LAPSE_LIMITS",
+            ]
+        for subject in subjects:
+            await nc.publish(subject, b"forged")
+            await client.violation(subject)
+    finally:
+        await nc.close()
+
+
+async def test_a_stream_republish_is_a_publish_by_the_servers_hand(
+    streams: None, as_identity: OpenAs
+) -> None:
+    """Why changing streams is granted only to identities that may schedule: a RePublish
+    puts messages onto lapse.due.> that no user permission is asked about."""
+    admin = await as_identity(ADMIN)
+    uid = str(uuid.uuid4())
+    await admin.js.add_stream(
+        StreamConfig(
+            name="REPUBLISH_PROBE",
+            subjects=["lapse.probe.>"],
+            republish={"src": "lapse.probe.>", "dest": "lapse.due.>"},  # type: ignore[arg-type]
+        )
+    )
+    try:
+        marked = {"Lapse-Observed": "apiserver"}
+        await admin.js.publish(f"lapse.probe.kubernetes.{uid}", b"x", headers=marked)
+        due = due_subject(Target.KUBERNETES, uid)
+        end = time.monotonic() + 5
+        while not await stored(admin, due):
+            assert time.monotonic() < end, "not republished into lapse.due"
+            await asyncio.sleep(0.05)
+        fired = await admin.js.get_last_msg(SCHED, due)
+        assert (fired.headers or {}).get("Lapse-Observed") == "apiserver"
+    finally:
+        await admin.js.delete_stream("REPUBLISH_PROBE")
