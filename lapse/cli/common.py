@@ -84,14 +84,16 @@ def settings_from(
 def _found_by_up(
     config: LapseConfig, where: Path, origins: dict[str, str], identity: Identity
 ) -> LapseConfig:
-    if config.nats.url is None and (found := state.read(where, state.NATS_URL)):
+    found = state.read(where, state.NATS_URL)
+    if config.nats.url is None and found:
         config = _with(config, "nats", url=found[0])
         origins["nats"] = f"{found[1]} (written by lapse up)"
-        # lapse up's server admits only its users; the command connects as the identity
-        # it needs, unless the configuration names a credential of its own.
-        secret = password_file(where, identity)
-        if config.nats.auth_key is None and secret.exists():
-            config = _with(config, "nats", user=identity.user, password_file=secret)
+    # lapse up's server admits only its users: the command connects as the identity it
+    # needs (also when --nats-url names that server), unless the configuration names a
+    # credential of its own.
+    secret = password_file(where, identity)
+    if found and config.nats.url == found[0] and config.nats.auth_key is None and secret.exists():
+        config = _with(config, "nats", user=identity.user, password_file=secret)
     if config.database.url is None and (found := state.read(where, state.DATABASE_URL)):
         config = _with(config, "database", url=found[0])
         origins["database"] = f"{found[1]} (written by lapse up)"

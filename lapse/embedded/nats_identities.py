@@ -117,7 +117,15 @@ READER: Final = Identity(
     user="lapse-reader",
     role="read-only commands: status, history, plan, dlq list|show, brake status",
     publish=JS_READ,
-    publish_deny=("lapse.>", "$KV.>", *JS_DESTRUCTIVE, *JS_STREAM_CHANGES),
+    # (A named consumer create cannot be told from a durable's update by subject; the
+    # legacy durable create can: refused.)
+    publish_deny=(
+        "lapse.>",
+        "$KV.>",
+        "$JS.API.CONSUMER.DURABLE.CREATE.>",
+        *JS_DESTRUCTIVE,
+        *JS_STREAM_CHANGES,
+    ),
 )
 
 # lapse dlq replay|purge, brake release, reconcile, infra apply: the operator's repairs. A
