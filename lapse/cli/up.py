@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Run the watcher, every function and the dispatcher against the configured NATS, "
             "database and cluster. What is not configured is started locally and kept in "
-            "--state-dir: an embedded nats-server (no nats.url), a SQLite file (no "
+            "--state-dir: an embedded nats-server (no nats.url; it admits only lapse's own "
+            "users, whose passwords are generated there, 0600), a SQLite file (no "
             "database.url), and a local kube-apiserver with the CRDs of the built-in kinds "
             "(no kubeconfig found). Their addresses are written there too (nats.url, "
             "database.url, kubeconfig.path), and the other commands use them when nothing "
