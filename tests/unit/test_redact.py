@@ -72,3 +72,11 @@ def test_a_credential_in_the_url_counts_as_authentication() -> None:
 
 def test_the_buckets_the_identities_grant_are_the_ones_lapse_writes() -> None:
     assert set(KV_BUCKETS) == {limits.BUCKET, health.BUCKET}
+
+
+def test_an_unparseable_database_url_is_not_echoed() -> None:
+    from lapse.config.database_url import DatabaseURLError, async_url
+
+    with pytest.raises(DatabaseURLError) as raised:
+        async_url("postgresql//kfp:hunter2@db/mlpipeline")  # no colon: not a URL to mask
+    assert "hunter2" not in str(raised.value)
