@@ -10,6 +10,7 @@ from nats.js.kv import KeyValue
 
 from lapse.cli.common import config_from, reach_nats
 from lapse.edges.limits import SCOPES, engaged, limits_bucket, release
+from lapse.embedded.nats_identities import ADMIN, READER
 from lapse.runtime.resources import Resources
 
 
@@ -56,7 +57,7 @@ def _when(seconds: float) -> str:
 
 
 def run_brake(args: argparse.Namespace) -> int:
-    config = config_from(args)
+    config = config_from(args, identity=ADMIN if args.release else READER)
     window = config.safety.mass_deletion_brake.window.total_seconds()
 
     async def act() -> str:

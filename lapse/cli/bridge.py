@@ -8,6 +8,7 @@ import os
 import signal
 
 from lapse.cli.common import UsageError, config_from
+from lapse.embedded.nats_identities import PROCESS
 from lapse.runtime.bridge import Bridge
 
 
@@ -44,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run_bridge(args: argparse.Namespace) -> int:
     if not args.sink:
         raise UsageError("no sink: set K_SINK or pass --sink URL")
-    config = config_from(args)
+    config = config_from(args, identity=PROCESS)
     bridge = Bridge(config, args.sink, listen=args.listen or None)
 
     async def serve() -> None:

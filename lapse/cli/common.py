@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 from events.kinds import KindSet
 from lapse.cli import state
 from lapse.config import ConfigError, LapseConfig, load_config
+from lapse.config.redact import redact_url
+from lapse.embedded.nats_identities import READER, Identity, password_file
 from lapse.errors import LapseError
 from lapse.runtime.outages import nats_unavailable
 from lapse.runtime.resources import Resources
@@ -47,9 +49,12 @@ def _with(config: LapseConfig, section: str, **values: Any) -> LapseConfig:
     return config.model_copy(update={section: part})
 
 
-def settings_from(args: argparse.Namespace, *, found_by_up: bool = True) -> Settings:
+def settings_from(
+    args: argparse.Namespace, *, found_by_up: bool = True, identity: Identity = READER
+) -> Settings:
     """The configuration with the global flags applied; with `found_by_up`, what `lapse up`
-    wrote to its state directory fills in an unset NATS URL, database URL and cluster."""
+    wrote to its state directory fills in an unset NATS URL, database URL and cluster, and
+    the NATS credential of `identity` (read-only unless the command repairs: `ADMIN`)."""
     try:
         config = load_config(getattr(args, "config", None))
     except ConfigError as exc:
@@ -72,14 +77,23 @@ def settings_from(args: argparse.Namespace, *, found_by_up: bool = True) -> Sett
     if config.database.url:
         origins["database"] = "database.url"
     if found_by_up:
-        config = _found_by_up(config, state_dir_of(args), origins)
+        config = _found_by_up(config, state_dir_of(args), origins, identity)
     return Settings(config, origins)
 
 
-def _found_by_up(config: LapseConfig, where: Path, origins: dict[str, str]) -> LapseConfig:
-    if config.nats.url is None and (found := state.read(where, state.NATS_URL)):
+def _found_by_up(
+    config: LapseConfig, where: Path, origins: dict[str, str], identity: Identity
+) -> LapseConfig:
+    found = state.read(where, state.NATS_URL)
+    if config.nats.url is None and found:
         config = _with(config, "nats", url=found[0])
         origins["nats"] = f"{found[1]} (written by lapse up)"
+    # lapse up's server admits only its users: the command connects as the identity it
+    # needs (also when --nats-url names that server), unless the configuration names a
+    # credential of its own.
+    secret = password_file(where, identity)
+    if found and config.nats.url == found[0] and config.nats.auth_key is None and secret.exists():
+        config = _with(config, "nats", user=identity.user, password_file=secret)
     if config.database.url is None and (found := state.read(where, state.DATABASE_URL)):
         config = _with(config, "database", url=found[0])
         origins["database"] = f"{found[1]} (written by lapse up)"
@@ -96,8 +110,8 @@ def _cluster_configured(config: LapseConfig) -> bool:
     return (Path.home() / ".kube" / "config").exists()
 
 
-def config_from(args: argparse.Namespace) -> LapseConfig:
-    return settings_from(args).config
+def config_from(args: argparse.Namespace, *, identity: Identity = READER) -> LapseConfig:
+    return settings_from(args, identity=identity).config
 
 
 class Unreachable(LapseError):
@@ -110,7 +124,7 @@ async def reach_nats(resources: Resources, timeout: float = NATS_TIMEOUT) -> Non
     try:
         await asyncio.wait_for(resources.jetstream(), timeout)
     except (TimeoutError, OSError) as exc:
-        url = resources.config.nats.url
+        url = redact_url(resources.config.nats.url)
         raise Unreachable(
             f"no answer from NATS at {url} within {timeout:g}s ({type(exc).__name__}): "
             "is the server (or `lapse up`) running? Set --nats-url or nats.url otherwise"

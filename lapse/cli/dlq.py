@@ -21,6 +21,7 @@ from events.run import Target
 from functions.durations import parse_duration
 from lapse.cli.common import UsageError, config_from
 from lapse.config import LapseConfig
+from lapse.embedded.nats_identities import ADMIN
 from lapse.operations.dlq import (
     DeadLetterNotFound,
     Filter,
@@ -171,7 +172,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    config = config_from(args)
+    config = config_from(args, identity=ADMIN)
     chosen = _explicit(args, selection(args))
 
     async def go() -> dict[str, Any]:
@@ -200,7 +201,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def run_purge(args: argparse.Namespace) -> int:
-    config = config_from(args)
+    config = config_from(args, identity=ADMIN)
     chosen = _explicit(args, selection(args))
 
     async def go() -> list[int]:

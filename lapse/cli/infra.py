@@ -7,6 +7,7 @@ import asyncio
 
 from lapse.cli.common import config_from, reach_nats
 from lapse.edges.streams import configured_streams, ensure_streams
+from lapse.embedded.nats_identities import ADMIN
 from lapse.runtime.resources import Resources
 
 
@@ -28,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_apply(args: argparse.Namespace) -> int:
-    config = config_from(args)
+    config = config_from(args, identity=ADMIN)
 
     async def apply() -> list[str]:
         async with Resources(config) as resources:

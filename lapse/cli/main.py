@@ -34,9 +34,14 @@ from lapse.cli import (
 from lapse.cli.common import UsageError
 from lapse.cli.parsing import EXIT_USAGE, HelpFormatter, LapseParser, global_options
 from lapse.config import ConfigError
+from lapse.config.redact import RedactingFilter, redact
 from lapse.embedded.nats import MissingExtra
 from lapse.runtime.resources import MissingSetting
 from lapse.telemetry import TelemetryError
+
+# Commands that run until stopped: their log keeps every NATS and HTTP retry (there they
+# tell that a server went away) and the warning about a NATS without authentication.
+LONG_RUNNING = ("up", "serve", "bridge")
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -92,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.command != "up" and not args.debug:
+    for handler in logging.getLogger().handlers:
+        # Whatever logs a URL (lapse, nats-py, SQLAlchemy with --debug), never its secret.
+        handler.addFilter(RedactingFilter())
+    if args.command not in LONG_RUNNING and not args.debug:
         # nats-py, lapse's NATS edge and urllib3 log each failed connection attempt (nats-py with a
         # traceback); a command's own one-line error says what matters. `lapse up` keeps
         # them: there they tell that a server went away.
@@ -128,8 +136,8 @@ def _quiet_retries(record: logging.LogRecord) -> bool:
 
 def _fail(args: argparse.Namespace, message: str, code: int) -> int:
     if args.debug:
-        traceback.print_exc()
-    print(f"lapse: {' '.join(message.split())}", file=sys.stderr)
+        print(redact(traceback.format_exc()), end="", file=sys.stderr)
+    print(f"lapse: {redact(' '.join(message.split()))}", file=sys.stderr)
     return code
 
 

@@ -37,6 +37,7 @@ from lapse.cli.common import (
     reach_nats,
 )
 from lapse.cli.output import REPORT_FORMATS, add_output
+from lapse.embedded.nats_identities import ADMIN
 from lapse.operations.reconcile import (
     DEFAULT_CONCURRENCY,
     DEFAULT_PAGE_SIZE,
@@ -115,7 +116,7 @@ def _positive(text: str) -> int:
 
 
 def run_reconcile(args: argparse.Namespace) -> int:
-    config = config_from(args)
+    config = config_from(args, identity=ADMIN)
     if args.only == "rows" and not config.database.targets.kfp.enabled:
         raise UsageError("--only rows: database.targets.kfp is not enabled")
     if args.only == "rows" and args.selector:

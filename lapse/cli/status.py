@@ -10,7 +10,6 @@ from collections.abc import Callable, Coroutine
 from typing import IO, Any
 
 import yaml
-from sqlalchemy.engine import make_url
 
 from events.run import Target
 from events.timeutil import format_rfc3339
@@ -19,6 +18,7 @@ from lapse.cli.history import COLUMNS as HISTORY_COLUMNS
 from lapse.cli.history import Filters, add_filters, audit_row
 from lapse.cli.output import REPORT_FORMATS, add_output, table
 from lapse.cli.watch import add_watch, run_watch, watch
+from lapse.config.redact import redact_url
 from lapse.edges import health
 from lapse.operations.audit import OUTCOME_TYPES, audit_events, pending_schedules
 from lapse.runtime.resources import Resources
@@ -69,9 +69,9 @@ async def status_report(
         else []
     )
     return {
-        "nats": {"url": config.nats.url, "from": settings.origins.get("nats")},
+        "nats": {"url": redact_url(config.nats.url), "from": settings.origins.get("nats")},
         "database": {
-            "url": _without_password(config.database.url),
+            "url": redact_url(config.database.url),
             "from": settings.origins.get("database"),
         },
         "pending": {
@@ -96,15 +96,6 @@ async def status_report(
         ],
         "recent": recent,
     }
-
-
-def _without_password(url: str | None) -> str | None:
-    if url is None:
-        return None
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL SQLAlchemy can read: say nothing rather than leak it
-        return "(unreadable)"
 
 
 def print_report(report: dict[str, Any], args: argparse.Namespace, out: IO[str]) -> None:

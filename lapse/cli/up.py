@@ -13,10 +13,18 @@ from kubernetes import client
 from lapse.cli import state
 from lapse.cli.common import settings_from, state_dir_of
 from lapse.config import LapseConfig
+from lapse.config.schema import NATS_AUTH_KEYS
 from lapse.edges.kubernetes import load_api_client
 from lapse.edges.kubernetes.client import in_a_pod, kubeconfig_found
 from lapse.embedded.kube import EmbeddedKube, run_kind_crds
 from lapse.embedded.nats import EmbeddedNats
+from lapse.embedded.nats_identities import (
+    EMBEDDED,
+    PROCESS,
+    authorization,
+    ensure_passwords,
+    password_file,
+)
 from lapse.embedded.process import free_port, port_open
 from lapse.runtime.ingress import listen_token
 from lapse.runtime.pipeline import Pipeline
@@ -33,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Run the watcher, every function and the dispatcher against the configured NATS, "
             "database and cluster. What is not configured is started locally and kept in "
-            "--state-dir: an embedded nats-server (no nats.url), a SQLite file (no "
+            "--state-dir: an embedded nats-server (no nats.url; it admits only lapse's own "
+            "users, whose passwords are generated there, 0600), a SQLite file (no "
             "database.url), and a local kube-apiserver with the CRDs of the built-in kinds "
             "(no kubeconfig found). Their addresses are written there too (nats.url, "
             "database.url, kubeconfig.path), and the other commands use them when nothing "
@@ -68,10 +77,24 @@ def has_cluster(config: LapseConfig) -> bool:
 
 
 def start_embedded_nats(state_dir: Path) -> EmbeddedNats:
+    """The embedded server admits only lapse's identities (nats_identities: the process,
+    the read-only commands, the admin), each with the subjects it may publish; their
+    passwords stay in the state directory, where the other commands find them."""
     port = DEFAULT_NATS_PORT if not port_open(DEFAULT_NATS_PORT) else free_port()
-    server = EmbeddedNats(state_dir / "nats", port=port).start()
+    settings = authorization(ensure_passwords(state_dir), EMBEDDED)
+    server = EmbeddedNats(state_dir / "nats", port=port, settings=settings).start()
     state.write(state_dir, state.NATS_URL, server.url)
     return server
+
+
+def as_process(config: LapseConfig, state_dir: Path) -> LapseConfig:
+    """`config` connecting to the embedded server as the process identity."""
+    # Whatever credential the configuration names is for a server of its own, not this.
+    unset = {key: None for keys in NATS_AUTH_KEYS.values() for key in keys}
+    nats = config.nats.model_copy(
+        update={**unset, "user": PROCESS.user, "password_file": password_file(state_dir, PROCESS)}
+    )
+    return config.model_copy(update={"nats": nats})
 
 
 def start_embedded_kube(state_dir: Path) -> EmbeddedKube:
@@ -99,7 +122,12 @@ def run_up(args: argparse.Namespace) -> int:
     try:
         if config.nats.url is None:
             nats_server = start_embedded_nats(state_dir)
-            log.info("no nats.url configured: started nats-server at %s", nats_server.url)
+            config = as_process(config, state_dir)
+            log.info(
+                "no nats.url configured: started nats-server at %s (users and passwords in %s)",
+                nats_server.url,
+                password_file(state_dir, PROCESS).parent,
+            )
         if config.database.url is None:
             url = f"sqlite:///{state_dir / 'lapse.db'}"
             config = config.model_copy(

@@ -28,8 +28,11 @@ class DatabaseURLError(LapseError, ValueError):
 def async_url(url: str | URL) -> URL:
     try:
         parsed = make_url(url)
-    except Exception as exc:  # SQLAlchemy raises ArgumentError for anything unparseable
-        raise DatabaseURLError(f"not a database URL: {exc}") from exc
+    except Exception:  # SQLAlchemy raises ArgumentError for anything unparseable
+        # Not SQLAlchemy's message: it quotes the whole text, password included.
+        raise DatabaseURLError(
+            "not a database URL (e.g. postgresql://user:password@host/db)"
+        ) from None
     if "+" in parsed.drivername:
         return parsed
     driver = _ASYNC_DRIVERS.get(parsed.drivername)

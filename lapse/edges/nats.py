@@ -23,6 +23,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from lapse.config import ConfigError, NatsConfig
+from lapse.config.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +36,28 @@ class NatsRefused(ConfigError):
         super().__init__([problem])
 
 
+OPEN_SERVER_WARNING = (
+    "NATS without authentication: anyone who can reach it can schedule deletions; "
+    "see docs/security.md"
+)
+
+
+def authenticates(url: str, config: NatsConfig | None) -> bool:
+    """Whether lapse presents a credential: a configured one, or one in the URL
+    (`nats://user:password@host`, `nats://token@host`)."""
+    if config is not None and config.auth_key is not None:
+        return True
+    return any("@" in server.partition("://")[2].split("/")[0] for server in url.split(","))
+
+
 async def connect(url: str, *, name: str = "lapse", config: NatsConfig | None = None) -> NATS:
     """Connect with reconnects that never give up: a NATS restart must not end lapse. With
     `config`, authenticate and use TLS as it says; a refusal raises `NatsRefused`."""
+    if not authenticates(url, config):
+        # A server that admits anyone lets anyone put a due event: said at every start
+        # (the one-shot commands' log hides it unless --debug; `lapse up`, serve, bridge,
+        # the functions and the dead-letter sink show it).
+        log.warning(OPEN_SERVER_WARNING)
     options = security_options(config) if config is not None else {}
     client = NATS()
     loop = asyncio.get_running_loop()
@@ -177,7 +197,7 @@ def _reason(exc: BaseException) -> str:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = redact(" ".join(str(exc).split())) or type(exc).__name__
     return text.removeprefix("nats: ").strip("'")
 
 

@@ -11,7 +11,9 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from lapse.embedded.nats_identities import write_config
 from lapse.embedded.process import ServerStartError, free_port, port_open, spawn, stop, wait_until
 
 
@@ -75,6 +77,9 @@ class EmbeddedNats:
     port: int = field(default_factory=free_port)
     monitor_port: int = field(default_factory=free_port)
     member: ClusterMember | None = None
+    # More of the server's configuration (`lapse up`'s users and permissions:
+    # nats_identities.authorization); None: no authentication, for tests and the demo.
+    settings: dict[str, Any] | None = field(default=None, repr=False)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -105,9 +110,11 @@ class EmbeddedNats:
             "-p", str(self.port),
             "-m", str(self.monitor_port),
         ]  # fmt: skip
-        if self.member is not None:
+        if self.member is not None or self.settings is not None:
             config = self.store_dir / "nats-server.conf"
-            config.write_text(self.member.config())
+            settings = json.loads(self.member.config()) if self.member is not None else {}
+            # 0600: with users, the file holds their passwords.
+            write_config(config, {**settings, **(self.settings or {})})
             args += ["-c", str(config)]
         self.process = spawn(args, self.log_path)
         wait_until(

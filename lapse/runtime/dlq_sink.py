@@ -33,6 +33,7 @@ from events.models import CleanupDue, CleanupFailed
 from events.original import capture_event
 from events.types import EventType
 from lapse.config import LapseConfig, load_config
+from lapse.config.redact import RedactingFilter
 from lapse.runtime.asgi import Receive, Scope, Send, posted_headers, respond
 from lapse.runtime.resources import Resources
 
@@ -113,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())  # a URL in a log line, never its secret
     config = load_config()
 
     async def run() -> None:

@@ -515,8 +515,8 @@ def _install(
 ) -> None:
     """Everything of `deploy` after the relay started (so `deploy` stops it on failure)."""
     cluster, images = deployment.cluster, deployment.images
-    # The Secret docs/deploy.md asks users to create: the database URL. lapse-nats is
-    # optional and the dev NATS asks for no password.
+    # The Secret docs/deploy.md asks users to create: the database URL. The NATS passwords
+    # (lapse-nats-users) are made in the cluster by the dev NATS's Job.
     # (Applied, not created: a second run on the same cluster finds them.)
     objects = {
         "apiVersion": "v1",
@@ -547,7 +547,9 @@ def _install(
         assert name not in rendered.replace(ref, ""), f"{name} left in the rendered overlay"
     # Run again on a running cluster with another build: a Job's template cannot change,
     # so the streams Job is made anew (it is idempotent: `lapse infra apply`).
-    cluster.kubectl("-n", SYSTEM, "delete", "job", "lapse-streams", "--ignore-not-found")
+    cluster.kubectl(
+        "-n", SYSTEM, "delete", "job", "lapse-streams", "lapse-nats-users", "--ignore-not-found"
+    )  # fmt: skip
     kubectl_apply_retrying(cluster, "-k", str(overlay))
     deployment.timings["applied"] = time.monotonic() - started
     until = time.monotonic() + INSTALL_TIMEOUT

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,19 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from lapse.embedded.nats_identities import (
+    ADMIN,
+    BRIDGE,
+    DLQ_SINK,
+    KUBERNETES,
+    OBJECT_REAPER,
+    PLANNER,
+    PROCESS,
+    ROW_REAPER,
+    USERS_SECRET,
+    kubernetes_conf,
+    password_variable,
+)
 from tests.conftest import KubeStack
 from tests.infra_package import (
     INFRA,
@@ -30,8 +44,9 @@ from tests.infra_package import (
     unknown_fields,
 )
 
-# The Secrets the user creates (docs/deploy.md); the package ships none.
-DOCUMENTED_SECRETS = {"lapse-database", "lapse-nats", "lapse-ingress"}
+# The Secrets the user creates (docs/deploy.md), or the dev NATS's Job generates
+# (lapse-nats-users); the package ships none.
+DOCUMENTED_SECRETS = {"lapse-database", "lapse-nats-users", "lapse-nats-tls", "lapse-ingress"}
 KNATIVE_PATH = ("dev", "production")
 
 
@@ -188,8 +203,8 @@ def test_the_knative_path_is_complete(overlay: str) -> None:
     for label, spec in pod_specs(overlay):
         (container,) = spec["containers"]
         env = {e["name"]: e.get("value") for e in container.get("env", [])}
-        if label.startswith("Deployment nats"):
-            continue
+        if label.startswith("Deployment nats") or label == "Job lapse-nats-users":
+            continue  # the NATS server, and the Job making its passwords: no lapse.yaml
         assert env["LAPSE_CONFIG"] == "/etc/lapse/lapse.yaml", label
         assert {"name": "config", "mountPath": "/etc/lapse", "readOnly": True} in container[
             "volumeMounts"
@@ -282,3 +297,86 @@ def test_every_kustomization_is_in_the_tree_it_documents() -> None:
         if "/namespaces/" in folder:
             continue
         assert f"{folder}/" in readme, folder
+
+
+# Each lapse workload and the NATS user it connects as (docs/deploy.md, "NATS identities").
+NATS_USERS = {
+    "Service lapse-ttl-planner": PLANNER.user,
+    "Service lapse-object-reaper": OBJECT_REAPER.user,
+    "Service lapse-row-reaper": ROW_REAPER.user,
+    "Deployment lapse-bridge": BRIDGE.user,
+    "Deployment lapse-dlq-sink": DLQ_SINK.user,
+    "Deployment lapse": PROCESS.user,
+    "Job lapse-streams": ADMIN.user,
+}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_lapse_pod_has_its_own_nats_identity_and_only_its_password(overlay: str) -> None:
+    seen = set()
+    for label, spec in pod_specs(overlay):
+        if label in ("Deployment nats", "Job lapse-nats-users"):
+            continue
+        user = NATS_USERS[label]
+        seen.add(label)
+        (container,) = spec["containers"]
+        env = {e["name"]: e for e in container.get("env", [])}
+        assert env["LAPSE_NATS__USER"]["value"] == user, label
+        assert "LAPSE_NATS__PASSWORD" not in env, label  # a file, never the environment
+        path = Path(env["LAPSE_NATS__PASSWORD_FILE"]["value"])
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        (name,) = [n for n, m in mounts.items() if m["mountPath"] == str(path.parent)]
+        assert mounts[name]["readOnly"] is True
+        secret = volumes[name]["secret"]
+        # Only its own key: a planner pod cannot read the admin's password.
+        assert secret == {
+            "secretName": USERS_SECRET,
+            "items": [{"key": user, "path": path.name}],
+        }, label
+    assert seen == {label for label in NATS_USERS if label in dict(pod_specs(overlay))}
+    assert {i.user for i in KUBERNETES} >= set(NATS_USERS.values())
+
+
+@pytest.mark.parametrize("overlay", ["dev", "single-process"])
+def test_the_dev_nats_admits_only_lapses_identities(overlay: str) -> None:
+    (conf,) = [
+        c
+        for c in objects(overlay, "ConfigMap")
+        if c["metadata"]["name"].startswith("lapse-nats-conf")
+    ]
+    # The committed configuration is the one the identities module makes.
+    assert conf["data"]["nats.conf"] == kubernetes_conf()
+    assert (INFRA / "dev-nats" / "nats.conf").read_text() == kubernetes_conf()
+    (nats,) = [d for d in objects(overlay, "Deployment") if d["metadata"]["name"] == "nats"]
+    (container,) = nats["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["-c", "/etc/nats/nats.conf"]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
+    assert refs == {password_variable(i): {"name": USERS_SECRET, "key": i.user} for i in KUBERNETES}
+    (job,) = [j for j in objects(overlay, "Job") if j["metadata"]["name"] == "lapse-nats-users"]
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][-1] == (
+        "lapse.operations.nats_users"
+    )
+    (role,) = [r for r in objects(overlay, "Role") if r["metadata"]["name"] == "lapse-nats-users"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
+
+
+def test_production_talks_tls_to_nats_with_per_identity_users() -> None:
+    nats = lapse_yaml("production")["nats"]
+    assert nats["url"].startswith("tls://")
+    assert "user" not in nats and "password" not in nats  # per pod, from the Secret
+    ca = Path(nats["tls"]["ca_file"])
+    for label, spec in pod_specs("production"):
+        (container,) = spec["containers"]
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        volume = {v["name"]: v for v in spec["volumes"]}[mounts[str(ca.parent)]]
+        assert volume["secret"] == {
+            "secretName": "lapse-nats-tls",
+            "items": [{"key": ca.name, "path": ca.name}],
+        }, label
+        env = {e["name"]: e for e in container.get("env", [])}
+        if "LAPSE_NATS__URL" in env:  # the functions: from the ConfigMap's nats-url
+            (config,) = [
+                c for c in objects("production", "ConfigMap") if c["metadata"]["name"] == "lapse"
+            ]
+            assert config["data"]["nats-url"].startswith("tls://")

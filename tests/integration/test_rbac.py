@@ -115,6 +115,19 @@ def test_the_other_components_may_do_nothing(kube: KubeStack) -> None:
                     assert not may(kube, account, verb, kind, namespace), (account, verb, kind)
 
 
+@pytest.mark.parametrize("overlay", ["dev", "single-process"])
+def test_the_nats_users_job_may_create_a_secret_and_read_none(
+    kube: KubeStack, overlay: str
+) -> None:
+    apply_rbac(kube, overlay)
+    secrets = ("", "secrets")
+    assert may(kube, "lapse-nats-users", "create", secrets, "lapse-system")
+    for namespace in ("lapse-system", "default", "kube-system", None):
+        for verb in ("get", "list", "watch", "update", "patch", "delete"):
+            assert not may(kube, "lapse-nats-users", verb, secrets, namespace), (verb, namespace)
+    assert not may(kube, "lapse-nats-users", "create", secrets, "default")
+
+
 def test_lapse_up_watches_everywhere_and_deletes_only_where_listed(kube: KubeStack) -> None:
     apply_rbac(kube, "single-process")  # cleans default
     workflows = ("argoproj.io", "workflows")

@@ -1,0 +1,272 @@
+"""Who may publish what on lapse's NATS: the identities and their subject permissions.
+
+The trust mark (`Lapse-Observed`, events/observed.py) is believed only from messages on
+subjects that only lapse's own identities may publish; an open NATS would let anyone put a
+due event with the mark and a forged finished state. So the server enforces, per user, the
+subjects each may publish (docs/deploy.md, "NATS identities"). `lapse up`'s embedded
+nats-server is started with these users (random passwords in its state directory, files
+0600); infra/dev-nats/nats.conf grants the same sets to the Kubernetes components, and
+tests/integration/test_manifests.py checks they agree.
+
+Nobody but the server itself publishes `lapse.due.>` in normal operation: a schedule fires
+into it by the server's internal publish, which user permissions do not apply to (checked
+on a real server by tests/integration/test_nats_identities.py). Only the admin identity
+may put a due event there by hand (`lapse dlq replay`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+# JetStream API requests that only read: stream and consumer info, message gets (the
+# schedule store's last-message lookups, KV gets), and the ephemeral consumers the
+# read-only commands read with (nats-py names them: `$JS.API.CONSUMER.CREATE.<stream>.
+# <name>.<filter>`) and their fetches. Acks are publishes (`$JS.ACK.>`); the read-only
+# consumers are AckNone, so a reader needs none. `$JS.FC.>` answers an ordered consumer's
+# flow control (a KV bucket's keys are listed with one).
+JS_READ: Final = (
+    "$JS.API.INFO",
+    "$JS.API.STREAM.INFO.*",
+    "$JS.API.STREAM.NAMES",
+    "$JS.API.STREAM.LIST",
+    "$JS.API.STREAM.MSG.GET.*",
+    "$JS.API.DIRECT.GET.>",
+    "$JS.API.CONSUMER.INFO.*.*",
+    "$JS.API.CONSUMER.NAMES.*",
+    "$JS.API.CONSUMER.LIST.*",
+    "$JS.API.CONSUMER.CREATE.>",
+    "$JS.API.CONSUMER.MSG.NEXT.*.*",
+    "$JS.FC.>",
+)
+
+# What a process that handles events needs on top: creating and updating the streams and
+# buckets it uses (`lapse up` applies them at start-up), its durable consumers, cancelling
+# a schedule (a purge by subject), and acks, naks and in-progress marks.
+JS_WORK: Final = (
+    "$JS.API.>",
+    "$JS.ACK.>",
+)
+
+# Never, for anyone but the admin: deleting a stream or rewriting its messages.
+JS_DESTRUCTIVE: Final = (
+    "$JS.API.STREAM.DELETE.>",
+    "$JS.API.STREAM.MSG.DELETE.>",
+)
+
+# Creating or updating a stream publishes by the server's hand: a stream's RePublish from a
+# subject one may publish (lapse.events.>) onto lapse.due.> is accepted, and what it
+# republishes is stored in LAPSE_SCHED with its headers (checked on nats-server 2.15). So
+# only identities that may put schedules anyway (and thereby fire a due event) create or
+# update streams: the process (`lapse up` applies the definitions at start-up), the planner
+# and reapers (the limits bucket is made on first use), and the admin.
+JS_STREAM_CHANGES: Final = (
+    "$JS.API.STREAM.CREATE.>",
+    "$JS.API.STREAM.UPDATE.>",
+)
+
+EVENTS: Final = "lapse.events.>"
+SCHEDULES: Final = "lapse.sched.>"
+DUE: Final = "lapse.due.>"
+AUDIT: Final = "lapse.audit.>"
+DLQ: Final = "lapse.dlq.>"
+INBOX: Final = "_INBOX.>"
+# The key-value buckets lapse writes (lapse/edges/limits.py, lapse/edges/health.py; a unit
+# test checks the names agree).
+KV_BUCKETS: Final = ("LAPSE_LIMITS", "LAPSE_HEALTH")
+KV: Final = tuple(f"$KV.{bucket}.>" for bucket in KV_BUCKETS)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """One NATS user: the subjects it may publish (allow, then deny) and subscribe to."""
+
+    user: str
+    role: str  # what it is for, in docs/deploy.md's table
+    publish: tuple[str, ...]
+    publish_deny: tuple[str, ...] = ()
+    subscribe: tuple[str, ...] = (INBOX,)
+
+    def permissions(self) -> dict[str, Any]:
+        """The server's `permissions` block for this user."""
+        publish: dict[str, list[str]] = {"allow": list(self.publish)}
+        if self.publish_deny:
+            publish["deny"] = list(self.publish_deny)
+        return {"publish": publish, "subscribe": {"allow": list(self.subscribe)}}
+
+
+# `lapse up`: watcher and ingress (lapse.events), planner and reapers (schedules, outcomes,
+# dead letters, the limits and health buckets). Never lapse.due.>: only the server fires
+# due messages, from the schedules.
+PROCESS: Final = Identity(
+    user="lapse",
+    role="lapse up (watcher, ingress, planner, reapers, dispatcher)",
+    publish=(EVENTS, SCHEDULES, AUDIT, DLQ, *KV, *JS_WORK, INBOX),
+    publish_deny=(DUE, *JS_DESTRUCTIVE),
+)
+
+# lapse status, history, plan, dlq list|show, brake status: read the streams, publish
+# nothing on lapse.* (nor on $KV.*, nor any JetStream API call that changes a stream).
+READER: Final = Identity(
+    user="lapse-reader",
+    role="read-only commands: status, history, plan, dlq list|show, brake status",
+    publish=JS_READ,
+    # (A named consumer create cannot be told from a durable's update by subject; the
+    # legacy durable create can: refused.)
+    publish_deny=(
+        "lapse.>",
+        "$KV.>",
+        "$JS.API.CONSUMER.DURABLE.CREATE.>",
+        *JS_DESTRUCTIVE,
+        *JS_STREAM_CHANGES,
+    ),
+)
+
+# lapse dlq replay|purge, brake release, reconcile, infra apply: the operator's repairs. A
+# replay publishes the due event where the scheduler fires it (lapse.due.>), a purge
+# deletes DLQ entries, reconcile puts schedules, infra apply creates the streams.
+ADMIN: Final = Identity(
+    user="lapse-admin",
+    role="repairs: dlq replay|purge, brake release, reconcile, infra apply",
+    publish=("lapse.>", *KV, "$JS.>", INBOX),
+)
+
+EMBEDDED: Final = (PROCESS, READER, ADMIN)
+
+# On Kubernetes each component has its own user (infra/dev-nats/nats.conf, generated from
+# these; the production NATS is configured the same way: docs/deploy.md). `lapse up` in
+# one Deployment is PROCESS; the streams Job runs `lapse infra apply` as ADMIN. None but
+# the admin may publish lapse.due.>: the bridge reads due events, it never writes one.
+_WORKER_DENY: Final = (DUE, *JS_DESTRUCTIVE)
+PLANNER: Final = Identity(
+    user="lapse-planner",
+    role="ttl-planner function: puts, replaces and cancels schedules",
+    publish=(SCHEDULES, AUDIT, DLQ, *JS_WORK, INBOX),
+    publish_deny=_WORKER_DENY,
+)
+OBJECT_REAPER: Final = Identity(
+    user="lapse-object-reaper",
+    role="object-reaper function: outcomes, reschedules, the shared deletion limits",
+    publish=(SCHEDULES, AUDIT, DLQ, *KV, *JS_WORK, INBOX),
+    publish_deny=_WORKER_DENY,
+)
+ROW_REAPER: Final = Identity(
+    user="lapse-row-reaper",
+    role="row-reaper function: outcomes, reschedules, the shared deletion limits",
+    publish=(SCHEDULES, AUDIT, DLQ, *KV, *JS_WORK, INBOX),
+    publish_deny=_WORKER_DENY,
+)
+# The bridge and the sink schedule nothing, so they may change no stream either.
+BRIDGE: Final = Identity(
+    user="lapse-bridge",
+    role="lapse bridge: consumes due events and outcomes (acks), dead-letters",
+    publish=(AUDIT, DLQ, *KV, *JS_READ, "$JS.API.CONSUMER.>", "$JS.ACK.>", INBOX),
+    publish_deny=(SCHEDULES, EVENTS, *_WORKER_DENY, *JS_STREAM_CHANGES),
+)
+DLQ_SINK: Final = Identity(
+    user="lapse-dlq-sink",
+    role="dead-letter sink: stores what the Broker gave up on",
+    publish=(DLQ, AUDIT, *JS_READ, INBOX),
+    publish_deny=(SCHEDULES, EVENTS, *_WORKER_DENY, *JS_STREAM_CHANGES),
+)
+KUBERNETES: Final = (
+    PROCESS, PLANNER, OBJECT_REAPER, ROW_REAPER, BRIDGE, DLQ_SINK, READER, ADMIN,
+)  # fmt: skip
+# The Secret holding every Kubernetes identity's password, one key per user.
+USERS_SECRET: Final = "lapse-nats-users"
+
+
+def password_variable(identity: Identity) -> str:
+    """The environment variable nats-server reads the identity's password from."""
+    return identity.user.upper().replace("-", "_") + "_PASSWORD"
+
+
+def kubernetes_conf() -> str:
+    """infra/dev-nats/nats.conf: the users and permissions of KUBERNETES, each password a
+    reference to an environment variable the NATS pod takes from the Secret
+    (`password: $LAPSE_PLANNER_PASSWORD`; nats-server resolves it, so no password is in a
+    ConfigMap)."""
+    users = authorization({i.user: f"@{password_variable(i)}@" for i in KUBERNETES}, KUBERNETES)
+    body = json.dumps(
+        {
+            "port": 4222,
+            "http_port": 8222,
+            "jetstream": {"store_dir": "/data"},
+            **users,
+        },
+        indent=2,
+    )
+    body = re.sub(r'"@(\w+)@"', r"$\1", body)
+    return (
+        "# nats-server configuration of the dev NATS (infra/dev-nats/nats.yaml): one user per\n"
+        '# lapse component, each with the subjects it may publish (docs/deploy.md, "NATS\n'
+        '# identities"). Generated: python -m lapse.embedded.nats_identities > this file\n'
+        "# (tests/integration/test_manifests.py checks it is current). Passwords are $VARs\n"
+        "# the pod sets from the Secret lapse-nats-users.\n" + body + "\n"
+    )
+
+
+# Where `lapse up` keeps the passwords (one file per user, 0600, the directory 0700).
+CREDENTIALS_DIR: Final = "nats-credentials"
+
+
+def password_file(state_dir: Path, identity: Identity) -> Path:
+    return state_dir / CREDENTIALS_DIR / f"{identity.user}.password"
+
+
+def ensure_passwords(state_dir: Path) -> dict[str, str]:
+    """Each embedded identity's password, generated at the first start and kept, so a
+    command still connected (or started) during a restart of `lapse up` is not refused."""
+    directory = state_dir / CREDENTIALS_DIR
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)  # mkdir's mode is masked by the umask
+    passwords: dict[str, str] = {}
+    for identity in EMBEDDED:
+        path = password_file(state_dir, identity)
+        with contextlib.suppress(FileNotFoundError):
+            passwords[identity.user] = path.read_text(encoding="utf-8").strip()
+        if not passwords.get(identity.user):
+            passwords[identity.user] = secrets.token_urlsafe(32)
+            _write_private(path, passwords[identity.user] + "\n")
+    return passwords
+
+
+def _write_private(path: Path, text: str) -> None:
+    # Created 0600 from the start: never readable by others, not even for a moment.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+    os.chmod(path, 0o600)
+
+
+def authorization(passwords: dict[str, str], identities: tuple[Identity, ...]) -> dict[str, Any]:
+    """The server configuration's `authorization` block: every identity with its password
+    and permissions. No anonymous user: a client without credentials is refused."""
+    return {
+        "authorization": {
+            "users": [
+                {
+                    "user": identity.user,
+                    "password": passwords[identity.user],
+                    "permissions": identity.permissions(),
+                }
+                for identity in identities
+            ]
+        }
+    }
+
+
+def write_config(path: Path, config: dict[str, Any]) -> None:
+    """The server's configuration file (JSON, which nats-server reads), 0600: it holds the
+    passwords."""
+    _write_private(path, json.dumps(config, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    print(kubernetes_conf(), end="")
