@@ -47,9 +47,15 @@ def _with(config: LapseConfig, section: str, **values: Any) -> LapseConfig:
     return config.model_copy(update={section: part})
 
 
-def settings_from(args: argparse.Namespace, *, found_by_up: bool = True) -> Settings:
+def settings_from(
+    args: argparse.Namespace, *, found_by_up: bool = True, ambient_cluster: bool = True
+) -> Settings:
     """The configuration with the global flags applied; with `found_by_up`, what `lapse up`
-    wrote to its state directory fills in an unset NATS URL, database URL and cluster."""
+    wrote to its state directory fills in an unset NATS URL, database URL and cluster.
+
+    Without `ambient_cluster` (commands that delete or schedule deletions), $KUBECONFIG and
+    ~/.kube/config are not a choice of cluster: only flags, configuration, the pod, or the
+    cluster `lapse up` started (lapse/cli/cluster.py)."""
     try:
         config = load_config(getattr(args, "config", None))
     except ConfigError as exc:
@@ -71,29 +77,54 @@ def settings_from(args: argparse.Namespace, *, found_by_up: bool = True) -> Sett
         origins["nats"] = "nats.url"
     if config.database.url:
         origins["database"] = "database.url"
+    k = config.kubernetes
+    if k.kubeconfig is not None and not k.kubeconfig.expanduser().is_file():
+        raise UsageError(f"kubernetes.kubeconfig {k.kubeconfig}: file not found")
     if found_by_up:
-        config = _found_by_up(config, state_dir_of(args), origins)
+        config = _found_by_up(config, state_dir_of(args), origins, ambient_cluster)
     return Settings(config, origins)
 
 
-def _found_by_up(config: LapseConfig, where: Path, origins: dict[str, str]) -> LapseConfig:
+def _found_by_up(
+    config: LapseConfig, where: Path, origins: dict[str, str], ambient_cluster: bool
+) -> LapseConfig:
     if config.nats.url is None and (found := state.read(where, state.NATS_URL)):
         config = _with(config, "nats", url=found[0])
         origins["nats"] = f"{found[1]} (written by lapse up)"
     if config.database.url is None and (found := state.read(where, state.DATABASE_URL)):
         config = _with(config, "database", url=found[0])
         origins["database"] = f"{found[1]} (written by lapse up)"
-    if not _cluster_configured(config) and (found := state.read(where, state.KUBECONFIG)):
+    if not _cluster_configured(config, ambient_cluster) and (
+        found := state.read(where, state.KUBECONFIG)
+    ):
         config = _with(config, "kubernetes", kubeconfig=Path(found[0]))
         origins["kubernetes"] = f"{found[1]} (written by lapse up)"
+    if not ambient_cluster and not _cluster_configured(config, False):
+        if _in_a_pod():
+            return _with(config, "kubernetes", in_cluster=True)
+        ambient = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise UsageError(
+            "no cluster chosen: this command schedules deletions, so it uses only a cluster "
+            "named with --kubeconfig/--context, kubernetes.kubeconfig "
+            f"(LAPSE_KUBERNETES__KUBECONFIG) or the one `lapse up` started, never {ambient} "
+            "by default"
+        )
     return config
 
 
-def _cluster_configured(config: LapseConfig) -> bool:
+def _cluster_configured(config: LapseConfig, ambient: bool = True) -> bool:
     k = config.kubernetes
-    if k.in_cluster or k.kubeconfig is not None or os.environ.get("KUBECONFIG"):
+    if k.in_cluster or k.kubeconfig is not None or k.context is not None:
         return True
-    return (Path.home() / ".kube" / "config").exists()
+    if not ambient:
+        return False
+    return bool(os.environ.get("KUBECONFIG")) or (Path.home() / ".kube" / "config").exists()
+
+
+def _in_a_pod() -> bool:
+    from lapse.edges.kubernetes.client import in_a_pod
+
+    return in_a_pod()
 
 
 def config_from(args: argparse.Namespace) -> LapseConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -111,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         # The Kubernetes client's "Invalid kube-config file. No configuration found." (or
         # an unknown context): a configuration problem, so it says what to set.
         reason = " ".join(str(exc).split())
+        missing = _missing_kubeconfig_env()
+        if missing is not None:  # name the path the user set, not the client's guess
+            reason = f"$KUBECONFIG {missing}: file not found"
         return _fail(args, KUBE_CONFIG_HELP.format(reason=reason), EXIT_USAGE)
     except KeyboardInterrupt:
         return EXIT_FAILURE
@@ -124,6 +128,14 @@ _RETRY_LOGGERS = ("nats.", "lapse.edges.nats", "urllib3.")
 
 def _quiet_retries(record: logging.LogRecord) -> bool:
     return not record.name.startswith(_RETRY_LOGGERS) or record.levelno >= logging.CRITICAL
+
+
+def _missing_kubeconfig_env() -> str | None:
+    value = os.environ.get("KUBECONFIG")
+    if not value:
+        return None
+    paths = [p for p in value.split(os.pathsep) if p]
+    return value if not any(os.path.isfile(os.path.expanduser(p)) for p in paths) else None
 
 
 def _fail(args: argparse.Namespace, message: str, code: int) -> int:

@@ -10,11 +10,10 @@ from pathlib import Path
 
 from kubernetes import client
 
-from lapse.cli import state
+from lapse.cli import cluster, state
 from lapse.cli.common import settings_from, state_dir_of
 from lapse.config import LapseConfig
 from lapse.edges.kubernetes import load_api_client
-from lapse.edges.kubernetes.client import in_a_pod, kubeconfig_found
 from lapse.embedded.kube import EmbeddedKube, run_kind_crds
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port, port_open
@@ -34,9 +33,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "database and cluster. What is not configured is started locally and kept in "
             "--state-dir: an embedded nats-server (no nats.url), a SQLite file (no "
             "database.url), and a local kube-apiserver with the CRDs of the built-in kinds "
-            "(no kubeconfig found). Their addresses are written there too (nats.url, "
-            "database.url, kubeconfig.path), and the other commands use them when nothing "
-            "is configured. Stop with Ctrl-C: in-flight work finishes first."
+            "(no cluster chosen: --kubeconfig/--context, kubernetes.kubeconfig or "
+            "in_cluster, or a pod's ServiceAccount; an ambient $KUBECONFIG or "
+            "~/.kube/config is never used by lapse up). Their addresses are written there "
+            "too (nats.url, database.url, kubeconfig.path), and the other commands use them "
+            "when nothing is configured. On a real cluster lapse deletes only in the "
+            "namespaces safety.namespaces.include names (['*'] for all); with none named it "
+            "runs in dry-run. The first line says which cluster, namespaces and kinds. "
+            "Stop with Ctrl-C: in-flight work finishes first."
         ),
     )
     parser.add_argument(
@@ -57,12 +61,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def has_cluster(config: LapseConfig) -> bool:
-    """A cluster to talk to: configured, a kubeconfig the usual lookup finds, or the pod
-    lapse runs in (then no embedded kube-apiserver is started)."""
-    k = config.kubernetes
-    if k.in_cluster or k.kubeconfig is not None:
-        return True
-    return kubeconfig_found() or in_a_pod()
+    """A cluster chosen explicitly (flag, configuration) or the pod lapse runs in; then no
+    embedded kube-apiserver is started. An ambient $KUBECONFIG or ~/.kube/config is not a
+    choice: a first `lapse up` never deletes in whatever cluster kubectl points at."""
+    return cluster.chosen_explicitly(config) or cluster.in_a_pod()
 
 
 def start_embedded_nats(state_dir: Path) -> EmbeddedNats:
@@ -87,6 +89,8 @@ def start_embedded_kube(state_dir: Path) -> EmbeddedKube:
 def run_up(args: argparse.Namespace) -> int:
     # What an earlier `lapse up` wrote is not configuration: this one starts its own.
     config = settings_from(args, found_by_up=False).config
+    if has_cluster(config):  # before any server starts: a missing file is a usage error
+        cluster.check_kubeconfig_files(config)
     state_dir = state_dir_of(args)
     state_dir.mkdir(parents=True, exist_ok=True)
     nats_server: EmbeddedNats | None = None
@@ -103,7 +107,11 @@ def run_up(args: argparse.Namespace) -> int:
             state.write(state_dir, state.DATABASE_URL, url)
             log.info("no database.url configured: using %s", url)
         if not has_cluster(config):
-            log.info("no cluster configured: starting a local kube-apiserver (see lapse up --help)")
+            ambient = cluster.ambient_kubeconfig()
+            log.info(
+                "no cluster chosen: starting a local kube-apiserver%s (see lapse up --help)",
+                f" ({ambient} is not used without --kubeconfig)" if ambient else "",
+            )
             kube = start_embedded_kube(state_dir)
             config = config.model_copy(
                 update={
@@ -114,6 +122,7 @@ def run_up(args: argparse.Namespace) -> int:
             )
             state.write(state_dir, state.KUBECONFIG, str(kube.kubeconfig_path))
             log.info("local cluster at %s, kubeconfig %s", kube.url, kube.kubeconfig_path)
+        config = _announce_scope(config, embedded=kube is not None)
         nats_url = nats_server.url if nats_server else config.nats.url
         asyncio.run(
             _serve(
@@ -128,6 +137,22 @@ def run_up(args: argparse.Namespace) -> int:
             state.remove(state_dir, state.NATS_URL)
             nats_server.stop()
     return 0
+
+
+def _announce_scope(config: LapseConfig, *, embedded: bool) -> LapseConfig:
+    """Say in one line where lapse deletes what; on a real cluster with no namespaces
+    named, run in dry-run (lapse/cli/cluster.py says why)."""
+    if not cluster.chosen_explicitly(config):  # the pod's own cluster
+        kube = config.kubernetes.model_copy(update={"in_cluster": True})
+        config = config.model_copy(update={"kubernetes": kube})
+    forced = False
+    if not embedded:
+        config, forced = cluster.scoped_for_real_cluster(config)
+    line = cluster.startup_line(
+        config, cluster.ClusterView.of(config), embedded=embedded, forced_dry_run=forced
+    )
+    log.log(logging.WARNING if config.safety.dry_run else logging.INFO, "%s", line)
+    return config
 
 
 async def _serve(pipeline: Pipeline) -> None:
