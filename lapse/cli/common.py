@@ -8,13 +8,14 @@ import asyncio
 import fnmatch
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from events.kinds import KindSet
+from events.kinds import KindSet, KindSpec
 from lapse.cli import state
+from lapse.cli.parsing import did_you_mean
 from lapse.config import ConfigError, LapseConfig, load_config
 from lapse.errors import LapseError
 from lapse.runtime.outages import nats_unavailable
@@ -229,9 +230,30 @@ def kinds_of(args: argparse.Namespace, kinds: KindSet) -> tuple[str, ...]:
         if not found:
             raise UsageError(
                 f"--kind {given!r} is not a configured kind (kinds: {', '.join(kinds.names())})"
+                + did_you_mean(given, _kind_words(kinds))
             )
         wanted.extend(name for name in found if name not in wanted)
     return tuple(wanted)
+
+
+def _kind_words(kinds: Iterable[KindSpec]) -> list[str]:
+    return [word for spec in kinds for word in (spec.name, spec.kind, spec.resource)]
+
+
+def kubernetes_kind(given: str, kinds: Iterable[KindSpec]) -> str:
+    """The Kubernetes kind `--kind` names (`history`, `status`): a configured kind's name,
+    kind or resource, case-insensitively; anything else is a usage error with the nearest
+    one, not an empty answer."""
+    text = given.strip().lower()
+    for spec in kinds:
+        if text in (spec.name, spec.kind.lower(), spec.resource):
+            return spec.kind
+    kinds = list(kinds)
+    known = sorted({spec.kind for spec in kinds})
+    raise UsageError(
+        f"--kind {given!r} is not a kind lapse handles (one of {', '.join(known)})"
+        + did_you_mean(given, _kind_words(kinds))
+    )
 
 
 def in_namespace(namespace: str, exact: str | None, pattern: str | None) -> bool:

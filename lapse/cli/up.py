@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+import time
+from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client
 
@@ -74,15 +78,40 @@ def start_embedded_nats(state_dir: Path) -> EmbeddedNats:
     return server
 
 
+# How long the embedded API server may take to serve the CRDs it was just given.
+CRD_SERVED_TIMEOUT = 60.0
+
+
 def start_embedded_kube(state_dir: Path) -> EmbeddedKube:
     kube = EmbeddedKube(state_dir / "kube").start()
-    api = client.ApiextensionsV1Api(load_api_client(str(kube.kubeconfig_path)))
-    for crd in run_kind_crds():
+    api_client = load_api_client(str(kube.kubeconfig_path))
+    api = client.ApiextensionsV1Api(api_client)
+    crds = run_kind_crds()
+    for crd in crds:
         try:
             api.create_custom_resource_definition(crd)
         except client.exceptions.ApiException as exc:
             if exc.status != 409:  # kept from an earlier run in the same state dir
                 raise
+    # Until a new CRD is served, a LIST answers 404 (or 429 while its storage initialises):
+    # the watchers would warn "CRD is not installed?" on every `make run` and look again
+    # only a minute later.
+    objects = client.CustomObjectsApi(api_client)
+    deadline = time.monotonic() + CRD_SERVED_TIMEOUT
+    for crd in crds:
+        spec: Any = crd["spec"]
+        version = next(v["name"] for v in spec["versions"] if v.get("served", True))
+        while True:
+            try:
+                objects.list_cluster_custom_object(
+                    spec["group"], version, spec["names"]["plural"], limit=1
+                )
+                break
+            except client.exceptions.ApiException as exc:
+                if exc.status not in (404, 429) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
+    api_client.close()
     return kube
 
 
@@ -93,6 +122,7 @@ def run_up(args: argparse.Namespace) -> int:
         cluster.check_kubeconfig_files(config)
     state_dir = state_dir_of(args)
     state_dir.mkdir(parents=True, exist_ok=True)
+    state.write(state_dir, state.UP, f"{version('lapse')} {os.getpid()}")
     nats_server: EmbeddedNats | None = None
     kube: EmbeddedKube | None = None
     try:
@@ -130,6 +160,7 @@ def run_up(args: argparse.Namespace) -> int:
             )
         )
     finally:
+        state.remove(state_dir, state.UP)
         if kube is not None:
             state.remove(state_dir, state.KUBECONFIG)
             kube.stop()
