@@ -79,7 +79,8 @@ class _Version(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
         from importlib.metadata import version
 
-        parser.exit(message=f"lapse {version('lapse')}\n")
+        print(f"lapse {version('lapse')}")
+        parser.exit()
 
 
 def command_in(words: Sequence[str]) -> str | None:

@@ -5,6 +5,7 @@ dry-run. The start-up line says which cluster, namespaces and kinds."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -141,6 +142,16 @@ def test_up_ignores_an_ambient_kubeconfig(
         )
     finally:
         embedded.close()
+    # The operator's log: a timestamp on every line of lapse's, one line per deletion, and
+    # no false "CRD is not installed?" (the embedded CRDs are served before the watchers).
+    deleted = up.line("deleted Workflow default/goes")
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO lapse.deletions: ", deleted)
+    assert "target kubernetes, policy annotation:lapse.dev/ttl, " in deleted
+    assert re.search(r"\d+\.\d{3}s late\)$", deleted)
+    assert "not installed" not in up.text()
+    version = shell("version", "-o", "json")
+    assert version.returncode == 0, version.stderr
+    assert json.loads(version.stdout)["up"]["pid"] == up.process.pid
     assert _exists(kube.api_client, namespace, "must-stay")
     current = client.CustomObjectsApi(kube.api_client).get_namespaced_custom_object(
         "argoproj.io", "v1alpha1", namespace, "workflows", "must-stay"
@@ -155,13 +166,20 @@ def test_a_real_cluster_without_namespaces_is_dry_run(
     namespace = f"dry-{uuid.uuid4().hex[:6]}"
     created = _create(kube.api_client, namespace, _workflow("kept-by-dry-run"))
     uid = created["metadata"]["uid"]
-    up = Up(shell, tmp_path / "up.log", "--kubeconfig", str(kube.kubeconfig), env={})
+    up = Up(
+        shell,
+        tmp_path / "up.log",
+        "--kubeconfig",
+        str(kube.kubeconfig),
+        env={"LAPSE_LOG_FORMAT": "json"},
+    )
     up_processes.append(up)
 
-    line = up.line(STARTUP)
+    start = json.loads(up.line(STARTUP))
+    assert start["level"] == "WARNING" and start["logger"] == "lapse"
+    line = start["message"]
     assert f"cluster {kube.server.url} (context lapse, a real cluster)" in line
     assert "DRY-RUN" in line and "safety.namespaces.include" in line
-    assert "WARNING" in line
 
     # The reaper judged it (its deadline passed) and deleted nothing.
     def judged() -> bool:
@@ -172,6 +190,9 @@ def test_a_real_cluster_without_namespaces_is_dry_run(
         )
 
     poll("a dry_run outcome in history", judged)
+    logged = json.loads(up.line(f"would delete (dry-run) Workflow {namespace}/kept-by-dry-run"))
+    assert logged["uid"] == uid and logged["kind"] == "Workflow"
+    assert logged["policy"] == "annotation:lapse.dev/ttl" and logged["lateness_seconds"] > 0
     assert _exists(kube.api_client, namespace, "kept-by-dry-run")
     assert up.stop() == 0, up.text()[-3000:]
 
