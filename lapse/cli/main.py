@@ -155,6 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         # On the handlers: the Kubernetes client resets the urllib3 logger's level.
         for handler in logging.getLogger().handlers:
             handler.addFilter(_quiet_retries)
+    elif not args.debug:
+        # urllib3's "Retrying (Retry(total=1, ...)) after connection broken by
+        # 'NewConnectionError(...)'" repeats, raw, what the watcher and the reapers then
+        # say in one line ("the connection to the server 127.0.0.1:6443 was refused").
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_quiet_urllib3_retries)
     run: Command | None = getattr(args, "run", None)
     if run is None:
         parser.print_help()
@@ -223,6 +229,10 @@ _RETRY_LOGGERS = ("nats.", "lapse.edges.nats", "urllib3.")
 
 def _quiet_retries(record: logging.LogRecord) -> bool:
     return not record.name.startswith(_RETRY_LOGGERS) or record.levelno >= logging.CRITICAL
+
+
+def _quiet_urllib3_retries(record: logging.LogRecord) -> bool:
+    return not (record.name.startswith("urllib3.") and str(record.msg).startswith("Retrying"))
 
 
 def _missing_kubeconfig_env() -> str | None:
