@@ -78,9 +78,6 @@ def settings_from(
         origins["nats"] = "nats.url"
     if config.database.url:
         origins["database"] = "database.url"
-    k = config.kubernetes
-    if k.kubeconfig is not None and not k.kubeconfig.expanduser().is_file():
-        raise UsageError(f"kubernetes.kubeconfig {k.kubeconfig}: file not found")
     if found_by_up:
         config = _found_by_up(config, state_dir_of(args), origins, ambient_cluster)
     return Settings(config, origins)

@@ -211,4 +211,7 @@ def test_a_missing_kubeconfig_names_its_path(shell: Shell, tmp_path: Path) -> No
     assert f"$KUBECONFIG {missing}: file not found" in by_env.stderr
     by_config = shell("plan", env={"LAPSE_KUBERNETES__KUBECONFIG": str(missing)})
     assert by_config.returncode == 2
-    assert f"kubernetes.kubeconfig {missing}: file not found" in by_config.stderr
+    assert f"kubeconfig file {missing} not found" in by_config.stderr
+    # A command that needs no cluster is not stopped by it.
+    status = shell("status", env={"LAPSE_KUBERNETES__KUBECONFIG": str(missing)})
+    assert status.returncode == 2 and "nats.url is not set" in status.stderr

@@ -104,6 +104,10 @@ def load_api_client(
     ):
         config.load_incluster_config(client_configuration=configuration)
     else:
+        if kubeconfig is not None and not os.path.isfile(os.path.expanduser(kubeconfig)):
+            # The client would say "Invalid kube-config file. No configuration found.",
+            # naming neither the file nor that it is missing.
+            raise config.ConfigException(f"kubeconfig file {kubeconfig} not found")
         config.load_kube_config(
             config_file=kubeconfig, context=context, client_configuration=configuration
         )
