@@ -125,8 +125,9 @@ def global_options(*, after_command: bool) -> argparse.ArgumentParser:
         metavar="FILE",
         type=Path,
         default=default(None),
-        help="kubeconfig file (default: kubernetes.kubeconfig, $KUBECONFIG, ~/.kube/config, "
-        "or the cluster `lapse up` started)",
+        help="kubeconfig file (default: kubernetes.kubeconfig; else, for the read-only "
+        "commands, $KUBECONFIG or ~/.kube/config; else the cluster `lapse up` started. "
+        "`lapse up` and `lapse reconcile` never use $KUBECONFIG or ~/.kube/config unasked)",
     )
     parser.add_argument(
         "--context",
