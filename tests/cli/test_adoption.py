@@ -8,8 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lapse.cli.main import COMMANDS, build_parser, command_in
+from lapse.embedded.process import free_port
 from tests.cli.conftest import LAPSE, Shell
 from tests.conftest import KubeStack
 
@@ -116,3 +118,27 @@ def test_the_command_is_found_past_global_flags() -> None:
     assert command_in(["--kubeconfig", "status", "history"]) == "history"
     assert command_in(["--help"]) is None
     assert command_in(["nope"]) is None
+
+
+def test_an_api_server_that_refuses_is_one_line_like_kubectl(shell: Shell) -> None:
+    port = free_port()  # nothing listens there
+    kubeconfig = shell.home / "refused.kubeconfig"
+    cluster = {"server": f"https://127.0.0.1:{port}", "insecure-skip-tls-verify": True}
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": cluster}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    result = shell("plan", "--kubeconfig", str(kubeconfig))
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"lapse: the connection to the server 127.0.0.1:{port} was refused - "
+        "did you specify the right host or port?\n"
+    )
