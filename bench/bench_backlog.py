@@ -143,6 +143,7 @@ def write_config(path: Path, nats_url: str, kubeconfig: Path, rate: float, count
         f"nats: {{url: '{nats_url}'}}\n"
         f"kubernetes: {{kubeconfig: '{kubeconfig}'}}\n"
         "safety:\n"
+        "  namespaces: {include: ['*']}\n"
         f"  max_deletions_per_second: {rate}\n"
         f"  mass_deletion_brake: {{max_due: {count * 2}}}\n"
     )

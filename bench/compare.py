@@ -822,6 +822,7 @@ def make_tools(
             f"kubernetes: {{kubeconfig: '{stack.kubeconfig_for(name, lapse_dir / 'kubeconfig')}',"
             " qps: 100000, burst: 100000}\n"
             "safety:\n"
+            "  namespaces: {include: ['*']}\n"
             "  max_deletions_per_second: 1000000\n"
             "  mass_deletion_brake: {enabled: false}\n"
             f"  read_before_delete: {read_first}\n"

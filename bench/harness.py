@@ -272,7 +272,10 @@ def start_lapse_up(stack: Stack, work: Path, settings: str = "") -> subprocess.P
     config.write_text(
         f"nats: {{url: '{stack.nats_url}'}}\n"
         f"kubernetes: {{kubeconfig: '{stack.kubeconfig_for('lapse', work / 'kc')}'}}\n"
-        "kinds: [argo-workflow]\n" + settings
+        "kinds: [argo-workflow]\n"
+        + settings
+        # A real cluster: lapse up deletes only where the namespaces are named.
+        + ("" if "safety" in settings else "safety: {namespaces: {include: ['*']}}\n")
     )
     log = work / "lapse.log"
     lapse = subprocess.Popen(

@@ -84,7 +84,9 @@ def main() -> int:
     try:
         admin = stack.api()
         install_argo(admin, NAMESPACE)
-        lapse = start_lapse_up(stack, work, "safety: {max_deletions_per_second: 1000}\n")
+        lapse = start_lapse_up(
+            stack, work, "safety: {max_deletions_per_second: 1000, namespaces: {include: ['*']}}\n"
+        )
         config = work / "lapse.yaml"
 
         created: list[str] = []

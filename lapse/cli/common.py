@@ -8,13 +8,14 @@ import asyncio
 import fnmatch
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from events.kinds import KindSet
+from events.kinds import KindSet, KindSpec
 from lapse.cli import state
+from lapse.cli.parsing import did_you_mean
 from lapse.config import ConfigError, LapseConfig, load_config
 from lapse.config.redact import redact_url
 from lapse.embedded.nats_identities import READER, Identity, password_file
@@ -50,11 +51,19 @@ def _with(config: LapseConfig, section: str, **values: Any) -> LapseConfig:
 
 
 def settings_from(
-    args: argparse.Namespace, *, found_by_up: bool = True, identity: Identity = READER
+    args: argparse.Namespace,
+    *,
+    found_by_up: bool = True,
+    identity: Identity = READER,
+    ambient_cluster: bool = True,
 ) -> Settings:
     """The configuration with the global flags applied; with `found_by_up`, what `lapse up`
     wrote to its state directory fills in an unset NATS URL, database URL and cluster, and
-    the NATS credential of `identity` (read-only unless the command repairs: `ADMIN`)."""
+    the NATS credential of `identity` (read-only unless the command repairs: `ADMIN`).
+
+    Without `ambient_cluster` (commands that delete or schedule deletions), $KUBECONFIG and
+    ~/.kube/config are not a choice of cluster: only flags, configuration, the pod, or the
+    cluster `lapse up` started (lapse/cli/cluster.py)."""
     try:
         config = load_config(getattr(args, "config", None))
     except ConfigError as exc:
@@ -77,12 +86,16 @@ def settings_from(
     if config.database.url:
         origins["database"] = "database.url"
     if found_by_up:
-        config = _found_by_up(config, state_dir_of(args), origins, identity)
+        config = _found_by_up(config, state_dir_of(args), origins, identity, ambient_cluster)
     return Settings(config, origins)
 
 
 def _found_by_up(
-    config: LapseConfig, where: Path, origins: dict[str, str], identity: Identity
+    config: LapseConfig,
+    where: Path,
+    origins: dict[str, str],
+    identity: Identity,
+    ambient_cluster: bool,
 ) -> LapseConfig:
     found = state.read(where, state.NATS_URL)
     if config.nats.url is None and found:
@@ -97,17 +110,37 @@ def _found_by_up(
     if config.database.url is None and (found := state.read(where, state.DATABASE_URL)):
         config = _with(config, "database", url=found[0])
         origins["database"] = f"{found[1]} (written by lapse up)"
-    if not _cluster_configured(config) and (found := state.read(where, state.KUBECONFIG)):
+    if not _cluster_configured(config, ambient_cluster) and (
+        found := state.read(where, state.KUBECONFIG)
+    ):
         config = _with(config, "kubernetes", kubeconfig=Path(found[0]))
         origins["kubernetes"] = f"{found[1]} (written by lapse up)"
+    if not ambient_cluster and not _cluster_configured(config, False):
+        if _in_a_pod():
+            return _with(config, "kubernetes", in_cluster=True)
+        ambient = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise UsageError(
+            "no cluster chosen: this command schedules deletions, so it uses only a cluster "
+            "named with --kubeconfig/--context, kubernetes.kubeconfig "
+            f"(LAPSE_KUBERNETES__KUBECONFIG) or the one `lapse up` started, never {ambient} "
+            "by default"
+        )
     return config
 
 
-def _cluster_configured(config: LapseConfig) -> bool:
+def _cluster_configured(config: LapseConfig, ambient: bool = True) -> bool:
     k = config.kubernetes
-    if k.in_cluster or k.kubeconfig is not None or os.environ.get("KUBECONFIG"):
+    if k.in_cluster or k.kubeconfig is not None or k.context is not None:
         return True
-    return (Path.home() / ".kube" / "config").exists()
+    if not ambient:
+        return False
+    return bool(os.environ.get("KUBECONFIG")) or (Path.home() / ".kube" / "config").exists()
+
+
+def _in_a_pod() -> bool:
+    from lapse.edges.kubernetes.client import in_a_pod
+
+    return in_a_pod()
 
 
 def config_from(args: argparse.Namespace, *, identity: Identity = READER) -> LapseConfig:
@@ -212,9 +245,30 @@ def kinds_of(args: argparse.Namespace, kinds: KindSet) -> tuple[str, ...]:
         if not found:
             raise UsageError(
                 f"--kind {given!r} is not a configured kind (kinds: {', '.join(kinds.names())})"
+                + did_you_mean(given, _kind_words(kinds))
             )
         wanted.extend(name for name in found if name not in wanted)
     return tuple(wanted)
+
+
+def _kind_words(kinds: Iterable[KindSpec]) -> list[str]:
+    return [word for spec in kinds for word in (spec.name, spec.kind, spec.resource)]
+
+
+def kubernetes_kind(given: str, kinds: Iterable[KindSpec]) -> str:
+    """The Kubernetes kind `--kind` names (`history`, `status`): a configured kind's name,
+    kind or resource, case-insensitively; anything else is a usage error with the nearest
+    one, not an empty answer."""
+    text = given.strip().lower()
+    for spec in kinds:
+        if text in (spec.name, spec.kind.lower(), spec.resource):
+            return spec.kind
+    kinds = list(kinds)
+    known = sorted({spec.kind for spec in kinds})
+    raise UsageError(
+        f"--kind {given!r} is not a kind lapse handles (one of {', '.join(known)})"
+        + did_you_mean(given, _kind_words(kinds))
+    )
 
 
 def in_namespace(namespace: str, exact: str | None, pattern: str | None) -> bool:

@@ -25,6 +25,7 @@ from typing import Final
 import yaml
 from rich.console import Console
 
+from lapse.cli.common import UsageError
 from lapse.cli.up import start_embedded_kube
 from lapse.config import load_config
 from lapse.demo.progress import DemoSummary
@@ -52,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "lapse.dev/keep, KFP runs whose rows live on a separate, longer clock, a Tekton "
             "PipelineRun, a Job with ttlSecondsAfterFinished), and show them being "
             "deleted. Ends with a summary; exits 1, naming what went wrong, if anything "
-            "expected did not happen. Ignores --config: the tour writes its own."
+            "expected did not happen. Ignores --config (the tour writes its own) and refuses "
+            "--kubeconfig, --context and --nats-url: it runs only on the servers it starts."
         ),
     )
     parser.add_argument(
@@ -94,7 +96,22 @@ def _count(text: str) -> int:
 # --- the command ---------------------------------------------------------------------------
 
 
+# The demo runs only on servers it starts: a flag pointing elsewhere would be ignored, and
+# a user who passed --kubeconfig might believe the tour ran (and deleted) there.
+FOREIGN_FLAGS: Final = (
+    ("kubeconfig", "--kubeconfig"),
+    ("context", "--context"),
+    ("nats_url", "--nats-url"),
+)
+
+
 def run_demo(args: argparse.Namespace) -> int:
+    given = [flag for dest, flag in FOREIGN_FLAGS if getattr(args, dest, None) is not None]
+    if given:
+        raise UsageError(
+            f"lapse demo runs only on the embedded servers it starts; {', '.join(given)} "
+            "would be ignored (use lapse up, or lapse plan, against your servers)"
+        )
     quiet_logs(bool(getattr(args, "debug", False)))
     out = make_output(args)
     begun = time.monotonic()

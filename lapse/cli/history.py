@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO
@@ -13,18 +14,22 @@ from cloudevents.core.base import BaseCloudEvent
 
 from events.builder import parse_payload
 from events.errors import InvalidEvent
+from events.kinds import DEFAULT_KINDS, KindSpec
 from events.run import Target
+from events.types import Outcome
 from functions.durations import parse_duration
 from lapse.cli.common import (
     UsageError,
     add_namespace,
     config_from,
     in_namespace,
+    kubernetes_kind,
     namespace_of,
     reach_nats,
     read_waiting_out_nats,
 )
 from lapse.cli.output import Column, Row, add_output, emit, resource_name
+from lapse.cli.parsing import closed_set
 from lapse.cli.watch import add_watch, run_watch, watch
 from lapse.config import LapseConfig
 from lapse.operations.audit import OUTCOME_TYPES, audit_events, history_row
@@ -44,12 +49,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_namespace(history)
     history.add_argument("--name", help="only runs with this name")
     add_filters(history)
-    history.add_argument("--outcome", help="only this outcome (deleted, kept, failed, ...)")
+    history.add_argument(
+        "--outcome",
+        type=closed_set("outcome", OUTCOMES),
+        metavar="OUTCOME",
+        help=f"only this outcome ({', '.join(OUTCOMES)})",
+    )
     history.add_argument("--since", metavar="DURATION", help="only the last DURATION (1h, 7d)")
     history.add_argument("--all", action="store_true", help="also scheduled/cancelled events")
     add_output(history)
     add_watch(history)
     history.set_defaults(run=run_history)
+
+
+# Every outcome a row can have: a completion's, or a failure.
+OUTCOMES = (*(o.value for o in Outcome), "failed")
 
 
 def add_filters(parser: argparse.ArgumentParser) -> None:
@@ -92,13 +106,13 @@ class Filters:
     outcome: str | None = None
 
     @classmethod
-    def of(cls, args: argparse.Namespace) -> Filters:
+    def of(cls, args: argparse.Namespace, kinds: Iterable[KindSpec] | None = None) -> Filters:
         namespace, pattern = namespace_of(args) if hasattr(args, "namespace") else (None, None)
         return cls(
             namespace,
             pattern,
             getattr(args, "name", None),
-            args.kind,
+            kubernetes_kind(args.kind, kinds) if args.kind and kinds is not None else args.kind,
             args.target,
             getattr(args, "outcome", None),
         )
@@ -158,7 +172,9 @@ def _name(row: Row) -> str:
 
 def run_history(args: argparse.Namespace) -> int:
     config = config_from(args)
-    filters = Filters.of(args)  # usage problems (and the deprecation warning) first
+    # Usage problems (and the deprecation warning) first; the audit trail may hold a
+    # built-in kind no longer configured.
+    filters = Filters.of(args, [*config.kinds, *DEFAULT_KINDS])
 
     async def draw(resources: Resources, out: IO[str]) -> None:
         rows = await read_waiting_out_nats(lambda: read_rows(resources, config, args, filters))

@@ -9,8 +9,13 @@ one before it and an absent one leaves it alone.
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
+
+from lapse.cli.logs import LOG_FORMATS, default_log_format
 
 EXIT_USAGE = 2
 
@@ -24,6 +29,10 @@ class HelpFormatter(argparse.HelpFormatter):
         default = action.default
         if (
             "%(default)" in text
+            or "(default:" in text
+            # A switch's default is the opposite of giving it: "--no-watch (default: True)"
+            # read as if --no-watch were on.
+            or isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction)
             or not action.option_strings
             or default is None
             or default is False
@@ -44,9 +53,46 @@ class Commands(argparse._SubParsersAction):  # type: ignore[type-arg]
         return parser
 
 
+# The global flags that take a value (the word after them is not a command).
+GLOBAL_VALUE_FLAGS = frozenset(
+    ("--config", "--kubeconfig", "--context", "--nats-url", "--log-format", "--state-dir")
+)
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>[^']*)' \(choose from (?P<choices>.*)\)")
+
+
+def did_you_mean(given: str, choices: Iterable[str]) -> str:
+    """ "; did you mean 'status'?" when one choice is close to what was typed, else ""."""
+    close = difflib.get_close_matches(given, list(choices), n=1, cutoff=0.6)
+    if not close:
+        lowered = {c.lower(): c for c in choices}
+        close = [lowered[given.lower()]] if given.lower() in lowered else []
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def closed_set(name: str, values: Iterable[str]) -> Callable[[str], str]:
+    """An argparse `type` for a flag taking one of `values` (case-insensitive): a typo is
+    a usage error with a suggestion, not an empty answer."""
+    allowed = tuple(values)
+
+    def check(text: str) -> str:
+        for value in allowed:
+            if text.lower() == value.lower():
+                return value
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a {name} (one of {', '.join(allowed)}){did_you_mean(text, allowed)}"
+        )
+
+    return check
+
+
 class LapseParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        # One line, like every other lapse error; the usage is one --help away.
+        # One line, like every other lapse error; the usage is one --help away. A mistyped
+        # command or choice gets the nearest one, as kubectl and git suggest.
+        if match := _INVALID_CHOICE.search(message):
+            choices = re.findall(r"'([^']*)'", match["choices"])
+            message += did_you_mean(match["given"], choices)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
     def add_subparsers(self, **kwargs: Any) -> argparse._SubParsersAction[LapseParser]:  # type: ignore[override]
@@ -56,7 +102,7 @@ class LapseParser(argparse.ArgumentParser):
 
 
 def global_options(*, after_command: bool) -> argparse.ArgumentParser:
-    """`--config --debug --kubeconfig --context --nats-url --state-dir`."""
+    """`--config --debug --kubeconfig --context --nats-url --log-format --state-dir`."""
     parser = argparse.ArgumentParser(add_help=False)
 
     def default(value: object) -> object:
@@ -79,8 +125,9 @@ def global_options(*, after_command: bool) -> argparse.ArgumentParser:
         metavar="FILE",
         type=Path,
         default=default(None),
-        help="kubeconfig file (default: kubernetes.kubeconfig, $KUBECONFIG, ~/.kube/config, "
-        "or the cluster `lapse up` started)",
+        help="kubeconfig file (default: kubernetes.kubeconfig; else, for the read-only "
+        "commands, $KUBECONFIG or ~/.kube/config; else the cluster `lapse up` started. "
+        "`lapse up` and `lapse reconcile` never use $KUBECONFIG or ~/.kube/config unasked)",
     )
     parser.add_argument(
         "--context",
@@ -92,6 +139,13 @@ def global_options(*, after_command: bool) -> argparse.ArgumentParser:
         metavar="URL",
         default=default(None),
         help="NATS server (default: nats.url, else the server `lapse up` started)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=default(default_log_format()),
+        help="log lines as text or as one JSON object a line (default: $LAPSE_LOG_FORMAT, "
+        "else text)",
     )
     parser.add_argument(
         "--state-dir",

@@ -31,10 +31,10 @@ from lapse.cli.common import (
     add_namespace,
     add_namespace_glob,
     add_selector,
-    config_from,
     kinds_of,
     namespace_of,
     reach_nats,
+    settings_from,
 )
 from lapse.cli.output import REPORT_FORMATS, add_output
 from lapse.embedded.nats_identities import ADMIN
@@ -116,7 +116,8 @@ def _positive(text: str) -> int:
 
 
 def run_reconcile(args: argparse.Namespace) -> int:
-    config = config_from(args, identity=ADMIN)
+    # It schedules deletions: only a cluster chosen explicitly, like `lapse up`.
+    config = settings_from(args, ambient_cluster=False, identity=ADMIN).config
     if args.only == "rows" and not config.database.targets.kfp.enabled:
         raise UsageError("--only rows: database.targets.kfp is not enabled")
     if args.only == "rows" and args.selector:

@@ -17,6 +17,8 @@ from typing import Final
 NATS_URL: Final = "nats.url"
 DATABASE_URL: Final = "database.url"
 KUBECONFIG: Final = "kubeconfig.path"
+# "<version> <pid>" of the `lapse up` running with this state directory (`lapse version`).
+UP: Final = "up.version"
 
 
 def default_state_dir() -> Path:

@@ -11,6 +11,7 @@ from typing import IO, Any
 
 import yaml
 
+from events.kinds import DEFAULT_KINDS
 from events.run import Target
 from events.timeutil import format_rfc3339
 from lapse.cli.common import Settings, reach_nats, read_waiting_out_nats, settings_from
@@ -38,6 +39,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     status.add_argument(
         "--recent", type=int, default=10, metavar="N", help="how many recent outcomes to show"
+    )
+    # kubectl's habit: `-A` is accepted; status always covers every namespace.
+    status.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help="every namespace (what status always shows; accepted as in kubectl)",
     )
     add_filters(status)
     add_output(status, REPORT_FORMATS)
@@ -128,7 +136,7 @@ def print_report(report: dict[str, Any], args: argparse.Namespace, out: IO[str])
 
 def run_status(args: argparse.Namespace) -> int:
     settings = settings_from(args)
-    filters = Filters.of(args)
+    filters = Filters.of(args, [*settings.config.kinds, *DEFAULT_KINDS])
 
     async def draw(resources: Resources, out: IO[str]) -> None:
         report = await read_waiting_out_nats(

@@ -5,17 +5,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+import time
+from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client
 
-from lapse.cli import state
+from lapse.cli import cluster, state
 from lapse.cli.common import settings_from, state_dir_of
 from lapse.config import LapseConfig
 from lapse.config.schema import NATS_AUTH_KEYS
 from lapse.edges.kubernetes import load_api_client
-from lapse.edges.kubernetes.client import in_a_pod, kubeconfig_found
 from lapse.embedded.kube import EmbeddedKube, run_kind_crds
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.nats_identities import (
@@ -44,9 +47,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "--state-dir: an embedded nats-server (no nats.url; it admits only lapse's own "
             "users, whose passwords are generated there, 0600), a SQLite file (no "
             "database.url), and a local kube-apiserver with the CRDs of the built-in kinds "
-            "(no kubeconfig found). Their addresses are written there too (nats.url, "
-            "database.url, kubeconfig.path), and the other commands use them when nothing "
-            "is configured. Stop with Ctrl-C: in-flight work finishes first."
+            "(no cluster chosen: --kubeconfig/--context, kubernetes.kubeconfig or "
+            "in_cluster, or a pod's ServiceAccount; an ambient $KUBECONFIG or "
+            "~/.kube/config is never used by lapse up). Their addresses are written there "
+            "too (nats.url, database.url, kubeconfig.path), and the other commands use them "
+            "when nothing is configured. On a real cluster lapse deletes only in the "
+            "namespaces safety.namespaces.include names (['*'] for all); with none named it "
+            "runs in dry-run. The first line says which cluster, namespaces and kinds. "
+            "Stop with Ctrl-C: in-flight work finishes first."
         ),
     )
     parser.add_argument(
@@ -68,12 +76,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def has_cluster(config: LapseConfig) -> bool:
-    """A cluster to talk to: configured, a kubeconfig the usual lookup finds, or the pod
-    lapse runs in (then no embedded kube-apiserver is started)."""
-    k = config.kubernetes
-    if k.in_cluster or k.kubeconfig is not None:
-        return True
-    return kubeconfig_found() or in_a_pod()
+    """A cluster chosen explicitly (flag, configuration) or the pod lapse runs in; then no
+    embedded kube-apiserver is started. An ambient $KUBECONFIG or ~/.kube/config is not a
+    choice: a first `lapse up` never deletes in whatever cluster kubectl points at."""
+    return cluster.chosen_explicitly(config) or cluster.in_a_pod()
 
 
 def start_embedded_nats(state_dir: Path) -> EmbeddedNats:
@@ -97,15 +103,40 @@ def as_process(config: LapseConfig, state_dir: Path) -> LapseConfig:
     return config.model_copy(update={"nats": nats})
 
 
+# How long the embedded API server may take to serve the CRDs it was just given.
+CRD_SERVED_TIMEOUT = 60.0
+
+
 def start_embedded_kube(state_dir: Path) -> EmbeddedKube:
     kube = EmbeddedKube(state_dir / "kube").start()
-    api = client.ApiextensionsV1Api(load_api_client(str(kube.kubeconfig_path)))
-    for crd in run_kind_crds():
+    api_client = load_api_client(str(kube.kubeconfig_path))
+    api = client.ApiextensionsV1Api(api_client)
+    crds = run_kind_crds()
+    for crd in crds:
         try:
             api.create_custom_resource_definition(crd)
         except client.exceptions.ApiException as exc:
             if exc.status != 409:  # kept from an earlier run in the same state dir
                 raise
+    # Until a new CRD is served, a LIST answers 404 (or 429 while its storage initialises):
+    # the watchers would warn "CRD is not installed?" on every `make run` and look again
+    # only a minute later.
+    objects = client.CustomObjectsApi(api_client)
+    deadline = time.monotonic() + CRD_SERVED_TIMEOUT
+    for crd in crds:
+        spec: Any = crd["spec"]
+        version = next(v["name"] for v in spec["versions"] if v.get("served", True))
+        while True:
+            try:
+                objects.list_cluster_custom_object(
+                    spec["group"], version, spec["names"]["plural"], limit=1
+                )
+                break
+            except client.exceptions.ApiException as exc:
+                if exc.status not in (404, 429) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
+    api_client.close()
     return kube
 
 
@@ -115,8 +146,11 @@ def run_up(args: argparse.Namespace) -> int:
     # Before any server is started: an ingress open beyond loopback is a configuration
     # error (exit 2, the key named), not something to find out after the cluster came up.
     listen_token(args.listen or None, config.ingress)
+    if has_cluster(config):  # before any server starts: a missing file is a usage error
+        cluster.check_kubeconfig_files(config)
     state_dir = state_dir_of(args)
     state_dir.mkdir(parents=True, exist_ok=True)
+    state.write(state_dir, state.UP, f"{version('lapse')} {os.getpid()}")
     nats_server: EmbeddedNats | None = None
     kube: EmbeddedKube | None = None
     try:
@@ -136,7 +170,11 @@ def run_up(args: argparse.Namespace) -> int:
             state.write(state_dir, state.DATABASE_URL, url)
             log.info("no database.url configured: using %s", url)
         if not has_cluster(config):
-            log.info("no cluster configured: starting a local kube-apiserver (see lapse up --help)")
+            ambient = cluster.ambient_kubeconfig()
+            log.info(
+                "no cluster chosen: starting a local kube-apiserver%s (see lapse up --help)",
+                f" ({ambient} is not used without --kubeconfig)" if ambient else "",
+            )
             kube = start_embedded_kube(state_dir)
             config = config.model_copy(
                 update={
@@ -147,6 +185,7 @@ def run_up(args: argparse.Namespace) -> int:
             )
             state.write(state_dir, state.KUBECONFIG, str(kube.kubeconfig_path))
             log.info("local cluster at %s, kubeconfig %s", kube.url, kube.kubeconfig_path)
+        config = _announce_scope(config, embedded=kube is not None)
         nats_url = nats_server.url if nats_server else config.nats.url
         asyncio.run(
             _serve(
@@ -154,6 +193,7 @@ def run_up(args: argparse.Namespace) -> int:
             )
         )
     finally:
+        state.remove(state_dir, state.UP)
         if kube is not None:
             state.remove(state_dir, state.KUBECONFIG)
             kube.stop()
@@ -161,6 +201,22 @@ def run_up(args: argparse.Namespace) -> int:
             state.remove(state_dir, state.NATS_URL)
             nats_server.stop()
     return 0
+
+
+def _announce_scope(config: LapseConfig, *, embedded: bool) -> LapseConfig:
+    """Say in one line where lapse deletes what; on a real cluster with no namespaces
+    named, run in dry-run (lapse/cli/cluster.py says why)."""
+    if not cluster.chosen_explicitly(config):  # the pod's own cluster
+        kube = config.kubernetes.model_copy(update={"in_cluster": True})
+        config = config.model_copy(update={"kubernetes": kube})
+    forced = False
+    if not embedded:
+        config, forced = cluster.scoped_for_real_cluster(config)
+    line = cluster.startup_line(
+        config, cluster.ClusterView.of(config), embedded=embedded, forced_dry_run=forced
+    )
+    log.log(logging.WARNING if config.safety.dry_run else logging.INFO, "%s", line)
+    return config
 
 
 async def _serve(pipeline: Pipeline) -> None:

@@ -35,6 +35,7 @@ from events.kinds import KindSpec
 from events.models import CleanupFailed, RunDeleted, RunFinished
 from events.types import EventType
 from lapse.edges.kubernetes import KubeObjects, finished_pages
+from lapse.edges.kubernetes.client import describe_api_error
 from lapse.runtime.outages import Backoff, nats_unavailable
 
 log = logging.getLogger(__name__)
@@ -102,11 +103,15 @@ class KindWatcher:
                     log.info("watch expired (410 Gone): listing again")
                     resource_version = await self._relist_until_listed()
                     continue
-                log.warning("watch failed (%s): retrying in %.0fs", exc.status, backoff)
+                log.warning(
+                    "watch failed (%s): retrying in %.0fs", describe_api_error(exc), backoff
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
             except Exception as exc:
-                log.warning("watch failed (%s): retrying in %.0fs", exc, backoff)
+                log.warning(
+                    "watch failed (%s): retrying in %.0fs", describe_api_error(exc), backoff
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
 
@@ -119,7 +124,12 @@ class KindWatcher:
                 return await self._relist()
             except ApiException as exc:
                 if exc.status != 404:
-                    log.warning("listing %s failed (%s): retrying in %.0fs", what, exc, backoff)
+                    log.warning(
+                        "listing %s failed (%s): retrying in %.0fs",
+                        what,
+                        describe_api_error(exc),
+                        backoff,
+                    )
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 30.0)
                     continue
@@ -133,7 +143,12 @@ class KindWatcher:
                     self.synced.set()  # nothing of it exists: nothing to wait for
                 await asyncio.sleep(self._not_served_retry)
             except Exception as exc:
-                log.warning("listing %s failed (%s): retrying in %.0fs", what, exc, backoff)
+                log.warning(
+                    "listing %s failed (%s): retrying in %.0fs",
+                    what,
+                    describe_api_error(exc),
+                    backoff,
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
 

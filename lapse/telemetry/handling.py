@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
@@ -120,7 +121,9 @@ class InstrumentedHandler:
         self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
     ) -> list[BaseCloudEvent]:
         if not tracing_enabled() and not metrics_enabled():
-            return await self.inner.handle(event, trust)
+            produced = await self.inner.handle(event, trust)
+            log_deletion(event, produced)
+            return produced
         tally = _Tally()
         token = _tally.set(tally)
         started = time.perf_counter()
@@ -164,6 +167,7 @@ class InstrumentedHandler:
     def _observe(
         self, event: BaseCloudEvent, produced: Sequence[BaseCloudEvent], span: Span, tally: _Tally
     ) -> None:
+        log_deletion(event, produced)
         _record_schedules(produced)
         if event.get_type() != EventType.CLEANUP_DUE:
             return
@@ -175,6 +179,59 @@ class InstrumentedHandler:
             span.set_attribute(names.OUTCOME, outcome.outcome)
             if outcome.lateness is not None:
                 span.set_attribute(names.LATENESS, outcome.lateness)
+
+
+# One INFO line per deletion (and per deletion a dry-run skipped): what an operator greps
+# for, and with `--log-format json` the same facts as fields.
+deletions_log = logging.getLogger("lapse.deletions")
+# Outcomes that are a deletion, made or (dry-run) withheld.
+_LOGGED_OUTCOMES = {"deleted": "deleted", "dry_run": "would delete (dry-run)"}
+
+
+def log_deletion(event: BaseCloudEvent, produced: Sequence[BaseCloudEvent]) -> None:
+    """`deleted Workflow team-a/train (uid ..., target kubernetes, policy
+    annotation:lapse.dev/ttl, 0.067s late)`, from the due event (the policy that set the
+    deadline) and the completion the reaper produced."""
+    if event.get_type() != EventType.CLEANUP_DUE or not deletions_log.isEnabledFor(logging.INFO):
+        return
+    completed = next(
+        (e for e in reversed(produced) if e.get_type() == EventType.CLEANUP_COMPLETED), None
+    )
+    if completed is None:
+        return
+    data = _data(completed)
+    verb = _LOGGED_OUTCOMES.get(str(data.get("outcome")))
+    if verb is None:
+        return
+    run = data.get("run")
+    if not isinstance(run, Mapping):
+        run = {}
+    lateness = data.get("latencySeconds")
+    fields: dict[str, Any] = {
+        "outcome": data.get("outcome"),
+        "target": data.get("target"),
+        "kind": run.get("kind"),
+        "namespace": run.get("namespace"),
+        "name": run.get("name"),
+        "uid": run.get("uid"),
+        "policy": _data(event).get("policy"),
+        "lateness_seconds": lateness if isinstance(lateness, int | float) else None,
+    }
+    what = "rows of" if fields["target"] == "database" else ""
+    late = f", {lateness:.3f}s late" if isinstance(lateness, int | float) else ""
+    deletions_log.info(
+        "%s %s%s %s/%s (uid %s, target %s, policy %s%s)",
+        verb,
+        f"{what} " if what else "",
+        fields["kind"],
+        fields["namespace"],
+        fields["name"],
+        fields["uid"],
+        fields["target"],
+        fields["policy"],
+        late,
+        extra={"fields": fields},
+    )
 
 
 def _record_outcome(outcome: HandledOutcome, tally: _Tally) -> None:

@@ -34,7 +34,7 @@ def config_file(path: Path, nats_url: str, kube: KubeStack) -> Path:
     path.write_text(
         f"nats: {{url: '{nats_url}'}}\n"
         f"kubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n"
-        "safety: {max_deletions_per_second: 200}\n"
+        "safety: {max_deletions_per_second: 200, namespaces: {include: ['*']}}\n"
     )
     return path
 

@@ -114,7 +114,7 @@ def write_config(path: Path, nats_url: str, kube: KubeStack, db: Database) -> Pa
         "    match: {has_labels: [pipeline/runid]}\n"
         "    kubernetes: {ttl: 3s}\n"
         "    database: {ttl: 6s}\n"
-        "safety: {max_deletions_per_second: 200}\n"
+        "safety: {max_deletions_per_second: 200, namespaces: {include: ['*']}}\n"
     )
     return path
 

@@ -159,6 +159,7 @@ async def test_three_replicas_lose_nothing_when_a_nats_node_and_a_lapse_are_kill
                 # reapers, default 1,000 a minute) would rightly reschedule some of them.
                 "safety": {
                     "max_deletions_per_second": 1000,
+                    "namespaces": {"include": ["*"]},
                     "mass_deletion_brake": {"max_due": 10000},
                 },
                 # Workflows only: one watch per lapse, as the deployment this test stands

@@ -140,6 +140,7 @@ def write_config(path: Path, kube: KubeStack, db: Database) -> Path:
         "    match: {has_labels: [pipeline/runid]}\n"
         "    kubernetes: {ttl: 3s}\n"
         "    database: {ttl: 6s}\n"
+        "safety: {namespaces: {include: ['*']}}\n"
     )
     return path
 

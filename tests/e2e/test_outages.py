@@ -143,7 +143,7 @@ def config_file(path: Path, nats_url: str, kubeconfig: Path, database_url: str |
         "    match: {has_labels: [pipeline/runid]}\n"
         "    kubernetes: {ttl: 1h}\n"
         "    database: {ttl: 6s}\n"
-        "safety: {max_deletions_per_second: 500}\n"
+        "safety: {max_deletions_per_second: 500, namespaces: {include: ['*']}}\n"
     )
     return path
 

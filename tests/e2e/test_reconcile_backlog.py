@@ -41,6 +41,7 @@ def write_config(path: Path, nats_url: str, kube: KubeStack) -> Path:
         f"nats: {{url: '{nats_url}'}}\n"
         f"kubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n"
         "safety:\n"
+        "  namespaces: {include: ['*']}\n"
         f"  max_deletions_per_second: {RATE_LIMIT}\n"
         # The brake exists for exactly this volume; here the volume is expected.
         f"  mass_deletion_brake: {{max_due: {COUNT * 2}}}\n"

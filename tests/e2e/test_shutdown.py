@@ -47,7 +47,7 @@ def write_config(path: Path, nats_url: str, kube: KubeStack) -> Path:
             {
                 "nats": {"url": nats_url},
                 "kubernetes": {"kubeconfig": str(kube.kubeconfig)},
-                "safety": {"max_deletions_per_second": 5},
+                "safety": {"max_deletions_per_second": 5, "namespaces": {"include": ["*"]}},
             }
         )
     )

@@ -149,7 +149,7 @@ async def test_throttled_with_429_every_deletion_completes_after_retry_after(
             {
                 "nats": {"url": own_nats.url},
                 "kubernetes": {"kubeconfig": str(kubeconfig)},
-                "safety": {"max_deletions_per_second": 500},
+                "safety": {"max_deletions_per_second": 500, "namespaces": {"include": ["*"]}},
             }
         )
     )

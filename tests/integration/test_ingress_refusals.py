@@ -227,8 +227,9 @@ async def test_a_limit_above_the_servers_max_payload_is_refused_at_start_up(
     config = {
         "nats": {"url": nats_server.url},
         "ingress": {"max_body_bytes": server_limit + 1},
-        # Never read: the limit is refused before lapse up touches a cluster.
-        "kubernetes": {"kubeconfig": str(tmp_path / "absent.kubeconfig")},
+        # Read (lapse up names the cluster first) but never contacted: the limit is refused
+        # before lapse up touches a cluster, whose port here nothing listens on.
+        "kubernetes": {"kubeconfig": str(_unreachable_kubeconfig(tmp_path))},
     }
     port = free_port()
     result = await asyncio.to_thread(
@@ -244,6 +245,24 @@ async def test_a_limit_above_the_servers_max_payload_is_refused_at_start_up(
     assert result.returncode == 2, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("lapse: ingress.max_body_bytes: ") and "max_payload" in last
+
+
+def _unreachable_kubeconfig(tmp: Path) -> Path:
+    path = tmp / "unreachable.kubeconfig"
+    cluster = {"server": f"https://127.0.0.1:{free_port()}", "insecure-skip-tls-verify": True}
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "none", "cluster": cluster}],
+                "users": [{"name": "none", "user": {"token": "unused"}}],
+                "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
+                "current-context": "none",
+            }
+        )
+    )
+    return path
 
 
 def _lapse(config: dict[str, Any], tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -104,6 +104,10 @@ def load_api_client(
     ):
         config.load_incluster_config(client_configuration=configuration)
     else:
+        if kubeconfig is not None and not os.path.isfile(os.path.expanduser(kubeconfig)):
+            # The client would say "Invalid kube-config file. No configuration found.",
+            # naming neither the file nor that it is missing.
+            raise config.ConfigException(f"kubeconfig file {kubeconfig} not found")
         config.load_kube_config(
             config_file=kubeconfig, context=context, client_configuration=configuration
         )
@@ -153,8 +157,58 @@ def api_failure(exc: BaseException) -> ApiCallFailure | None:
     # urllib3 raises its own exceptions (MaxRetryError, timeouts) for connection failures;
     # OSError covers what escapes it (refused sockets, TLS).
     if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
-        return ApiCallFailure(None, f"{type(exc).__name__}: {exc}")
+        return ApiCallFailure(None, describe_connection_failure(exc))
     return None
+
+
+def describe_connection_failure(exc: BaseException) -> str:
+    """One line an operator can act on, as kubectl says it ("the connection to the server
+    127.0.0.1:6443 was refused"), instead of urllib3's nested repr of its pool, URL and
+    cause."""
+    pool = getattr(exc, "pool", None)
+    server = f"{pool.host}:{pool.port}" if pool is not None else "the API server"
+    cause: BaseException = exc
+    while isinstance(cause, urllib3.exceptions.MaxRetryError) and cause.reason is not None:
+        cause = cause.reason
+    text = str(cause)
+    if isinstance(cause, urllib3.exceptions.NewConnectionError):
+        if "refused" in text.lower():
+            return (
+                f"the connection to the server {server} was refused - "
+                "did you specify the right host or port?"
+            )
+        if isinstance(cause, urllib3.exceptions.NameResolutionError):
+            return f"the server {server} could not be resolved (no such host)"
+        reason = text.rsplit(": ", 1)[-1]
+        return f"no connection to the server {server}: {reason}"
+    if isinstance(cause, urllib3.exceptions.ConnectTimeoutError):
+        return f"the server {server} did not accept a connection in time (i/o timeout)"
+    if isinstance(cause, urllib3.exceptions.ReadTimeoutError | TimeoutError):
+        return f"the server {server} did not answer in time (i/o timeout)"
+    if isinstance(cause, urllib3.exceptions.SSLError):
+        return f"TLS with the server {server} failed: {text.rsplit(': ', 1)[-1]}"
+    if isinstance(cause, urllib3.exceptions.ProtocolError):
+        return f"the connection to the server {server} was broken: {text.split(': ', 1)[0]}"
+    if isinstance(cause, ConnectionRefusedError):
+        return f"the connection to the server {server} was refused"
+    return f"the server {server}: {type(cause).__name__}: {text}"
+
+
+def describe_api_error(exc: BaseException) -> str:
+    """A failed call as one line: the API server's own message with its status, or the
+    connection failure; never the client's dump of HTTP headers and body (a 429 printed
+    whole is a screenful)."""
+    if isinstance(exc, ApiException):
+        failure = api_failure(exc)
+        assert failure is not None
+        status = f"{exc.status} {exc.reason}" if exc.status else "no status"
+        line = f"the server answered {status}: {failure.message}"
+        if failure.retry_after is not None:
+            line += f" (retry after {failure.retry_after:g}s)"
+        return line
+    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
+        return describe_connection_failure(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _status_message(exc: ApiException) -> str:

@@ -1,0 +1,56 @@
+"""A failed Kubernetes call reads as one line an operator can act on, as kubectl says it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from lapse.edges.kubernetes.client import describe_api_error, load_api_client
+from lapse.embedded.process import free_port
+
+
+def _kubeconfig(tmp_path: Path, server: str) -> str:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}
+                ],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    return str(path)
+
+
+def test_a_refused_connection_names_the_server(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens on it
+    api = load_api_client(_kubeconfig(tmp_path, f"https://127.0.0.1:{port}"))
+    with pytest.raises(Exception) as caught:
+        client.CoreV1Api(api).list_namespace(_request_timeout=5)
+    line = describe_api_error(caught.value)
+    assert line == (
+        f"the connection to the server 127.0.0.1:{port} was refused - "
+        "did you specify the right host or port?"
+    )
+
+
+def test_a_429_is_one_line_without_headers() -> None:
+    error = ApiException(status=429, reason="Too Many Requests")
+    error.headers = {"Retry-After": "3", "Audit-Id": "x", "Content-Type": "application/json"}
+    error.body = '{"kind":"Status","message":"too many requests, please try again later"}'
+    line = describe_api_error(error)
+    assert line == (
+        "the server answered 429 Too Many Requests: too many requests, please try again "
+        "later (retry after 3s)"
+    )
+    assert "\n" not in line and "Audit-Id" not in line
