@@ -223,7 +223,8 @@ class Decision:
     """What to do about one target of one run, and why.
 
     `policy` names what decided, as the events, the audit trail and `lapse plan` show it:
-    `annotation:lapse.dev/keep|expires|ttl`, `argo:ttlStrategy.<field>`, `policy:<name>`
+    `annotation:lapse.dev/keep|expires|ttl`, `argo:ttlStrategy.<field>`,
+    `<kind>:spec.ttlSecondsAfterFinished` (a Job's own TTL), `policy:<name>`
     or `default`. `deadline` is set (UTC) exactly when `action` is schedule.
     """
 
@@ -328,6 +329,13 @@ def _from_argo(run: RunRef, now: datetime) -> Decision | None:
         ttl = timedelta(seconds=seconds)
     except OverflowError:
         ttl = timedelta.max
+    if run.engine is not Engine.ARGO:
+        # Only Argo has a ttlStrategy; any other kind's engine TTL is a Job's field (the
+        # adapter carries it as secondsAfterCompletion), so the label names that field.
+        source = f"{run.kind.lower()}:spec.ttlSecondsAfterFinished"
+        return _after(
+            Target.KUBERNETES, run, now, ttl, source, f"spec.ttlSecondsAfterFinished={seconds}"
+        )
     return _after(
         Target.KUBERNETES,
         run,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -27,7 +27,8 @@ from events.adapters import (
 )
 from events.kinds import KindSet, KindSpec, resolve_kinds
 from events.models import RunDeleted, RunFinished
-from events.run import ArgoTTLStrategy, Engine
+from events.run import ArgoTTLStrategy, Engine, Target
+from functions.policy import decide
 
 # An Argo Workflow created by Kubeflow Pipelines v2, as GET /apis/argoproj.io/v1alpha1/...
 # returns it after the controller marked it Succeeded (node statuses trimmed).
@@ -912,6 +913,17 @@ def test_job_ttl_seconds_after_finished_is_the_engine_ttl() -> None:
     assert result.run.ttl_strategy.seconds_after_completion == 600
     with pytest.raises(InvalidEvent, match="ttlSecondsAfterFinished must be an integer"):
         adapt_job({**JOB, "spec": {"ttlSecondsAfterFinished": "600"}})
+
+
+def test_a_jobs_own_ttl_is_named_by_its_field_not_argos() -> None:
+    # plan, history and the demo show this label: a Job has no ttlStrategy.
+    result = adapt_job({**JOB, "spec": {"ttlSecondsAfterFinished": 600}})
+    assert isinstance(result, RunFinished)
+    decision = decide(result.run, Target.KUBERNETES, [], datetime(2026, 3, 1, tzinfo=UTC))
+    assert decision.policy == "job:spec.ttlSecondsAfterFinished"
+    assert "spec.ttlSecondsAfterFinished=600" in decision.reason
+    assert result.run.finished_at is not None
+    assert decision.deadline == result.run.finished_at + timedelta(seconds=600)
 
 
 def test_job_of_a_cronjob_is_left_to_it() -> None:
