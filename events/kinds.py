@@ -3,10 +3,12 @@
 A kind is data, not code: its group/version/resource, how "finished" and the finish time
 are read from the object, the engine's own TTL field, the gates that must be open before
 a deletion, and whether objects controlled by another object are left to their owner.
-`BUILTIN_KINDS` describes Argo Workflows, Tekton PipelineRuns and TaskRuns, batch/v1 Jobs
-and Kubeflow Trainer TrainJobs; `lapse.yaml`'s `kinds` section picks among them and may
-declare more (docs/architecture.md, "Kinds"). Adding a kind is configuration, plus at
-most one small engine-TTL reader in events/adapters/objects.py.
+`BUILTIN_KINDS` describes Argo Workflows, Tekton PipelineRuns and TaskRuns, batch/v1 Jobs,
+Kubeflow Trainer TrainJobs, KubeRay RayJobs, JobSets and Spark Operator SparkApplications;
+`lapse.yaml`'s `kinds` section picks among them (without it: `DEFAULT_KIND_NAMES`, which
+leaves out the last three) and may declare more (docs/architecture.md, "Kinds"). Adding a
+kind is configuration, plus at most one small engine-TTL reader in
+events/adapters/objects.py.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from typing import Annotated, Final, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from events.run import Engine
 
@@ -40,11 +42,33 @@ CONDITION: Final = "condition"
 
 class ByPhase(_Model):
     """Finished when a phase field holds one of `phases` (Argo: status.phase). The phase
-    is kept as the engine says it, because Argo's TTL rules tell Failed from Error."""
+    is kept as the engine says it (Argo's TTL rules tell Failed from Error) unless it is
+    listed in `succeeded` or `failed`: an engine whose words are not Succeeded/Failed
+    (KubeRay's Complete, Spark's COMPLETED) is read as them, so that a policy's
+    after_success/after_failure clock applies to it."""
 
     field: FieldPath = "status.phase"
     phases: tuple[str, ...] = Field(min_length=1)
     at: tuple[FieldPath, ...] = ("status.finishedAt",)
+    succeeded: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _mapped_phases_are_finished(self) -> ByPhase:
+        stray = [p for p in (*self.succeeded, *self.failed) if p not in self.phases]
+        if stray:
+            raise ValueError(f"succeeded/failed name phases not in phases: {', '.join(stray)}")
+        if set(self.succeeded) & set(self.failed):
+            raise ValueError("a phase cannot be both succeeded and failed")
+        return self
+
+    def reported(self, phase: str) -> str:
+        """The finished `phase` as lapse reports it (RunRef.phase)."""
+        if phase in self.succeeded:
+            return "Succeeded"
+        if phase in self.failed:
+            return "Failed"
+        return phase
 
 
 class Condition(_Model):
@@ -70,9 +94,31 @@ class EngineTTL(StrEnum):
     # spec.ttlStrategy, else status.storedWorkflowTemplateSpec.ttlStrategy (a Workflow
     # submitted from a WorkflowTemplate), exactly as Argo's own GC reads it.
     ARGO = "argo"
-    # spec.ttlSecondsAfterFinished (batch/v1 Job): the same deadline the Kubernetes
-    # TTL-after-finished controller keeps; whichever deletes first, the other finds it gone.
+    # spec.ttlSecondsAfterFinished counted from the Complete/Failed (JobSet: Completed/
+    # Failed) condition's lastTransitionTime: a batch/v1 Job's, the same deadline the
+    # Kubernetes TTL-after-finished controller keeps, and a JobSet's, the same one the
+    # JobSet controller keeps (ttl_after_finished.go); whichever deletes first, the other
+    # finds it gone.
     JOB = "job"
+    # KubeRay's spec.ttlSecondsAfterFinished, counted from status.endTime, and only when
+    # spec.shutdownAfterJobFinishes is true and no clusterSelector is set: the cases in
+    # which KubeRay's own controller acts on it (rayjob_controller.go).
+    RAY = "ray"
+    # The Spark Operator's spec.timeToLiveSeconds, counted from status.terminationTime.
+    SPARK = "spark"
+
+    @property
+    def field(self) -> str | None:
+        """The field the engine's TTL is read from (names it in `plan` and `history`)."""
+        return _ENGINE_TTL_FIELDS.get(self)
+
+
+_ENGINE_TTL_FIELDS: Final = {
+    EngineTTL.ARGO: "spec.ttlStrategy",
+    EngineTTL.JOB: "spec.ttlSecondsAfterFinished",
+    EngineTTL.RAY: "spec.ttlSecondsAfterFinished",
+    EngineTTL.SPARK: "spec.timeToLiveSeconds",
+}
 
 
 class Gate(StrEnum):
@@ -207,9 +253,100 @@ TRAINJOB: Final = KindSpec(
     finished=ByConditions(conditions=_COMPLETE_OR_FAILED),
 )
 
+RAYJOB: Final = KindSpec(
+    name="rayjob",
+    api_version="ray.io/v1",
+    kind="RayJob",
+    resource="rayjobs",
+    # KubeRay's IsJobDeploymentTerminal: Complete (the Ray job SUCCEEDED or was STOPPED)
+    # and Failed only. ValidationFailed, Suspended and Retrying are not terminal there (a
+    # fixed or resumed RayJob runs again), so neither are they here. status.endTime is set
+    # when jobDeploymentStatus turns Complete/Failed; KubeRay's own TTL counts from it.
+    finished=ByPhase(
+        field="status.jobDeploymentStatus",
+        phases=("Complete", "Failed"),
+        succeeded=("Complete",),
+        failed=("Failed",),
+        at=("status.endTime",),
+    ),
+    engine_ttl=EngineTTL.RAY,
+    # Kueue owns a RayJob's Workload, not the RayJob (deleting the RayJob takes its
+    # Workload, RayCluster and submitter Job with it). A RayJob that is itself controlled
+    # (a workflow engine's step, e.g. Flyte's) lives and goes with that owner.
+    skip_controlled=True,
+)
+JOBSET: Final = KindSpec(
+    name="jobset",
+    api_version="jobset.x-k8s.io/v1alpha2",
+    kind="JobSet",
+    resource="jobsets",
+    # The JobSet controller's jobSetFinished: Completed or Failed, status True; its TTL
+    # counts from that condition's lastTransitionTime (jobSetFinishTime).
+    finished=ByConditions(
+        conditions=(
+            Condition(type="Completed", phase="Succeeded"),
+            Condition(type="Failed", phase="Failed"),
+        )
+    ),
+    engine_ttl=EngineTTL.JOB,
+    # Kubeflow Trainer runs each TrainJob as a JobSet it controls: the TrainJob decides.
+    skip_controlled=True,
+)
+SPARK_APPLICATION: Final = KindSpec(
+    name="sparkapplication",
+    api_version="sparkoperator.k8s.io/v1beta2",
+    kind="SparkApplication",
+    resource="sparkapplications",
+    # The operator's IsTerminated: COMPLETED or FAILED. SUBMISSION_FAILED, FAILING and
+    # SUCCEEDING still move on (a retry, or to FAILED/COMPLETED with terminationTime set).
+    finished=ByPhase(
+        field="status.applicationState.state",
+        phases=("COMPLETED", "FAILED"),
+        succeeded=("COMPLETED",),
+        failed=("FAILED",),
+        at=("status.terminationTime",),
+    ),
+    engine_ttl=EngineTTL.SPARK,
+    # A controlling owner decides (a ScheduledSparkApplication's own runs carry an owner
+    # reference without `controller`, so they are lapse's: see docs/architecture.md).
+    skip_controlled=True,
+)
+
 BUILTIN_KINDS: Final[dict[str, KindSpec]] = {
-    spec.name: spec for spec in (ARGO_WORKFLOW, TEKTON_PIPELINERUN, TEKTON_TASKRUN, JOB, TRAINJOB)
+    spec.name: spec
+    for spec in (
+        ARGO_WORKFLOW,
+        TEKTON_PIPELINERUN,
+        TEKTON_TASKRUN,
+        JOB,
+        TRAINJOB,
+        RAYJOB,
+        JOBSET,
+        SPARK_APPLICATION,
+    )
 }
+# What lapse plans and deletes when `lapse.yaml` has no `kinds`. RayJobs, JobSets and
+# SparkApplications are opt-in: on upgrade lapse must not start deleting objects it never
+# touched before (a RayJob with shutdownAfterJobFinishes and KubeRay's default TTL of 0
+# would go the moment it finished), and on a cluster without their CRDs each default
+# kind costs a discovery request a minute for ever.
+DEFAULT_KIND_NAMES: Final = (
+    "argo-workflow",
+    "tekton-pipelinerun",
+    "tekton-taskrun",
+    "job",
+    "trainjob",
+)
+
+
+def engine_ttl_field(api_version: str, kind: str) -> str:
+    """The engine-TTL field of a built-in kind, as `plan` and `history` name it; a
+    declared kind's engine TTL is the Job's field (`engine_ttl: job`)."""
+    group = api_version.rpartition("/")[0]
+    for spec in BUILTIN_KINDS.values():
+        if (spec.group, spec.kind) == (group, kind) and spec.engine_ttl.field is not None:
+            return spec.engine_ttl.field
+    return "spec.ttlSecondsAfterFinished"
 
 
 class UnknownKind(LookupError):
@@ -271,7 +408,7 @@ class KindSet:
         return spec
 
 
-DEFAULT_KINDS: Final = KindSet(BUILTIN_KINDS.values())
+DEFAULT_KINDS: Final = KindSet(BUILTIN_KINDS[name] for name in DEFAULT_KIND_NAMES)
 
 
 def resolve_kinds(entries: Iterable[str | KindSpec]) -> KindSet:

@@ -50,6 +50,7 @@ from pydantic import (
     model_validator,
 )
 
+from events.kinds import engine_ttl_field
 from events.run import ArgoTTLStrategy, Engine, RunRef, Target
 from events.timeutil import parse_rfc3339 as _parse_rfc3339
 from functions.durations import NEVER, DurationError, Ttl, TtlField, format_duration, parse_ttl
@@ -223,9 +224,10 @@ class Decision:
     """What to do about one target of one run, and why.
 
     `policy` names what decided, as the events, the audit trail and `lapse plan` show it:
-    `annotation:lapse.dev/keep|expires|ttl`, `argo:ttlStrategy.<field>`,
-    `<kind>:spec.ttlSecondsAfterFinished` (a Job's own TTL), `policy:<name>`
-    or `default`. `deadline` is set (UTC) exactly when `action` is schedule.
+    `annotation:lapse.dev/keep|expires|ttl`, `argo:ttlStrategy.<field>`, `<kind>:<field>`
+    (another engine's own TTL field: `job:spec.ttlSecondsAfterFinished`,
+    `sparkapplication:spec.timeToLiveSeconds`), `policy:<name>` or `default`.
+    `deadline` is set (UTC) exactly when `action` is schedule.
     """
 
     target: Target
@@ -330,12 +332,11 @@ def _from_argo(run: RunRef, now: datetime) -> Decision | None:
     except OverflowError:
         ttl = timedelta.max
     if run.engine is not Engine.ARGO:
-        # Only Argo has a ttlStrategy; any other kind's engine TTL is a Job's field (the
-        # adapter carries it as secondsAfterCompletion), so the label names that field.
-        source = f"{run.kind.lower()}:spec.ttlSecondsAfterFinished"
-        return _after(
-            Target.KUBERNETES, run, now, ttl, source, f"spec.ttlSecondsAfterFinished={seconds}"
-        )
+        # Only Argo has a ttlStrategy; any other kind's engine TTL is one field of its own
+        # (the adapter carries it as secondsAfterCompletion), so the label names that field.
+        own = engine_ttl_field(run.api_version, run.kind)
+        source = f"{run.kind.lower()}:{own}"
+        return _after(Target.KUBERNETES, run, now, ttl, source, f"{own}={seconds}")
     return _after(
         Target.KUBERNETES,
         run,

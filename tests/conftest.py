@@ -96,10 +96,11 @@ def install_crd(api_client: client.ApiClient, crd: dict[str, object]) -> None:
 @contextlib.contextmanager
 def kube_stack(work_dir: Path, extra_args: tuple[str, ...] = ()) -> Iterator[KubeStack]:
     """etcd + kube-apiserver with the CRDs of every built-in kind installed (Argo
-    Workflows, Tekton PipelineRuns and TaskRuns, TrainJobs), stopped on exit."""
+    Workflows, Tekton PipelineRuns and TaskRuns, TrainJobs, RayJobs, JobSets,
+    SparkApplications), stopped on exit."""
     server = EmbeddedKube(work_dir, extra_args=extra_args).start()
     api_client = load_api_client(str(server.kubeconfig_path))
-    for crd in run_kind_crds():
+    for crd in run_kind_crds(opt_in=True):
         install_crd(api_client, crd)
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kube-test")
     try:

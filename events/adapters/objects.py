@@ -92,8 +92,8 @@ def _by_phase(body: dict[str, Any], rule: ByPhase, where: str) -> tuple[str, dat
     for path in rule.at:
         found = timestamp(_parent(body, path, where), path.rpartition(".")[2], f"{where}: {path}")
         if found is not None:
-            return phase, found
-    return phase, None
+            return rule.reported(phase), found
+    return rule.reported(phase), None
 
 
 def _by_conditions(body: dict[str, Any], spec: KindSpec, where: str) -> tuple[str, datetime | None]:
@@ -163,15 +163,48 @@ def _engine_ttl(body: dict[str, Any], engine_ttl: EngineTTL, where: str) -> Argo
             )
         return None
     if engine_ttl is EngineTTL.JOB:
-        spec = child_object(body, "spec", f"{where}: spec")
-        seconds = spec.get("ttlSecondsAfterFinished")
-        if seconds is None:
-            return None
-        return _strategy(
-            {"secondsAfterCompletion": _int(seconds, f"{where}: spec.ttlSecondsAfterFinished")},
-            f"{where}: spec.ttlSecondsAfterFinished",
-        )
+        return _seconds_field(body, "ttlSecondsAfterFinished", where)
+    if engine_ttl is EngineTTL.RAY:
+        return _ray_ttl(body, where)
+    if engine_ttl is EngineTTL.SPARK:
+        return _seconds_field(body, "timeToLiveSeconds", where)
     return None
+
+
+def _seconds_field(body: dict[str, Any], name: str, where: str) -> ArgoTTLStrategy | None:
+    """spec.<name>, seconds after finishing in any phase (absent: no engine TTL)."""
+    spec = child_object(body, "spec", f"{where}: spec")
+    seconds = spec.get(name)
+    if seconds is None:
+        return None
+    return _strategy(
+        {"secondsAfterCompletion": _int(seconds, f"{where}: spec.{name}")},
+        f"{where}: spec.{name}",
+    )
+
+
+def _ray_ttl(body: dict[str, Any], where: str) -> ArgoTTLStrategy | None:
+    """KubeRay's rule (rayjob_controller.go, handleShutdownAfterJobFinishes): the TTL
+    counts only with shutdownAfterJobFinishes true, and not for a RayJob that runs on an
+    existing cluster (clusterSelector), whose finish KubeRay leaves alone. Absent, it is
+    the CRD's default, 0: KubeRay acts the moment the RayJob finished, and so does lapse
+    (with Background propagation the RayCluster goes with the RayJob, as KubeRay's own
+    DELETE_RAYJOB_CR_AFTER_JOB_FINISHES does)."""
+    spec = child_object(body, "spec", f"{where}: spec")
+    shutdown = spec.get("shutdownAfterJobFinishes")
+    if shutdown is not None and not isinstance(shutdown, bool):
+        raise InvalidEvent(
+            f"{where}: spec.shutdownAfterJobFinishes must be a boolean, not {json_kind(shutdown)}"
+        )
+    if not shutdown or child_object(spec, "clusterSelector", f"{where}: spec.clusterSelector"):
+        return None
+    seconds = spec.get("ttlSecondsAfterFinished")
+    if seconds is None:
+        seconds = 0
+    return _strategy(
+        {"secondsAfterCompletion": _int(seconds, f"{where}: spec.ttlSecondsAfterFinished")},
+        f"{where}: spec.ttlSecondsAfterFinished",
+    )
 
 
 def _argo_ttl(value: Any, where: str) -> ArgoTTLStrategy:

@@ -23,7 +23,7 @@ from pydantic import (
 )
 from sqlalchemy.engine import make_url
 
-from events.kinds import BUILTIN_KINDS, KindSet, KindSpec, resolve_kinds
+from events.kinds import DEFAULT_KIND_NAMES, KindSet, KindSpec, resolve_kinds
 from functions.durations import PositiveDuration
 from functions.policy import Policies
 from functions.safety import SafetyConfig
@@ -315,7 +315,8 @@ def _kinds(value: object) -> object:
 
 
 # The kinds lapse plans and deletes (events/kinds.py): a list of built-in names
-# (argo-workflow, tekton-pipelinerun, tekton-taskrun, job, trainjob) and declarations.
+# (argo-workflow, tekton-pipelinerun, tekton-taskrun, job, trainjob, and the opt-in
+# rayjob, jobset, sparkapplication) and declarations.
 Kinds = Annotated[
     KindSet,
     BeforeValidator(_kinds),
@@ -332,4 +333,4 @@ class LapseConfig(_Section):
     policies: Policies = ()
     safety: SafetyConfig = SafetyConfig()
     ingress: IngressConfig = IngressConfig()
-    kinds: Kinds = Field(default_factory=lambda: resolve_kinds(BUILTIN_KINDS))
+    kinds: Kinds = Field(default_factory=lambda: resolve_kinds(DEFAULT_KIND_NAMES))

@@ -32,6 +32,14 @@ TEKTON_VERSION = "v1.6.0"
 TEKTON_MODULE = "github.com/tektoncd/pipeline"
 TRAINER_VERSION = "v2.0.0"
 TRAINER_MODULE = "github.com/kubeflow/trainer/v2"
+# The opt-in kinds' CRDs (events/kinds.py), from each project's own Go module at a
+# version the module proxy serves.
+KUBERAY_VERSION = "v1.5.1"
+KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"
+JOBSET_VERSION = "v0.11.1"
+JOBSET_MODULE = "sigs.k8s.io/jobset"
+SPARK_OPERATOR_VERSION = "v2.4.0"
+SPARK_OPERATOR_MODULE = "github.com/kubeflow/spark-operator/v2"
 BUILD_SCRIPT = Path(__file__).with_name("build-kube.sh")
 
 ADMIN_USER = "admin"
@@ -112,9 +120,42 @@ def trainjob_crd(version: str = TRAINER_VERSION) -> dict[str, object]:
     return crd
 
 
-def run_kind_crds() -> list[dict[str, object]]:
-    """The CRDs of every built-in kind (events/kinds.py); Jobs are built into Kubernetes."""
-    return [argo_workflow_crd(), *tekton_crds(), trainjob_crd()]
+def rayjob_crd(version: str = KUBERAY_VERSION) -> dict[str, object]:
+    """KubeRay's RayJob CRD (ray.io/v1, with v1alpha1 still served: no conversion)."""
+    return _module_crd(KUBERAY_MODULE, version, "config/crd/bases/ray.io_rayjobs.yaml")
+
+
+def jobset_crd(version: str = JOBSET_VERSION) -> dict[str, object]:
+    """The JobSet CRD (jobset.x-k8s.io/v1alpha2), without the JobSet webhooks: nothing
+    defaults or validates a JobSet here beyond its OpenAPI schema."""
+    return _module_crd(
+        JOBSET_MODULE, version, "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
+    )
+
+
+def sparkapplication_crd(version: str = SPARK_OPERATOR_VERSION) -> dict[str, object]:
+    """The Spark Operator's SparkApplication CRD (sparkoperator.k8s.io/v1beta2)."""
+    return _module_crd(
+        SPARK_OPERATOR_MODULE,
+        version,
+        "config/crd/bases/sparkoperator.k8s.io_sparkapplications.yaml",
+    )
+
+
+def _module_crd(module: str, version: str, path: str) -> dict[str, object]:
+    crd: dict[str, object] = yaml.safe_load((go_module_dir(module, version) / path).read_text())
+    return crd
+
+
+def run_kind_crds(*, opt_in: bool = False) -> list[dict[str, object]]:
+    """The CRDs of the default kinds (events/kinds.py; Jobs are built into Kubernetes),
+    and with `opt_in` also those of the opt-in ones (RayJob, JobSet, SparkApplication),
+    which only the tests need: `lapse up` does not download three more modules for kinds
+    its default configuration does not watch."""
+    crds = [argo_workflow_crd(), *tekton_crds(), trainjob_crd()]
+    if opt_in:
+        crds += [rayjob_crd(), jobset_crd(), sparkapplication_crd()]
+    return crds
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Every built-in kind, planned and deleted by the same pipeline, against a real
 kube-apiserver with the real CRDs (Tekton v1.6.0 PipelineRun/TaskRun, Kubeflow Trainer
-v2.0.0 TrainJob, read from the pinned Go modules) and real batch/v1 Jobs, and real NATS.
+v2.0.0 TrainJob, KubeRay v1.5.1 RayJob, JobSet v0.11.1, Spark Operator v2.4.0
+SparkApplication, read from the pinned Go modules) and real batch/v1 Jobs, and real NATS.
 
 No engine controller runs: objects are written finished, as their controller would leave
 them (status through the status subresource). API requests are counted by the API server
@@ -21,18 +22,29 @@ from cloudevents.core.base import BaseCloudEvent
 from kubernetes import client
 from nats.js import JetStreamContext
 
+from events.adapters import Ignored
 from events.adapters.objects import adapt
 from events.builder import build_event, parse_payload
 from events.kinds import (
     ARGO_WORKFLOW,
+    BUILTIN_KINDS,
     JOB,
+    JOBSET,
+    RAYJOB,
+    SPARK_APPLICATION,
     TEKTON_PIPELINERUN,
     TEKTON_TASKRUN,
     TRAINJOB,
     KindSpec,
     resolve_kinds,
 )
-from events.models import CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
+from events.models import (
+    CleanupCompleted,
+    CleanupDue,
+    CleanupFailed,
+    CleanupScheduled,
+    RunFinished,
+)
 from events.run import Target
 from events.timeutil import format_rfc3339
 from events.types import EventType, Outcome
@@ -49,6 +61,8 @@ from tests.unit.test_object_reaper_verdict import argo_workflow
 
 STREAMS = Streams()
 PREFIX = "kinds-"
+# The opt-in kinds too: a reaper or planner of the default configuration refuses them.
+EVERY_KIND = resolve_kinds(BUILTIN_KINDS)
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +74,7 @@ def leave_nothing(kube: KubeStack) -> Iterator[None]:
         name = namespace.metadata.name
         if not name.startswith(PREFIX):
             continue
-        for spec in (ARGO_WORKFLOW, TEKTON_PIPELINERUN, TEKTON_TASKRUN, JOB, TRAINJOB):
+        for spec in BUILTIN_KINDS.values():
             # Background: the API's default for Jobs is Orphan, whose finalizer only the
             # garbage collector (not running here) would remove.
             custom.delete_collection_namespaced_custom_object(
@@ -76,8 +90,10 @@ def ago(seconds: float) -> str:
     return format_rfc3339(datetime.now(UTC) - timedelta(seconds=seconds))
 
 
-def meta(namespace: str, name: str, ttl: str = "10m", **extra: Any) -> dict[str, Any]:
-    return {"name": name, "namespace": namespace, "annotations": {"lapse.dev/ttl": ttl}, **extra}
+def meta(namespace: str, name: str, ttl: str | None = "10m", **extra: Any) -> dict[str, Any]:
+    """`ttl` None: no lapse.dev/ttl, so the engine's own TTL (or a policy) decides."""
+    annotations = {"lapse.dev/ttl": ttl} if ttl is not None else {}
+    return {"name": name, "namespace": namespace, "annotations": annotations, **extra}
 
 
 def condition(kind: str, status: str, when: str) -> dict[str, Any]:
@@ -164,13 +180,138 @@ def trainjob(namespace: str, name: str, **meta_extra: Any) -> tuple[dict[str, An
     return body, status
 
 
+def rayjob(
+    namespace: str,
+    name: str,
+    *,
+    done: bool = True,
+    ttl_seconds: int | None = None,
+    **meta_extra: Any,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A RayJob as KubeRay leaves it: jobDeploymentStatus Complete, endTime set when it
+    turned so. `ttl_seconds` sets KubeRay's own TTL with shutdownAfterJobFinishes."""
+    spec: dict[str, Any] = {"entrypoint": "python train.py"}
+    if ttl_seconds is not None:
+        spec |= {"shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": ttl_seconds}
+    body = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": meta(namespace, name, **meta_extra),
+        "spec": spec,
+    }
+    status: dict[str, Any] = {"startTime": ago(25 * 60), "jobId": f"{name}-raysubmit"}
+    if done:
+        status |= {
+            "jobStatus": "SUCCEEDED",
+            "jobDeploymentStatus": "Complete",
+            "endTime": ago(20 * 60),
+        }
+    else:
+        status |= {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"}
+    return body, status
+
+
+def jobset(
+    namespace: str,
+    name: str,
+    *,
+    done: bool = True,
+    ttl_seconds: int | None = None,
+    **meta_extra: Any,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A JobSet as its controller leaves it: Completed True, terminalState Completed."""
+    pod = {
+        "restartPolicy": "Never",
+        "containers": [{"name": "main", "image": "registry.invalid/train:1"}],
+    }
+    spec: dict[str, Any] = {
+        "replicatedJobs": [
+            {"name": "workers", "replicas": 1, "template": {"spec": {"template": {"spec": pod}}}}
+        ]
+    }
+    if ttl_seconds is not None:
+        spec["ttlSecondsAfterFinished"] = ttl_seconds
+    body = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": meta(namespace, name, **meta_extra),
+        "spec": spec,
+    }
+    finished = ago(20 * 60)
+    status: dict[str, Any] = {"restarts": 0}
+    if done:
+        status |= {
+            "terminalState": "Completed",
+            "conditions": [condition("Completed", "True", finished)],
+        }
+    else:
+        status["conditions"] = [condition("StartupPolicyCompleted", "True", finished)]
+    return body, status
+
+
+def sparkapplication(
+    namespace: str,
+    name: str,
+    *,
+    done: bool = True,
+    ttl_seconds: int | None = None,
+    **meta_extra: Any,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A SparkApplication as the operator leaves it: COMPLETED, terminationTime set."""
+    spec: dict[str, Any] = {
+        "type": "Python",
+        "mode": "cluster",
+        "sparkVersion": "3.5.5",
+        "mainApplicationFile": "local:///opt/spark/examples/src/main/python/pi.py",
+        "driver": {"cores": 1, "memory": "512m"},
+        "executor": {"instances": 1, "cores": 1, "memory": "512m"},
+    }
+    if ttl_seconds is not None:
+        spec["timeToLiveSeconds"] = ttl_seconds
+    body = {
+        "apiVersion": "sparkoperator.k8s.io/v1beta2",
+        "kind": "SparkApplication",
+        "metadata": meta(namespace, name, **meta_extra),
+        "spec": spec,
+    }
+    status: dict[str, Any] = {
+        "driverInfo": {"podName": f"{name}-driver"},
+        "lastSubmissionAttemptTime": ago(25 * 60),
+    }
+    if done:
+        status |= {"applicationState": {"state": "COMPLETED"}, "terminationTime": ago(20 * 60)}
+    else:
+        status["applicationState"] = {"state": "RUNNING"}
+    return body, status
+
+
 MAKERS = {
     TEKTON_PIPELINERUN.name: pipelinerun,
     TEKTON_TASKRUN.name: taskrun,
     JOB.name: job,
     TRAINJOB.name: trainjob,
+    RAYJOB.name: rayjob,
+    JOBSET.name: jobset,
+    SPARK_APPLICATION.name: sparkapplication,
 }
-KINDS = {spec.name: spec for spec in (TEKTON_PIPELINERUN, TEKTON_TASKRUN, JOB, TRAINJOB)}
+KINDS = {
+    spec.name: spec
+    for spec in (
+        TEKTON_PIPELINERUN,
+        TEKTON_TASKRUN,
+        JOB,
+        TRAINJOB,
+        RAYJOB,
+        JOBSET,
+        SPARK_APPLICATION,
+    )
+}
+# The opt-in kinds, each with its engine's own TTL field (as `plan` and `history` name it).
+ENGINE_TTL_KINDS = {
+    RAYJOB.name: "rayjob:spec.ttlSecondsAfterFinished",
+    JOBSET.name: "jobset:spec.ttlSecondsAfterFinished",
+    SPARK_APPLICATION.name: "sparkapplication:spec.timeToLiveSeconds",
+}
 
 
 @dataclass
@@ -186,8 +327,16 @@ class Stage:
         created["status"] = status
         return await self.objects.replace_status(spec, namespace, name, created)
 
+    def planner(self) -> Planner:
+        return Planner(
+            schedules=NatsScheduleStore(self.js, STREAMS),
+            emitter=NatsEmitter(self.js, STREAMS),
+            kinds=EVERY_KIND,
+        )
+
     def reaper(self, **kwargs: Any) -> ObjectReaper:
         safety = kwargs.pop("safety", SafetyConfig())
+        kwargs.setdefault("kinds", EVERY_KIND)
         return ObjectReaper(
             objects=self.objects,
             schedules=NatsScheduleStore(self.js, STREAMS),
@@ -206,7 +355,7 @@ class Stage:
 
 @pytest.fixture
 def stage(kube: KubeStack, lapse_streams: JetStreamContext) -> Stage:
-    return Stage(kube, lapse_streams, KubeObjects(kube.api_client, kube.executor))
+    return Stage(kube, lapse_streams, KubeObjects(kube.api_client, kube.executor, EVERY_KIND))
 
 
 def due_event(spec: KindSpec, obj: dict[str, Any], deadline_shift: float = 0) -> BaseCloudEvent:
@@ -312,6 +461,9 @@ EXPECTED_REQUESTS = {
     (TEKTON_TASKRUN.name, True): {"taskruns": {"GET": 1, "DELETE": 1}},
     (JOB.name, True): {"jobs": {"GET": 1, "DELETE": 1}},
     (TRAINJOB.name, True): {"trainjobs": {"GET": 1, "DELETE": 1}},
+    (RAYJOB.name, True): {"rayjobs": {"GET": 1, "DELETE": 1}},
+    (JOBSET.name, True): {"jobsets": {"GET": 1, "DELETE": 1}},
+    (SPARK_APPLICATION.name, True): {"sparkapplications": {"GET": 1, "DELETE": 1}},
     # read_before_delete off: one DELETE held to the planned version (not for PipelineRuns,
     # whose gate needs the fresh TaskRuns).
     (TEKTON_PIPELINERUN.name, False): {
@@ -321,6 +473,9 @@ EXPECTED_REQUESTS = {
     (TEKTON_TASKRUN.name, False): {"taskruns": {"DELETE": 1}},
     (JOB.name, False): {"jobs": {"DELETE": 1}},
     (TRAINJOB.name, False): {"trainjobs": {"DELETE": 1}},
+    (RAYJOB.name, False): {"rayjobs": {"DELETE": 1}},
+    (JOBSET.name, False): {"jobsets": {"DELETE": 1}},
+    (SPARK_APPLICATION.name, False): {"sparkapplications": {"DELETE": 1}},
 }
 
 
@@ -465,3 +620,95 @@ async def test_a_workflow_from_a_template_is_deleted_by_the_templates_ttl(
     result = outcome(await stage.reaper().handle(event))
     assert isinstance(result, CleanupCompleted) and result.outcome is Outcome.DELETED
     assert await stage.kube.workflows.get(ns, "from-template") is None
+
+
+async def planned(stage: Stage, spec: KindSpec, obj: dict[str, Any]) -> CleanupDue:
+    """What the planner schedules for `obj` (read by lapse itself), as its due event."""
+    finished = adapt(obj, spec)
+    assert isinstance(finished, RunFinished), finished
+    event = build_event(EventType.RUN_FINISHED, source="/test", data=finished)
+    emitted = [parse_payload(e) for e in await stage.planner().handle(event, Trust.OBSERVED)]
+    [scheduled] = [
+        p for p in emitted if isinstance(p, CleanupScheduled) and p.target is Target.KUBERNETES
+    ]
+    return CleanupDue(
+        run=finished.run,
+        target=Target.KUBERNETES,
+        deadline=scheduled.deadline,
+        policy=scheduled.policy,
+        scheduled_at=finished.run.finished_at,
+    )
+
+
+@pytest.mark.parametrize("name", list(ENGINE_TTL_KINDS))
+async def test_an_opt_in_kind_is_deleted_at_its_engines_own_ttl_and_not_before(
+    stage: Stage, name: str
+) -> None:
+    """No lapse annotation and no policy: the engine's own TTL field decides, counted from
+    the finish time its own controller counts from (finished 20 minutes ago here)."""
+    spec = KINDS[name]
+    ns = stage.kube.namespace(f"{PREFIX}{name}-engine-ttl")
+    expired = await stage.finished(spec, ns, "expired", ttl=None, ttl_seconds=600)
+    due = await planned(stage, spec, expired)
+    assert due.policy == ENGINE_TTL_KINDS[name]
+    assert due.run.finished_at is not None
+    assert due.deadline == due.run.finished_at + timedelta(seconds=600)
+    event = build_event(EventType.CLEANUP_DUE, source="/lapse/ttl-planner", data=due)
+    deleted = outcome(await stage.reaper().handle(event))
+    assert isinstance(deleted, CleanupCompleted) and deleted.outcome is Outcome.DELETED, deleted
+    assert not await stage.exists(spec, expired)
+
+    # An hour's TTL has 40 minutes to go: a due event that says otherwise deletes nothing.
+    young = await stage.finished(spec, ns, "young", ttl=None, ttl_seconds=3600)
+    due = await planned(stage, spec, young)
+    assert due.run.finished_at is not None
+    assert due.deadline == due.run.finished_at + timedelta(hours=1)
+    early = due.model_copy(update={"deadline": due.run.finished_at})
+    event = build_event(EventType.CLEANUP_DUE, source="/lapse/ttl-planner", data=early)
+    result = outcome(await stage.reaper().handle(event))
+    assert isinstance(result, CleanupCompleted) and result.outcome is Outcome.RESCHEDULED, result
+    assert await stage.exists(spec, young)
+
+
+@pytest.mark.parametrize("name", list(ENGINE_TTL_KINDS))
+async def test_an_unfinished_opt_in_kind_is_never_deleted(stage: Stage, name: str) -> None:
+    """Planned when it looked finished, running again when its deadline came (a claim, or
+    a re-run): the reaper reads it, finds it unfinished and keeps it."""
+    spec = KINDS[name]
+    ns = stage.kube.namespace(f"{PREFIX}{name}-running")
+    obj = await stage.finished(spec, ns, "running", ttl_seconds=0)
+    event = due_event(spec, obj)
+    obj["status"] = MAKERS[name](ns, "running", done=False)[1]
+    running = await stage.objects.replace_status(spec, ns, "running", obj)
+    assert isinstance(adapt(running, spec), Ignored)
+    result = outcome(await stage.reaper().handle(event))
+    assert isinstance(result, CleanupCompleted) and result.outcome is Outcome.KEPT, result
+    assert "not finished" in (result.detail or "")
+    assert await stage.exists(spec, obj)
+
+
+async def test_a_jobset_run_by_a_trainjob_is_left_to_the_trainjob(stage: Stage) -> None:
+    """Kubeflow Trainer runs a TrainJob as a JobSet it controls: the JobSet is never
+    planned, and a due event for it (forged, or from before the owner was set) keeps it."""
+    ns = stage.kube.namespace(f"{PREFIX}jobset-owned")
+    owner = await stage.finished(TRAINJOB, ns, "train")
+    loose = await stage.finished(JOBSET, ns, "train", ttl_seconds=0)
+    event = due_event(JOBSET, loose)
+    loose["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainJob",
+            "name": "train",
+            "uid": owner["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    owned = await stage.objects.replace(JOBSET, ns, "train", loose)
+    ignored = adapt(owned, JOBSET)
+    assert isinstance(ignored, Ignored)
+    assert "controlled by TrainJob/train" in ignored.reason
+    result = outcome(await stage.reaper().handle(event))
+    assert isinstance(result, CleanupCompleted) and result.outcome is Outcome.KEPT, result
+    assert "left to its owner" in (result.detail or "")
+    assert await stage.exists(JOBSET, owned)

@@ -30,6 +30,9 @@ RUN_KINDS = [
     ("tekton.dev", "taskruns"),
     ("batch", "jobs"),
     ("trainer.kubeflow.org", "trainjobs"),
+    ("ray.io", "rayjobs"),
+    ("jobset.x-k8s.io", "jobsets"),
+    ("sparkoperator.k8s.io", "sparkapplications"),
 ]
 
 
