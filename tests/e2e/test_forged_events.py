@@ -86,6 +86,8 @@ def write_config(path: Path, nats_url: str, kube: KubeStack, db: Database) -> Pa
         "    match: {has_labels: [pipeline/runid]}\n"
         "    kubernetes: {ttl: 1h}\n"
         "    database: {ttl: 1h}\n"
+        # A real cluster deletes only in the namespaces it is given (else dry-run).
+        "safety: {namespaces: {include: ['*']}}\n"
     )
     return path
 

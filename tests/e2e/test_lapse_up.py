@@ -249,6 +249,8 @@ def ingress_config(path: Path, nats_url: str, kube: KubeStack, token_file: Path 
     token = f"ingress: {{token_file: '{token_file}'}}\n" if token_file else ""
     path.write_text(
         f"nats: {{url: '{nats_url}'}}\nkubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n{token}"
+        # A real cluster deletes only in the namespaces it is given (else dry-run).
+        "safety: {namespaces: {include: ['*']}}\n"
     )
     return path
 
