@@ -1,0 +1,775 @@
+"""The forged-input suite (issue 23): generated forged and replayed events through every
+entrance lapse has, against real objects and real KFP rows that are not due, delete nothing,
+and each one ends recorded.
+
+The entrances, as an attacker inside the cluster reaches them:
+- `lapse up`'s HTTP ingress (the in-process `Pipeline` serving it on a real port);
+- each function over HTTP exactly as Knative serves it (`FunctionShell` behind
+  func-python's ASGI app, as `lapse serve` runs it): ttl-planner, object-reaper, row-reaper;
+- NATS subjects: `lapse.events.<type>`, `lapse.due.<target>.<uid>`,
+  `lapse.sched.<target>.<uid>`, published WITHOUT the `Lapse-Observed` header.
+
+The victims are not due: finished Workflows and Jobs kept for a week by their own TTL,
+Running Workflows and Jobs, KFP rows of Running runs, and KFP rows whose stored database
+schedule is an hour away. The forgeries: `cleanup.due` for both targets with deadlines in
+the past, now or the future, real uids of the victims or random ones, real or random KFP
+run ids, run refs claiming another phase, finish time or `lapse.dev/ttl: 1s`, with and
+without `ce-lapseobserved: apiserver`; `run.finished`/`run.deleted` with past finish times;
+Knative ApiServerSource Resource-mode events claiming Running runs completed; and replays of
+real due events after their schedule moved later.
+
+Asserted, on the real servers: every victim object (GET) and every victim row (COUNT) is
+still there; every push is answered 2xx or 4xx (5xx only where the design says: a 503 is a
+transient "retry later"); every forged due event ends in an outcome on the audit stream
+(refused, rescheduled, kept, skipped, already_gone, replaced) or a cleanup.failed, every
+other push is a 4xx, or handled (the dispatcher's consumers drain); and the "nothing else
+happened" check waits on something that would have happened: a control run, due in a
+second, is deleted (object and rows) after the forgeries.
+
+The NATS part runs against a plain embedded nats-server, where anyone who can connect may
+publish anything: `NatsEntrance` says what an unprivileged publisher may be expected to
+write there. On plain NATS, a message on `lapse.due.database.*` or
+`lapse.sched.database.*` IS lapse's stored schedule (the row-reaper's proof, by design:
+docs/architecture.md "Connecting to NATS"), so database-target forgeries there name only
+Running runs (whose rows the database itself keeps) or unknown runs; the credentialed
+variant (an identity without publish rights on `lapse.due.>`/`lapse.sched.>`) adds the
+rest, and asserts the server refuses those publishes.
+
+Bounded for `make test`: LAPSE_FORGED_EXAMPLES (default 120) examples per entrance;
+hypothesis generates them, derandomized so a failure reproduces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cloudevents.core.base import BaseCloudEvent
+from cloudevents.core.bindings.http import to_binary_event, to_structured_event
+from cloudevents.core.v1.event import CloudEvent
+from func_python.cloudevent import ASGIApplication
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from sqlalchemy import update
+
+from events.builder import build_event, outcome_id
+from events.kinds import ARGO_WORKFLOW, JOB, KindSpec
+from events.models import CleanupDue, RunDeleted, RunFinished
+from events.nats_binding import from_nats, to_nats
+from events.observed import OBSERVED_EXTENSION, OBSERVED_HEADER
+from events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
+from events.subjects import due_subject, event_subject, schedule_subject
+from events.timeutil import format_rfc3339
+from events.types import EventType
+from lapse.config import LapseConfig, Streams, load_config
+from lapse.edges.database import create_engine
+from lapse.edges.kubernetes import KubeObjects
+from lapse.edges.nats import connect
+from lapse.edges.publishing import NatsPublisher
+from lapse.edges.schedules import NatsScheduleStore, schedule_headers
+from lapse.embedded.nats import EmbeddedNats
+from lapse.embedded.process import free_port
+from lapse.runtime.knative import FunctionShell
+from lapse.runtime.pipeline import Pipeline
+from lapse.runtime.routing import load_routes
+from tests.conftest import KubeStack
+from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_counts, run_details
+from tests.stack import Database, scratch_database, wait_for
+
+pytestmark = [pytest.mark.kube, pytest.mark.nats, pytest.mark.db]
+
+EXAMPLES = int(os.environ.get("LAPSE_FORGED_EXAMPLES", "120"))
+STREAMS = Streams()
+FULL_ROWS = {"run_details": 1, "run_metrics": 2, "tasks": 2, "resource_references": 2}
+# What a forged or replayed due event may end in: nothing here is due.
+HARMLESS = {"refused", "rescheduled", "kept", "skipped", "already_gone", "replaced"}
+WEEK = 7 * 24 * 3600
+
+
+# --- the world: victims that are not due, a pipeline, the functions -------------------------
+
+
+@dataclass(frozen=True)
+class Victim:
+    """A run that is not due: an object on the API server and/or KFP rows."""
+
+    kind: KindSpec | None  # None: rows only (their Workflow is gone)
+    namespace: str
+    name: str
+    uid: str
+    kfp_run_id: str | None
+    running: bool
+    body: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def engine(self) -> Engine:
+        return Engine.JOB if self.kind is JOB else Engine.ARGO
+
+    @property
+    def api_version(self) -> str:
+        return "batch/v1" if self.kind is JOB else "argoproj.io/v1alpha1"
+
+    @property
+    def kind_name(self) -> str:
+        return "Job" if self.kind is JOB else "Workflow"
+
+
+@dataclass
+class World:
+    config_path: Path
+    config: LapseConfig
+    namespace: str
+    nats: NatsClient
+    js: JetStreamContext
+    kube: KubeStack
+    objects: KubeObjects
+    db: Database
+    victims: list[Victim]
+    ingress_url: str
+    shells: dict[str, httpx.AsyncClient]
+    # The deadlines lapse stored for the victims before any forgery: none may come earlier.
+    stored: dict[tuple[Target, str], datetime]
+    controls: int = 0
+
+    @property
+    def kfp_ids(self) -> list[str]:
+        return [v.kfp_run_id for v in self.victims if v.kfp_run_id]
+
+
+def write_config(path: Path, nats_url: str, kube: KubeStack, db: Database, ns: str) -> Path:
+    path.write_text(
+        f"nats: {{url: '{nats_url}'}}\n"
+        f"kubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n"
+        f"database: {{url: '{db.url}', targets: {{kfp: {{enabled: true}}}}}}\n"
+        # Every refusal recorded: the suite checks each one ends somewhere.
+        "ingress: {max_records_per_minute: 100000}\n"
+        # The session's API server holds other tests' objects: the reapers stay here.
+        f"safety: {{namespaces: {{include: ['{ns}']}}}}\n"
+        "policies:\n"
+        "  - name: control\n"
+        "    match: {labels: {role: control}}\n"
+        "    kubernetes: {ttl: 1s}\n"
+        "    database: {ttl: 1s}\n"
+        "  - name: kfp-runs\n"
+        "    match: {has_labels: [pipeline/runid]}\n"
+        "    kubernetes: {ttl: 1h}\n"
+        "    database: {ttl: 1h}\n"
+    )
+    return path
+
+
+def rfc3339(moment: datetime) -> str:
+    return format_rfc3339(moment.replace(microsecond=0))
+
+
+def workflow_body(name: str, *, running: bool, kfp_run_id: str, role: str) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    labels = {
+        "workflows.argoproj.io/completed": "false" if running else "true",
+        "workflows.argoproj.io/phase": "Running" if running else "Succeeded",
+        KFP_RUN_ID_LABEL: kfp_run_id,
+        "pipeline/persistedFinalState": "true",
+        "role": role,
+    }
+    status: dict[str, Any] = {"phase": "Running", "startedAt": rfc3339(now - timedelta(days=2))}
+    if not running:
+        status.update(phase="Succeeded", finishedAt=rfc3339(now - timedelta(days=2)))
+    annotations = {} if role == "control" else {"lapse.dev/ttl": "7d"}
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "spec": {"entrypoint": "main"},
+        "status": status,
+    }
+
+
+def job_body(name: str, *, running: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    started = rfc3339(datetime.now(UTC) - timedelta(days=2))
+    body = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            # A week after it finished: its own TTL, the engine's.
+            "ttlSecondsAfterFinished": WEEK,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": "registry.invalid/x:1"}],
+                }
+            },
+        },
+    }
+    status: dict[str, Any] = {"startTime": started, "active": 1}
+    if not running:
+        done = rfc3339(datetime.now(UTC) - timedelta(days=1))
+        status = {
+            "startTime": started,
+            "completionTime": done,
+            "succeeded": 1,
+            "conditions": [
+                {"type": kind, "status": "True", "reason": kind, "message": "",
+                 "lastTransitionTime": done}
+                for kind in ("SuccessCriteriaMet", "Complete")
+            ],
+        }  # fmt: skip
+    return body, status
+
+
+async def plan_as_the_watcher(js: JetStreamContext, obj: dict[str, Any]) -> None:
+    """The run event lapse's own watcher publishes for an object it read (observed)."""
+    from events.adapters import adapt_object
+    from events.kinds import DEFAULT_KINDS
+
+    finished = adapt_object(obj, False, DEFAULT_KINDS)
+    assert isinstance(finished, RunFinished), finished
+    event = build_event(EventType.RUN_FINISHED, source="/lapse/watcher", data=finished)
+    await NatsPublisher(js, STREAMS, observed=True).publish(event)
+
+
+@pytest.fixture(scope="module")
+async def kfp_database() -> AsyncIterator[Database]:
+    async with scratch_database("postgresql") as db:
+        engine = create_engine(db.url)
+        await create_kfp_tables(engine)
+        await engine.dispose()
+        yield db
+
+
+@pytest.fixture(scope="module")
+def module_nats(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A nats-server of this module's own: it owns every stream's contents."""
+    server = EmbeddedNats(tmp_path_factory.mktemp("forged-nats")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+async def world(
+    tmp_path_factory: pytest.TempPathFactory,
+    module_nats: EmbeddedNats,
+    kube: KubeStack,
+    kfp_database: Database,
+) -> AsyncIterator[World]:
+    ns = kube.namespace(f"forged-{uuid.uuid4().hex[:6]}")
+    path = write_config(
+        tmp_path_factory.mktemp("forged") / "lapse.yaml", module_nats.url, kube, kfp_database, ns
+    )
+    config = load_config(str(path), env={})
+    engine = create_engine(kfp_database.url)
+    objects = KubeObjects(kube.api_client, kube.executor)
+    victims: list[Victim] = []
+    running_ids = [str(uuid.uuid4()) for _ in range(2)]
+    finished_ids = [str(uuid.uuid4()) for _ in range(2)]
+    orphan_ids = [str(uuid.uuid4()) for _ in range(2)]
+    async with engine.begin() as conn:
+        await insert_kfp_runs(conn, [*running_ids, *finished_ids, *orphan_ids])
+        # What KFP holds for a run that is still going.
+        await conn.execute(
+            update(run_details)
+            .where(run_details.c["UUID"].in_(running_ids))
+            .values(FinishedAtInSec=0, State="RUNNING", Conditions="Running")
+        )
+    for i, (run_id, running) in enumerate(
+        [(r, True) for r in running_ids] + [(f, False) for f in finished_ids]
+    ):
+        name = f"{'running' if running else 'finished'}-wf-{i}"
+        body = workflow_body(name, running=running, kfp_run_id=run_id, role="victim")
+        created = await kube.workflows.create(ns, body)
+        victims.append(
+            Victim(ARGO_WORKFLOW, ns, name, created["metadata"]["uid"], run_id, running, created)
+        )
+    for running in (True, False):
+        name = f"{'running' if running else 'finished'}-job"
+        body, status = job_body(name, running=running)
+        created = await objects.create(JOB, ns, body)
+        created["status"] = status
+        created = await objects.replace_status(JOB, ns, name, created)
+        victims.append(Victim(JOB, ns, name, created["metadata"]["uid"], None, running, created))
+
+    nc = await connect(module_nats.url)
+    js = nc.jetstream()
+    stop = asyncio.Event()
+    port = free_port()
+    # `lapse up` without the watcher (the session's API server holds other tests' objects):
+    # the victims are planned by the run events the watcher would publish.
+    pipeline = Pipeline(config, nats_url=module_nats.url, watch=False, listen=f"127.0.0.1:{port}")
+    running_pipeline = asyncio.create_task(pipeline.run(stop))
+    await asyncio.wait_for(pipeline.ready.wait(), timeout=60)
+    store = NatsScheduleStore(js, STREAMS)
+    for victim in victims:
+        if not victim.running:
+            await plan_as_the_watcher(js, victim.body)
+    for i, run_id in enumerate(orphan_ids):
+        # Rows whose Workflow is gone, with the database deadline lapse stored an hour away
+        # (as `lapse reconcile` leaves it).
+        uid = str(uuid.uuid4())
+        victims.append(Victim(None, ns, f"gone-{i}", uid, run_id, False))
+        run = RunRef(
+            engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+            namespace=ns, name=f"gone-{i}", uid=uid, phase="Succeeded", kfp_run_id=run_id,
+            labels={KFP_RUN_ID_LABEL: run_id},
+            finished_at=datetime.now(UTC) - timedelta(days=1),
+        )  # fmt: skip
+        deadline = datetime.now(UTC) + timedelta(hours=1)
+        due = CleanupDue(
+            run=run, target=Target.DATABASE, deadline=deadline, policy="kfp-runs",
+            scheduled_at=datetime.now(UTC),
+        )  # fmt: skip
+        await store.put(
+            Target.DATABASE, uid, deadline, build_event(EventType.CLEANUP_DUE, "/x", data=due)
+        )
+
+    stored: dict[tuple[Target, str], datetime] = {}
+
+    async def all_planned() -> bool:
+        for victim in victims:
+            if victim.running:
+                continue
+            targets = [Target.DATABASE] if victim.kind is None else list(Target)
+            if victim.kfp_run_id is None:
+                targets = [Target.KUBERNETES]
+            for target in targets:
+                pending = await store.get(target, victim.uid)
+                if pending is None:
+                    return False
+                stored[(target, victim.uid)] = pending.deadline
+        return True
+
+    await wait_for(all_planned, timeout=60, interval=0.2)
+    assert all(d > datetime.now(UTC) + timedelta(minutes=50) for d in stored.values()), stored
+
+    shells: dict[str, httpx.AsyncClient] = {}
+    functions: list[FunctionShell] = []
+    env = {"LAPSE_CONFIG": str(path)}
+    for name in ("ttl-planner", "object-reaper", "row-reaper"):
+        function = FunctionShell(name)
+        function.start(env)
+        await function.started()
+        assert function.ready() == (True, "ready"), function.ready()
+        functions.append(function)
+        transport = httpx.ASGITransport(app=ASGIApplication(function))
+        shells[name] = httpx.AsyncClient(transport=transport, base_url=f"http://{name}")
+    try:
+        yield World(
+            path, config, ns, nc, js, kube, objects, kfp_database, victims,
+            f"http://127.0.0.1:{port}/", shells, stored,
+        )  # fmt: skip
+    finally:
+        for client in shells.values():
+            await client.aclose()
+        for function in functions:
+            function.stop()
+        stop.set()
+        await asyncio.wait_for(running_pipeline, 60)  # raises if the pipeline crashed
+        await nc.close()
+        await engine.dispose()
+
+
+# --- the forgeries ------------------------------------------------------------------------
+
+NOW = datetime.now(UTC)
+PAST_FINISH = st.one_of(
+    st.none(),
+    st.just(datetime(2000, 1, 1, tzinfo=UTC)),
+    st.integers(1, 3650 * 86400).map(lambda s: NOW - timedelta(seconds=s)),
+)
+TTL_CLAIMS: list[dict[str, str]] = [
+    {},
+    {"lapse.dev/ttl": "1s"},
+    {"lapse.dev/ttl": "0s"},
+    {"lapse.dev/expires": "2000-01-01T00:00:00Z"},
+    {"lapse.dev/keep": "false", "lapse.dev/ttl": "1s"},
+]
+
+
+@st.composite
+def forged_runs(draw: st.DrawFn, victims: list[Victim], *, kfp_ids: list[str]) -> RunRef:
+    """A run ref naming a victim (its uid or a random one), claiming whatever helps."""
+    victim = draw(st.sampled_from(victims))
+    uid = draw(st.one_of(st.just(victim.uid), st.uuids().map(str)))
+    kfp_run_id = draw(
+        st.one_of(
+            st.just(victim.kfp_run_id),
+            st.sampled_from(kfp_ids) if kfp_ids else st.none(),
+            st.uuids().map(str),
+        )
+    )
+    labels = {"role": draw(st.sampled_from(["victim", "control"]))}
+    if kfp_run_id is not None:
+        labels[KFP_RUN_ID_LABEL] = kfp_run_id
+    return RunRef(
+        engine=victim.engine,
+        api_version=victim.api_version,
+        kind=victim.kind_name,
+        namespace=victim.namespace,
+        name=victim.name,
+        uid=uid,
+        resource_version=draw(st.sampled_from([None, "1", "999999999"])),
+        phase=draw(st.sampled_from(["Succeeded", "Failed", "Error", "Complete"])),
+        finished_at=draw(PAST_FINISH),
+        labels=labels,
+        annotations=draw(st.sampled_from(TTL_CLAIMS)),
+        kfp_run_id=kfp_run_id,
+    )
+
+
+def claimed(event: BaseCloudEvent, claim: bool) -> BaseCloudEvent:
+    """The event, with the attribute by which a sender claims lapse read it itself."""
+    if not claim:
+        return event
+    return CloudEvent(
+        attributes={**event.get_attributes(), OBSERVED_EXTENSION: "apiserver"},
+        data=event.get_data(),
+    )
+
+
+@st.composite
+def forged_dues(
+    draw: st.DrawFn, victims: list[Victim], *, targets: list[Target], kfp_ids: list[str]
+) -> BaseCloudEvent:
+    run = draw(forged_runs(victims, kfp_ids=kfp_ids))
+    offset = draw(st.sampled_from([-10 * 86400, -3600, -1, 0, 0, 30, 86400]))
+    due = CleanupDue(
+        run=run,
+        target=draw(st.sampled_from(targets)),
+        deadline=datetime.now(UTC) + timedelta(seconds=offset),
+        policy=draw(st.sampled_from(["forged", "kfp-runs", "control"])),
+        scheduled_at=datetime.now(UTC) - timedelta(days=draw(st.integers(0, 30))),
+    )
+    event = build_event(EventType.CLEANUP_DUE, source=draw(SOURCES), data=due)
+    event = CloudEvent(
+        attributes={**event.get_attributes(), "id": f"forged-{draw(st.uuids())}"},
+        data=event.get_data(),
+    )
+    return claimed(event, draw(st.booleans()))
+
+
+SOURCES = st.sampled_from(["/lapse/ttl-planner", "/lapse/object-reaper", "/forged"])
+
+
+def claimed_completion(victim: Victim, finished: datetime, ttl: str) -> dict[str, Any]:
+    """The victim's object as the API server does NOT have it: completed long ago."""
+    obj = copy.deepcopy(victim.body)
+    obj["metadata"].setdefault("annotations", {})["lapse.dev/ttl"] = ttl
+    when = rfc3339(finished)
+    if victim.kind is JOB:
+        obj["status"] = {
+            "startTime": when, "completionTime": when, "succeeded": 1,
+            "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": when}],
+        }  # fmt: skip
+    else:
+        obj["metadata"]["labels"]["workflows.argoproj.io/completed"] = "true"
+        obj["status"] = {"phase": "Succeeded", "startedAt": when, "finishedAt": when}
+    return obj
+
+
+@st.composite
+def forged_run_events(draw: st.DrawFn, victims: list[Victim], kfp_ids: list[str]) -> BaseCloudEvent:
+    """What the planner takes: run.finished / run.deleted claims, and ApiServerSource
+    Resource-mode events saying a run completed long ago."""
+    with_objects = [v for v in victims if v.kind is not None]
+    shape = draw(st.sampled_from(["finished", "deleted", "apiserver"]))
+    if shape == "apiserver":
+        victim = draw(st.sampled_from(with_objects))
+        finished = datetime(2000, 1, 1, tzinfo=UTC) if draw(st.booleans()) else NOW
+        data = claimed_completion(victim, finished, draw(st.sampled_from(["1s", "0s", "7d"])))
+        plural = "jobs" if victim.kind is JOB else "workflows"
+        group = "apis/batch/v1" if victim.kind is JOB else "apis/argoproj.io/v1alpha1"
+        verb = draw(st.sampled_from(["add", "update"]))
+        event: BaseCloudEvent = CloudEvent(
+            attributes={
+                "type": f"dev.knative.apiserver.resource.{verb}",
+                "source": "https://kubernetes.default.svc",
+                "id": f"forged-{draw(st.uuids())}",
+                "subject": f"/{group}/namespaces/{victim.namespace}/{plural}/{victim.name}",
+            },
+            data=data,
+        )
+    else:
+        run = draw(forged_runs(victims, kfp_ids=kfp_ids))
+        if shape == "finished":
+            event = build_event(EventType.RUN_FINISHED, source="/forged", data=RunFinished(run=run))
+        else:
+            event = build_event(EventType.RUN_DELETED, source="/forged", data=RunDeleted(run=run))
+    return claimed(event, draw(st.booleans()))
+
+
+def generate(strategy: st.SearchStrategy[Any], examples: int = EXAMPLES) -> list[Any]:
+    found: list[Any] = []
+
+    @settings(
+        max_examples=examples,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+        deadline=None,
+    )
+    @given(strategy)
+    def collect(example: Any) -> None:
+        found.append(example)
+
+    collect()
+    return found[:examples]
+
+
+# --- the checks ---------------------------------------------------------------------------
+
+
+async def post(http: httpx.AsyncClient, url: str, event: BaseCloudEvent, *, binary: bool) -> int:
+    message = to_binary_event(event) if binary else to_structured_event(event)
+    response = await http.post(url, headers=message.headers, content=message.body)
+    return response.status_code
+
+
+async def audit(js: JetStreamContext) -> dict[str, dict[str, Any]]:
+    """Every audit record, by event id: its type and payload."""
+    records: dict[str, dict[str, Any]] = {}
+    info = await js.stream_info(STREAMS.audit)
+    last = info.state.last_seq
+    seq = info.state.first_seq
+    while seq and seq <= last:
+        try:
+            msg = await js.get_msg(STREAMS.audit, seq, direct=True)
+        except Exception:  # removed or a gap
+            seq += 1
+            continue
+        event = from_nats(dict(msg.headers or {}), msg.data or b"")
+        data = event.get_data()
+        payload = data if isinstance(data, dict) else json.loads(data or b"{}")
+        records[event.get_id()] = {"type": event.get_type(), **payload}
+        seq += 1
+    return records
+
+
+def ending(records: dict[str, dict[str, Any]], event_id: str) -> str | None:
+    """How the due event `event_id` ended: its outcome, `failed`, or None (not yet)."""
+    completed = records.get(outcome_id(event_id, EventType.CLEANUP_COMPLETED))
+    if completed is not None:
+        return str(completed["outcome"])
+    if outcome_id(event_id, EventType.CLEANUP_FAILED) in records:
+        return "failed"
+    return None
+
+
+async def drained(js: JetStreamContext) -> bool:
+    """Every message on a route's subject has been answered by the dispatcher."""
+    for route in load_routes():
+        try:
+            info = await js.consumer_info(route.stream(STREAMS), f"lapse-{route.name}")
+        except Exception:
+            continue  # a route whose function is not running here
+        if info.num_pending or info.num_ack_pending:
+            return False
+    return True
+
+
+async def control_run_deleted(world: World) -> None:
+    """Something that would have happened: a run due in a second, object and rows, is
+    deleted while the forgeries are being answered. Until it is, nothing is concluded."""
+    world.controls += 1
+    run_id = str(uuid.uuid4())
+    engine = create_engine(world.db.url)
+    try:
+        async with engine.begin() as conn:
+            await insert_kfp_runs(conn, [run_id])
+        name = f"control-{world.controls}"
+        body = workflow_body(name, running=False, kfp_run_id=run_id, role="control")
+        created = await world.kube.workflows.create(world.namespace, body)
+        await plan_as_the_watcher(world.js, created)
+
+        async def gone() -> bool:
+            if await world.kube.workflows.get(world.namespace, name) is not None:
+                return False
+            async with engine.connect() as conn:
+                return sum((await kfp_counts(conn, run_id)).values()) == 0
+
+        await wait_for(gone, timeout=90, interval=0.2)
+    finally:
+        await engine.dispose()
+
+
+async def nothing_deleted(world: World) -> None:
+    """Every victim, counted on the real servers; no stored deadline came earlier."""
+    engine = create_engine(world.db.url)
+    try:
+        async with engine.connect() as conn:
+            for victim in world.victims:
+                if victim.kfp_run_id is not None:
+                    rows = await kfp_counts(conn, victim.kfp_run_id)
+                    assert rows == FULL_ROWS, f"rows of {victim} were deleted: {rows}"
+    finally:
+        await engine.dispose()
+    for victim in world.victims:
+        if victim.kind is not None:
+            obj = await world.objects.get(victim.kind, victim.namespace, victim.name)
+            assert obj is not None, f"{victim} was deleted"
+            assert obj["metadata"]["uid"] == victim.uid
+            assert obj["metadata"].get("deletionTimestamp") is None, f"{victim} is being deleted"
+    store = NatsScheduleStore(world.js, STREAMS)
+    for (target, uid), deadline in world.stored.items():
+        now = await store.get(target, uid)
+        assert now is not None and now.deadline >= deadline, (target, uid, now, deadline)
+
+
+async def settle(world: World, due_ids: list[str]) -> dict[str, str]:
+    """After the control run is gone and the dispatcher has answered everything: how each
+    forged due event ended. Each must have ended, harmlessly."""
+    await control_run_deleted(world)
+    await wait_for(lambda: drained(world.js), timeout=120, interval=0.2)
+
+    async def all_ended() -> dict[str, str] | None:
+        records = await audit(world.js)
+        ends = {i: ending(records, i) for i in due_ids}
+        return None if None in ends.values() else {i: e for i, e in ends.items() if e}
+
+    ends = await wait_for(all_ended, timeout=60, interval=0.5)
+    assert set(ends.values()) <= HARMLESS | {"failed"}, Counter(ends.values())
+    await nothing_deleted(world)
+    return ends
+
+
+# --- the entrances ------------------------------------------------------------------------
+
+
+async def test_forged_pushes_to_the_ingress_delete_nothing(world: World) -> None:
+    """`lapse up`'s ingress: run claims are stored and planned from the API server's object;
+    due events have no route there (422, recorded). Every answer is 2xx or 4xx."""
+    kfp = world.kfp_ids
+    events = generate(
+        st.one_of(
+            forged_run_events(world.victims, kfp),
+            forged_dues(world.victims, targets=list(Target), kfp_ids=kfp),
+        )
+    )
+    answers: Counter[int] = Counter()
+    async with httpx.AsyncClient() as http:
+        for i, event in enumerate(events):
+            answers[await post(http, world.ingress_url, event, binary=i % 2 == 0)] += 1
+    assert {code // 100 for code in answers} <= {2, 4}, answers
+    assert answers[202] > 0 and answers[422] > 0, answers
+    refused = [e.get_id() for e in events if e.get_type() == EventType.CLEANUP_DUE]
+    await settle(world, [])
+    # Each refusal at the door is recorded with the event it refused.
+    records = await audit(world.js)
+    originals = {
+        str(r["original"]["attributes"].get("id"))
+        for r in records.values()
+        if r.get("stage") == "ingress" and r.get("original")
+    }
+    assert set(refused) <= originals
+    print(f"\ningress: {len(events)} pushes, answers {dict(sorted(answers.items()))}")
+
+
+async def test_forged_events_to_each_function_over_http_delete_nothing(world: World) -> None:
+    """Each function as Knative serves it: a 202 means handled, and each due event's
+    outcome is on the audit stream; 503 only for a transient wait (none here)."""
+    kfp = world.kfp_ids
+    cases = generate(
+        st.one_of(
+            forged_run_events(world.victims, kfp).map(lambda e: ("ttl-planner", e)),
+            forged_dues(world.victims, targets=[Target.KUBERNETES], kfp_ids=kfp).map(
+                lambda e: ("object-reaper", e)
+            ),
+            forged_dues(world.victims, targets=[Target.DATABASE], kfp_ids=kfp).map(
+                lambda e: ("row-reaper", e)
+            ),
+        )
+    )
+    answers: Counter[tuple[str, int]] = Counter()
+    for i, (function, event) in enumerate(cases):
+        code = await post(world.shells[function], "/", event, binary=i % 2 == 0)
+        answers[(function, code)] += 1
+        assert code == 202, (function, code, event)
+    due_ids = [e.get_id() for f, e in cases if f != "ttl-planner"]
+    ends = await settle(world, due_ids)
+    print(f"\nfunctions: {dict(answers)}; due outcomes {dict(Counter(ends.values()))}")
+
+
+@dataclass(frozen=True)
+class NatsEntrance:
+    """Who publishes, and what such a publisher may be expected to write.
+
+    `publish(subject, headers, body)` as that identity. `writes_stored_state`: whether it
+    may write lapse's stored schedules (`lapse.due.*`, `lapse.sched.*`), as anyone may on
+    a plain server. Where it may, a database-target message there IS lapse's stored
+    proof, so database forgeries there name only Running or unknown runs; the credentialed
+    variant (False) sends them all and asserts each publish is refused by the server."""
+
+    name: str
+    publish: Callable[[str, dict[str, str], bytes], Awaitable[None]]
+    writes_stored_state: bool
+
+
+def plain_nats(js: JetStreamContext) -> NatsEntrance:
+    async def publish(subject: str, headers: dict[str, str], body: bytes) -> None:
+        await js.publish(subject, body, headers=headers)
+
+    return NatsEntrance("plain", publish, writes_stored_state=True)
+
+
+def unmarked(event: BaseCloudEvent) -> tuple[dict[str, str], bytes]:
+    """The event as a NATS message without lapse's mark (and a fresh Nats-Msg-Id)."""
+    message = to_nats(event)
+    headers = {k: v for k, v in message.headers.items() if k != OBSERVED_HEADER}
+    return headers, message.body
+
+
+async def test_forged_messages_on_the_nats_subjects_delete_nothing(world: World) -> None:
+    entrance = plain_nats(world.js)
+    kfp = world.kfp_ids
+    if entrance.writes_stored_state:
+        # Rows whose stored proof such a publisher could write itself: left to the
+        # credentialed variant. Running runs' rows are kept by the database's own word.
+        database_victims = [v for v in world.victims if v.running] or world.victims
+        database_kfp = [v.kfp_run_id for v in database_victims if v.kfp_run_id]
+    else:
+        database_victims, database_kfp = world.victims, kfp
+
+    @st.composite
+    def messages(draw: st.DrawFn) -> tuple[str, BaseCloudEvent]:
+        way = draw(st.sampled_from(["events", "due", "sched"]))
+        if way == "events":
+            event = draw(forged_run_events(world.victims, kfp))
+            return event_subject(str(event.get_type())), event
+        target = draw(st.sampled_from(list(Target)))
+        if target is Target.DATABASE:
+            victims, ids = database_victims, database_kfp
+        else:
+            victims, ids = world.victims, kfp
+        event = draw(forged_dues(victims, targets=[target], kfp_ids=ids))
+        uid = CleanupDue.model_validate(event.get_data()).run.uid
+        subject = due_subject(target, uid) if way == "due" else schedule_subject(target, uid)
+        return subject, event
+
+    batch = generate(messages())
+    due_ids = []
+    now = datetime.now(UTC)
+    for subject, event in batch:
+        headers, body = unmarked(event)
+        if subject.startswith("lapse.sched."):
+            # A schedule that fires at once: its due message is the forged event.
+            target = Target(subject.split(".")[2])
+            uid = subject.split(".", 3)[3]
+            headers = {**headers, **schedule_headers(now, due_subject(target, uid))}
+            headers.pop("Nats-Msg-Id", None)
+        await entrance.publish(subject, headers, body)
+        if event.get_type() == EventType.CLEANUP_DUE:
+            due_ids.append(event.get_id())
+    ends = await settle(world, due_ids)
+    ways = Counter(s.split(".")[1] for s, _ in batch)
+    print(f"\nnats ({entrance.name}): {dict(ways)}; due outcomes {dict(Counter(ends.values()))}")
