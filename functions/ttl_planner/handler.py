@@ -10,7 +10,8 @@
   against the API server first: a finished run is planned from the object as read, a
   claim the API server contradicts (a Running run said to be finished, a run said to be
   deleted that still exists) is refused and recorded, and a run that is gone is timed from
-  now, never moving a stored deadline earlier.
+  now, never moving a stored deadline earlier, and only its object is planned (its rows'
+  identity and policy would be the claim's word).
 
 Each decision is a span (`schedule <target>`, `cancel <target>`); the due event is created
 inside it, so its own `traceparent` names the span that scheduled it, and the reaper's
@@ -107,6 +108,7 @@ class Planner:
             produced = [
                 await self._apply(run, d, keep_pending=keep_pending, observed=change.observed)
                 for d in decisions.values()
+                if change.plans_rows or d.target is not Target.DATABASE
             ]
             return await emit_all(self.emitter, [e for e in produced if e is not None])
         except InvalidEvent as exc:  # also a uid that cannot be a subject token
@@ -156,8 +158,12 @@ class Planner:
         if not exists:
             # Gone (or replaced by another run of that name): nothing lapse can read says
             # when it finished, so it is timed from now, and never earlier than a deadline
-            # already stored for it.
-            return _Change(_timed_from(claim, self.clock()), observed=False, keep_pending=True)
+            # already stored for it. Its rows are not planned: which rows (the KFP run id)
+            # and which policy (the labels) would be the claim's word, and the deadline
+            # stored for those rows is under another run's uid, so nothing here could keep
+            # it from coming earlier. The rows' own run plans them (the watcher, reconcile).
+            timed = _timed_from(claim, self.clock())
+            return _Change(timed, observed=False, keep_pending=True, plans_rows=False)
         fresh = adapt_object(obj, False, self.kinds)
         if isinstance(fresh, RunFinished):
             return _Change(fresh, observed=True)
@@ -256,11 +262,14 @@ class Planner:
 @dataclass(frozen=True, slots=True)
 class _Change:
     """A run change to plan. `observed`: its version is one lapse read from the API server
-    (its schedules say so to the reaper). `keep_pending`: a deadline already stored stands."""
+    (its schedules say so to the reaper). `keep_pending`: a deadline already stored stands.
+    `plans_rows`: False for a claim lapse could not check, whose database target is not
+    planned (`_verify`)."""
 
     payload: RunFinished | RunDeleted
     observed: bool
     keep_pending: bool = False
+    plans_rows: bool = True
 
 
 @dataclass(frozen=True, slots=True)
