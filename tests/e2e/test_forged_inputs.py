@@ -164,6 +164,10 @@ def write_config(path: Path, nats_url: str, kube: KubeStack, db: Database, ns: s
         "    match: {labels: {role: control}}\n"
         "    kubernetes: {ttl: 1s}\n"
         "    database: {ttl: 1s}\n"
+        "  - name: replay\n"
+        "    match: {labels: {role: replay}}\n"
+        "    kubernetes: {ttl: 2s}\n"
+        "    database: {ttl: 2s}\n"
         "  - name: kfp-runs\n"
         "    match: {has_labels: [pipeline/runid]}\n"
         "    kubernetes: {ttl: 1h}\n"
@@ -189,7 +193,7 @@ def workflow_body(name: str, *, running: bool, kfp_run_id: str, role: str) -> di
     if not running:
         # A minute ago: its database deadline (finish + 1h) is still ahead.
         status.update(phase="Succeeded", finishedAt=rfc3339(now - timedelta(minutes=1)))
-    annotations = {} if role == "control" else {"lapse.dev/ttl": "7d"}
+    annotations = {} if role in ("control", "replay") else {"lapse.dev/ttl": "7d"}
     return {
         "apiVersion": "argoproj.io/v1alpha1",
         "kind": "Workflow",
@@ -798,3 +802,131 @@ async def test_forged_messages_on_the_nats_subjects_delete_nothing(world: World)
     ends = await settle(world, due_ids)
     ways = Counter(s.split(".")[1] for s, _ in batch)
     print(f"\nnats ({entrance.name}): {dict(ways)}; due outcomes {dict(Counter(ends.values()))}")
+
+
+async def moved_later(world: World, name: str) -> dict[Target, BaseCloudEvent]:
+    """A run whose due events fired (object: rescheduled, its TTL extended; rows: kept,
+    still running), and whose schedules then moved later (finished under a longer
+    policy): the real due events, captured from the stream. A victim from then on."""
+    js, ns = world.js, world.namespace
+    run_id = str(uuid.uuid4())
+    engine = create_engine(world.db.url)
+    async with engine.begin() as conn:
+        await insert_kfp_runs(conn, [run_id])
+        await conn.execute(
+            update(run_details)
+            .where(run_details.c["UUID"] == run_id)
+            .values(FinishedAtInSec=0, State="RUNNING", Conditions="Running")
+        )
+    body = workflow_body(name, running=False, kfp_run_id=run_id, role="replay")
+    created = await world.kube.workflows.create(ns, body)
+    uid = created["metadata"]["uid"]
+    # Planned from this version: both deadlines two seconds after it finished.
+    await plan_as_the_watcher(js, created)
+    # Then kept a week by its owner, and out of the short policy: the reaper finds this
+    # version when the deadline fires (its DELETE held to the planned version gets a 409).
+    kept = copy.deepcopy(created)
+    kept["metadata"]["annotations"] = {"lapse.dev/ttl": "7d"}
+    kept["metadata"]["labels"]["role"] = "victim"
+    kept = await world.kube.workflows.replace(ns, name, kept)
+
+    async def fired() -> dict[Target, BaseCloudEvent] | None:
+        captured = {}
+        records = await audit(js)
+        for target in Target:
+            try:
+                msg = await js.get_last_msg(STREAMS.schedule, due_subject(target, uid))
+            except NotFoundError:
+                return None
+            event = from_nats(dict(msg.headers or {}), msg.data or b"")
+            if ending(records, event.get_id()) is None:
+                return None
+            captured[target] = event
+        return captured
+
+    captured = await wait_for(fired, timeout=60, interval=0.2)
+    records = await audit(js)
+    assert ending(records, captured[Target.KUBERNETES].get_id()) == "rescheduled"
+    assert ending(records, captured[Target.DATABASE].get_id()) == "kept"  # still running
+    # The run finishes now, under the longer policy: its rows' deadline moves an hour on.
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(run_details)
+            .where(run_details.c["UUID"] == run_id)
+            .values(
+                FinishedAtInSec=int(datetime.now(UTC).timestamp()),
+                State="SUCCEEDED",
+                Conditions="Succeeded",
+            )
+        )
+    await engine.dispose()
+    await plan_as_the_watcher(js, kept)
+    store = NatsScheduleStore(js, STREAMS)
+
+    async def moved() -> bool:
+        for target in Target:
+            pending = await store.get(target, uid)
+            if pending is None or pending.fired:
+                return False
+            world.stored[(target, uid)] = pending.deadline
+        return True
+
+    await wait_for(moved, timeout=30, interval=0.2)
+    assert min(world.stored[(t, uid)] for t in Target) > datetime.now(UTC) + timedelta(minutes=50)
+    world.victims.append(Victim(ARGO_WORKFLOW, ns, name, uid, run_id, False, kept))
+
+    return captured
+
+
+async def test_replayed_due_events_after_the_schedule_moved_later_delete_nothing(
+    world: World,
+) -> None:
+    """Real due events, captured from the stream after they fired, sent again once their
+    schedule moved later: through the ingress, to each reaper over HTTP, and on their NATS
+    due subjects (without lapse's mark). The object's TTL was extended and its rows' run
+    finished later under a longer policy: nothing is due, and nothing is deleted."""
+    js = world.js
+    captured = await moved_later(world, "replayed")
+    uid = captured[Target.KUBERNETES].get_data()["run"]["uid"]  # type: ignore[index]
+    answers: Counter[tuple[str, int]] = Counter()
+    due_ids = []
+    async with httpx.AsyncClient() as http:
+        for target, event in captured.items():
+            for binary in (True, False):
+                again = fresh(event)
+                code = (await post(http, world.ingress_url, again, binary=binary)).status_code
+                answers[("ingress", code)] += 1
+                assert code // 100 == 4, code
+                function = "object-reaper" if target is Target.KUBERNETES else "row-reaper"
+                again = fresh(event)
+                reply = await post(world.shells[function], "/", again, binary=binary)
+                answers[(function, reply.status_code)] += 1
+                assert reply.status_code == 202, reply.text
+                due_ids.append(again.get_id())
+    entrance = plain_nats(js)
+    for target, event in captured.items():
+        if target is Target.DATABASE and entrance.writes_stored_state:
+            continue  # what this publisher writes there IS the stored proof: see below
+        again = fresh(event)
+        headers, body = unmarked(again)
+        await entrance.publish(due_subject(target, uid), headers, body)
+        due_ids.append(again.get_id())
+    ends = await settle(world, due_ids)
+    print(f"\nreplays: {dict(answers)}; outcomes {dict(Counter(ends.values()))}")
+
+
+async def test_a_rows_due_event_replayed_on_its_subject_after_it_moved_later_deletes_nothing(
+    world: World,
+) -> None:
+    """What `lapse dlq replay` does with a database due event (publishes it on
+    `lapse.due.database.<uid>`, as lapse's own identity, so NATS permissions do not stop
+    it), after the rows' deadline moved later: the stored schedule says an hour from now,
+    and that is what the row-reaper must go by."""
+    js = world.js
+    captured = await moved_later(world, "replayed-rows")
+    event = fresh(captured[Target.DATABASE])
+    uid = event.get_data()["run"]["uid"]  # type: ignore[index]
+    headers, body = unmarked(event)
+    await js.publish(due_subject(Target.DATABASE, uid), body, headers=headers)
+    ends = await settle(world, [event.get_id()])
+    assert ends == {event.get_id(): "rescheduled"}
