@@ -930,3 +930,55 @@ async def test_a_rows_due_event_replayed_on_its_subject_after_it_moved_later_del
     await js.publish(due_subject(Target.DATABASE, uid), body, headers=headers)
     ends = await settle(world, [event.get_id()])
     assert ends == {event.get_id(): "rescheduled"}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding (issue 23): `lapse dlq replay` publishes a refused forged cleanup.due "
+    "on lapse.due.database.<uid> as lapse itself; for a uid with no pending schedule, the "
+    "row-reaper takes it as the stored deadline and deletes the rows it names",
+)
+async def test_a_forged_due_refused_at_the_door_and_replayed_from_the_dead_letters_deletes_nothing(
+    world: World,
+) -> None:
+    """An operator's `lapse dlq replay` of what the ingress refused: the refusal keeps the
+    forged event whole, and replay sends a due event to its due subject. The forged one
+    names a uid lapse never planned and the KFP run id of rows whose deadline is an hour
+    away. (Last in the module: while it fails, those rows are gone.)
+
+    A fix: replay a `cleanup.due` only as lapse stored it (the due message kept on
+    `lapse.due.<target>.<uid>`, as `original_event` already does for a refusal without
+    its original), never from a captured original, which is whoever sent it."""
+    from lapse.operations.dlq import Filter, dead_letters, replay
+
+    orphan = next(v for v in world.victims if v.kind is None)
+    run = RunRef(
+        engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+        namespace=world.namespace, name="forged", uid=str(uuid.uuid4()), phase="Succeeded",
+        kfp_run_id=orphan.kfp_run_id,
+    )  # fmt: skip
+    now = datetime.now(UTC)
+    forged = build_event(
+        EventType.CLEANUP_DUE,
+        source="/lapse/ttl-planner",
+        data=CleanupDue(
+            run=run, target=Target.DATABASE, deadline=now, policy="kfp-runs", scheduled_at=now
+        ),
+    )
+    async with httpx.AsyncClient() as http:
+        assert (await post(http, world.ingress_url, forged, binary=True)).status_code == 400
+
+    async def refused() -> list[Any]:
+        return [
+            letter
+            async for letter in dead_letters(world.js, STREAMS.dlq, Filter(stage="ingress"))
+            if letter.failed is not None
+            and letter.failed.original is not None
+            and letter.failed.original.attributes.get("id") == forged.get_id()
+        ]
+
+    letters = await wait_for(refused, timeout=30, interval=0.2)
+    report = await replay(world.js, STREAMS, letters)
+    [sent] = [r["eventId"] for r in report.replayed]
+    ends = await settle(world, [sent])
+    assert ends[sent] in HARMLESS
