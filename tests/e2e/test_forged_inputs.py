@@ -3,7 +3,8 @@ entrance lapse has, against real objects and real KFP rows that are not due, del
 and each one ends recorded.
 
 The entrances, as an attacker inside the cluster reaches them:
-- `lapse up`'s HTTP ingress (the in-process `Pipeline` serving it on a real port);
+- `lapse up`'s HTTP ingress (the in-process `Pipeline` serving it on a real port; and with
+  a bearer token configured, as beyond loopback: 401, nothing stored);
 - each function over HTTP exactly as Knative serves it (`FunctionShell` behind
   func-python's ASGI app, as `lapse serve` runs it): ttl-planner, object-reaper, row-reaper;
 - NATS subjects: `lapse.events.<type>`, `lapse.due.<target>.<uid>`,
@@ -16,24 +17,24 @@ the past, now or the future, real uids of the victims or random ones, real or ra
 run ids, run refs claiming another phase, finish time or `lapse.dev/ttl: 1s`, with and
 without `ce-lapseobserved: apiserver`; `run.finished`/`run.deleted` with past finish times;
 Knative ApiServerSource Resource-mode events claiming Running runs completed; and replays of
-real due events after their schedule moved later.
+real due events, captured from the stream after they fired, once their schedule moved later.
 
 Asserted, on the real servers: every victim object (GET) and every victim row (COUNT) is
-still there; every push is answered 2xx or 4xx (5xx only where the design says: a 503 is a
-transient "retry later"); every forged due event ends in an outcome on the audit stream
-(refused, rescheduled, kept, skipped, already_gone, replaced) or a cleanup.failed, every
-other push is a 4xx, or handled (the dispatcher's consumers drain); and the "nothing else
-happened" check waits on something that would have happened: a control run, due in a
-second, is deleted (object and rows) after the forgeries.
+still there, and no deadline lapse stored for them came earlier; every push is answered
+2xx or 4xx (a 503 would be a transient "retry later"; none happens here); every forged due
+event ends in an outcome on the audit stream (refused, rescheduled, kept, skipped,
+already_gone, replaced) or a cleanup.failed; every other push is a recorded 4xx, or stored
+and answered (the dispatcher's consumers drain; a claim the planner finds unchanged is
+silent by design). The "nothing else happened" check waits on something that would have
+happened: a control run, due in a second, is deleted (object and rows) after the forgeries.
 
 The NATS part runs against a plain embedded nats-server, where anyone who can connect may
-publish anything: `NatsEntrance` says what an unprivileged publisher may be expected to
-write there. On plain NATS, a message on `lapse.due.database.*` or
-`lapse.sched.database.*` IS lapse's stored schedule (the row-reaper's proof, by design:
-docs/architecture.md "Connecting to NATS"), so database-target forgeries there name only
-Running runs (whose rows the database itself keeps) or unknown runs; the credentialed
-variant (an identity without publish rights on `lapse.due.>`/`lapse.sched.>`) adds the
-rest, and asserts the server refuses those publishes.
+publish anything: `NatsEntrance` says what a publisher may be expected to write there. On
+plain NATS, a message on `lapse.due.database.*` or `lapse.sched.database.*` IS lapse's
+stored schedule (the row-reaper's proof; NATS permissions are what keep others off those
+subjects), so database-target forgeries there name only Running runs (whose rows the
+database itself keeps) or unknown ones. A credentialed variant (an identity without publish
+rights on `lapse.due.>`/`lapse.sched.>`) is a second `NatsEntrance` that sends them all.
 
 Bounded for `make test`: LAPSE_FORGED_EXAMPLES (default 120) examples per entrance;
 hypothesis generates them, derandomized so a failure reproduces.
@@ -85,6 +86,7 @@ from lapse.edges.schedules import NatsScheduleStore, schedule_headers
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
 from lapse.operations.dlq import Filter, dead_letters, replay
+from lapse.runtime.ingress import nats_ingress
 from lapse.runtime.knative import FunctionShell
 from lapse.runtime.pipeline import Pipeline
 from lapse.runtime.routing import load_routes
@@ -729,6 +731,39 @@ async def test_forged_events_to_each_function_over_http_delete_nothing(world: Wo
     due_ids = [e.get_id() for f, e in cases if f != "ttl-planner"]
     ends = await settle(world, due_ids)
     print(f"\nfunctions: {dict(answers)}; due outcomes {dict(Counter(ends.values()))}")
+
+
+async def test_forged_pushes_without_the_token_are_401_and_store_nothing(
+    world: World, tmp_path: Path
+) -> None:
+    """The ingress `lapse up` serves beyond loopback (a bearer token configured): forged
+    pushes without it, or with a wrong one, are 401 before their body is read; nothing is
+    stored, and each refusal is recorded (without anything the sender sent)."""
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    config = world.config.model_copy(
+        update={"ingress": world.config.ingress.model_copy(update={"token_file": token_file})}
+    )
+    ingress = await nats_ingress(world.js, config, listen="0.0.0.0:8080")
+    events = [fresh(e) for e in generate(forged_run_events(world.victims, world.kfp_ids), 40)]
+    stored_before = (await world.js.stream_info(STREAMS.events)).state.messages
+    records_before = len(await audit(world.js))
+    transport = httpx.ASGITransport(app=ingress)
+    async with httpx.AsyncClient(transport=transport, base_url="http://lapse") as http:
+        for i, event in enumerate(events):
+            message = to_binary_event(event)
+            headers = dict(message.headers)
+            if i % 2:
+                headers["authorization"] = "Bearer s3cret-tokeN"
+            answer = await http.post("/", headers=headers, content=message.body)
+            assert answer.status_code == 401, answer.text
+    await ingress.flush()
+    assert (await world.js.stream_info(STREAMS.events)).state.messages == stored_before
+    records = await audit(world.js)
+    unauthorized = [r for r in records.values() if str(r.get("reason", "")).startswith("401")]
+    assert len(records) - records_before == len(events) == len(unauthorized)
+    assert all(r.get("original") is None for r in unauthorized)
+    await nothing_deleted(world)
 
 
 @dataclass(frozen=True)
