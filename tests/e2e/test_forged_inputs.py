@@ -770,22 +770,30 @@ async def test_forged_pushes_without_the_token_are_401_and_store_nothing(
 class NatsEntrance:
     """Who publishes, and what such a publisher may be expected to write.
 
-    `publish(subject, headers, body)` as that identity. `writes_stored_state`: whether it
-    may write lapse's stored schedules (`lapse.due.*`, `lapse.sched.*`), as anyone may on
-    a plain server. Where it may, a database-target message there IS lapse's stored
-    proof, so database forgeries there name only Running or unknown runs; the credentialed
-    variant (False) sends them all and asserts each publish is refused by the server."""
+    `publish(subject, headers, body)` as that identity: True when the server stored it,
+    False when the server refused it (a permissions violation). `writes_stored_state`:
+    whether it may write lapse's stored schedules (`lapse.due.*`, `lapse.sched.*`), as
+    anyone may on a plain server. Where it may, a database-target message there IS lapse's
+    stored proof, so database forgeries there name only Running or unknown runs. A
+    credentialed variant (False) sends them all, and the test asserts the server refuses
+    every publish on those subjects (nothing stored, nothing to end) while what it may
+    publish (`lapse.events.*`, if anything) still deletes nothing."""
 
     name: str
-    publish: Callable[[str, dict[str, str], bytes], Awaitable[None]]
+    publish: Callable[[str, dict[str, str], bytes], Awaitable[bool]]
     writes_stored_state: bool
 
 
 def plain_nats(js: JetStreamContext) -> NatsEntrance:
-    async def publish(subject: str, headers: dict[str, str], body: bytes) -> None:
+    async def publish(subject: str, headers: dict[str, str], body: bytes) -> bool:
         await js.publish(subject, body, headers=headers)
+        return True
 
     return NatsEntrance("plain", publish, writes_stored_state=True)
+
+
+def stored_state(subject: str) -> bool:
+    return subject.startswith(("lapse.due.", "lapse.sched."))
 
 
 def is_schedule(subject: str) -> bool:
@@ -833,10 +841,13 @@ async def test_forged_messages_on_the_nats_subjects_delete_nothing(world: World)
     direct = [(subject, event) for subject, event in batch if not is_schedule(subject)]
     schedules = {subject: event for subject, event in batch if is_schedule(subject)}
     due_ids = []
+    refused = 0
     for subject, event in direct:
         headers, body = unmarked(event)
-        await entrance.publish(subject, headers, body)
-        if event.get_type() == EventType.CLEANUP_DUE:
+        if not await entrance.publish(subject, headers, body):
+            assert stored_state(subject) and not entrance.writes_stored_state, subject
+            refused += 1
+        elif event.get_type() == EventType.CLEANUP_DUE:
             due_ids.append(event.get_id())
     await ended(world, due_ids)
     now = datetime.now(UTC)
@@ -846,11 +857,16 @@ async def test_forged_messages_on_the_nats_subjects_delete_nothing(world: World)
         headers, body = unmarked(event)
         headers = {**headers, **schedule_headers(now, due_subject(Target(target), uid))}
         headers.pop("Nats-Msg-Id", None)
-        await entrance.publish(subject, headers, body)
-        due_ids.append(event.get_id())
+        if await entrance.publish(subject, headers, body):
+            assert entrance.writes_stored_state, subject
+            due_ids.append(event.get_id())
+        else:
+            refused += 1
     ends = await settle(world, due_ids)
     ways = Counter(s.split(".")[1] for s, _ in direct)
     ways["sched"] = len(schedules)
+    if not entrance.writes_stored_state:
+        assert refused == ways["due"] + ways["sched"]
     print(f"\nnats ({entrance.name}): {dict(ways)}; due outcomes {dict(Counter(ends.values()))}")
 
 
