@@ -90,7 +90,16 @@ class NatsScheduleStore:
             return None
         if (msg.subject or "").startswith(SCHEDULE_PREFIX + "."):
             return _pending_of(msg, target, uid)
-        return await self._fired(msg, target, uid)
+        fired = await self._fired(msg, target, uid)
+        # The server removes a schedule when it fires it, so a due message newer than a
+        # schedule still pending, for a later deadline, was not fired from it: it was
+        # published on the due subject (`lapse dlq replay`, a replay). The deadline lapse
+        # stored is the pending one; a replayed due event never stands for it.
+        later = await self._last(schedule_subject(target, uid))
+        pending = _pending_of(later, target, uid) if later is not None else None
+        if pending is not None and (fired is None or pending.deadline > fired.deadline):
+            return pending
+        return fired
 
     async def _last(self, subject: str) -> RawStreamMsg | None:
         """The stream's last message on `subject` (wildcards allowed)."""

@@ -1,0 +1,118 @@
+"""Properties of the row-reaper's judgements (functions/row_reaper/verdict.py), over
+generated due events, stored schedules, clocks and database accounts: whatever a due event
+claims, rows are proven due only by a stored schedule that has fired and whose deadline has
+come, and the database's word that a run is running (or has no finish time) always keeps
+its rows.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from events.models import CleanupDue
+from events.run import Engine, RunRef, Target
+from functions.ports import PendingSchedule
+from functions.row_reaper.verdict import (
+    EARLY_TOLERANCE,
+    FINISH_TOLERANCE,
+    Keep,
+    MoveTo,
+    NotYet,
+    Proven,
+    RunFacts,
+    Unbacked,
+    judge_facts,
+    prove,
+)
+
+MOMENTS = st.datetimes(
+    min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
+)
+# Offsets around the edges that matter: the tolerance, a second, zero.
+OFFSETS = st.one_of(
+    st.sampled_from([timedelta(0), EARLY_TOLERANCE, -EARLY_TOLERANCE, timedelta(seconds=1.001)]),
+    st.timedeltas(min_value=timedelta(days=-3650), max_value=timedelta(days=3650)),
+)
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> RunRef:
+    uid = draw(st.sampled_from(["uid-1", "uid-2"]))
+    return RunRef(
+        engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+        namespace="team-a", name=f"wf-{uid}", uid=uid,
+        phase=draw(st.sampled_from(["Succeeded", "Failed", "Running", ""])),
+        finished_at=draw(st.none() | MOMENTS),
+        kfp_run_id=draw(st.none() | st.sampled_from(["r1", "r2"])),
+        annotations=draw(st.sampled_from([{}, {"lapse.dev/ttl": "1s"}])),
+    )  # fmt: skip
+
+
+@st.composite
+def dues(draw: st.DrawFn) -> CleanupDue:
+    return CleanupDue(
+        run=draw(runs()),
+        target=Target.DATABASE,
+        deadline=draw(MOMENTS),
+        policy=draw(st.sampled_from(["kfp-runs", "forged"])),
+        scheduled_at=draw(MOMENTS),
+    )
+
+
+@st.composite
+def stored_schedules(draw: st.DrawFn, now: datetime) -> PendingSchedule:
+    deadline = now + draw(OFFSETS)
+    fired = draw(st.booleans())
+    due = draw(st.none() | dues())
+    return PendingSchedule(Target.DATABASE, "uid-1", deadline, fired=fired, due=due)
+
+
+@settings(max_examples=300, derandomize=True, database=None)
+@given(claim=dues(), now=MOMENTS, data=st.data())
+def test_prove_never_proves_what_lapse_did_not_store_or_has_not_fired(
+    claim: CleanupDue, now: datetime, data: st.DataObject
+) -> None:
+    assert isinstance(prove(claim, None, now), Unbacked)
+
+    stored = data.draw(stored_schedules(now))
+    proof = prove(claim, stored, now)
+    if stored.deadline - now > EARLY_TOLERANCE:
+        assert isinstance(proof, NotYet) and proof.deadline == stored.deadline
+    if not stored.fired or stored.due is None:
+        assert not isinstance(proof, Proven)
+    if isinstance(proof, Proven):
+        # What is acted on is what lapse stored, never the claim's content.
+        assert stored.fired and stored.due is not None
+        assert proof.due is stored.due
+        assert stored.deadline - now <= EARLY_TOLERANCE
+
+
+@st.composite
+def facts(draw: st.DrawFn) -> RunFacts:
+    return RunFacts(
+        running=draw(st.booleans()),
+        finished_at=draw(st.none() | MOMENTS),
+        state=draw(st.sampled_from([None, "RUNNING", "SUCCEEDED", "Pending"])),
+    )
+
+
+@settings(max_examples=300, derandomize=True, database=None)
+@given(due=dues(), account=facts(), now=MOMENTS)
+def test_judge_facts_never_lets_a_running_run_or_an_unknown_finish_through(
+    due: CleanupDue, account: RunFacts, now: datetime
+) -> None:
+    verdict = judge_facts(due, account, now)
+    if account.running or account.finished_at is None:
+        assert isinstance(verdict, Keep)
+    if verdict is None:
+        # Agreed: finished, and no later than planned, or due all the same.
+        assert not account.running and account.finished_at is not None
+        planned = due.run.finished_at
+        if planned is not None and account.finished_at - planned > FINISH_TOLERANCE:
+            moved = due.deadline + (account.finished_at - planned)
+            assert moved - now <= EARLY_TOLERANCE
+    if isinstance(verdict, MoveTo):
+        assert verdict.deadline > due.deadline and verdict.deadline - now > EARLY_TOLERANCE
