@@ -19,11 +19,12 @@ was stored is the entry removed from the dead letters, so a replay interrupted h
 repeats a publish (harmless: the reaper is idempotent) and never loses one. The audit
 stream keeps its own copy of every failure, so removing an entry erases no history.
 
-The event sent is the entry's `original` when it was captured whole; a reaper's refusal
-names its run and target, and then the due message the scheduler fired (kept on
-`lapse.due.<target>.<uid>` for `due_message_ttl`) is the original. An entry with neither,
-or whose input was not a CloudEvent, cannot be replayed: it is reported and left in place
-(`lapse reconcile` re-derives deadlines from the objects themselves).
+A due event is replayed only as lapse stored it: the due message the scheduler fired (kept
+on `lapse.due.<target>.<uid>` for `due_message_ttl`) for the run and target the entry
+names, never a captured due event, which is whatever its sender wrote (docs/security.md).
+Any other event is the entry's `original` when it was captured whole. An entry with
+neither, or whose input was not a CloudEvent, cannot be replayed: it is reported and left
+in place (`lapse reconcile` re-derives deadlines from the objects themselves).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from events.builder import parse_payload
 from events.errors import InvalidEvent
 from events.models import CleanupDue, CleanupFailed, OriginalEvent
 from events.nats_binding import encode_header_value, from_nats
+from events.run import Target
 from events.subjects import DLQ_PREFIX, due_subject, event_subject
 from events.timeutil import format_rfc3339
 from events.types import EventType
@@ -220,32 +222,55 @@ async def original_event(
 ) -> BaseCloudEvent:
     """The CloudEvent that failed; InvalidEvent if it cannot be had faithfully.
 
-    From the entry's `original` when it was captured whole; otherwise, for a due deadline
-    the entry names (a reaper's refusal carries the run and target, not always the
-    original), the due message the scheduler fired, still kept on `lapse.due.<target>.<uid>`
-    for `due_message_ttl`.
+    A due event (`cleanup.due`) is replayed only as lapse stored it: the due message the
+    scheduler fired, still kept on `lapse.due.<target>.<uid>` for `due_message_ttl`, for
+    the run and target the entry names (or its captured original names). A captured due
+    event is whatever its sender wrote (an ingress refusal keeps a forged one whole), and
+    replayed as lapse's identity it would become what the row-reaper proves its deadline
+    from (docs/security.md). Any other event is its captured original, when it was kept
+    whole.
     """
     if letter.failed is None:
         raise InvalidEvent(letter.problem or "not a cleanup.failed event")
-    original = letter.failed.original
+    failed = letter.failed
+    original = failed.original
+    captured: BaseCloudEvent | None = None
     if original is not None and not original.truncated:
         headers, body = _message(original)
-        return from_nats(headers, body)
-    failed = letter.failed
-    if failed.run is not None and failed.target is not None:
+        captured = from_nats(headers, body)
+        if captured.get_type() != EventType.CLEANUP_DUE:
+            return captured
+    target, uid = _due_of(failed, captured)
+    if target is not None and uid is not None:
         try:
-            msg = await js.get_last_msg(
-                streams.schedule, due_subject(failed.target, failed.run.uid)
-            )
+            msg = await js.get_last_msg(streams.schedule, due_subject(target, uid))
         except NotFoundError:
             pass
         else:
             return from_nats(dict(msg.headers or {}), msg.data or b"")
+    if captured is not None:
+        raise InvalidEvent(
+            "nothing to replay: lapse stored no due message for this run, and a due event is "
+            "replayed only as lapse stored it, never as it was sent; `lapse reconcile` "
+            "re-derives deadlines from the objects that exist"
+        )
     cut = " (the original was cut to bound the dead letters)" if original is not None else ""
     raise InvalidEvent(
         f"nothing to replay{cut}: no due message is kept for this run; `lapse reconcile` "
         "re-derives its deadlines from the objects that exist"
     )
+
+
+def _due_of(
+    failed: CleanupFailed, captured: BaseCloudEvent | None
+) -> tuple[Target | None, str | None]:
+    """The (target, uid) whose stored due message stands for this entry."""
+    if captured is not None:
+        due = parse_payload(captured, CleanupDue)
+        return due.target, due.run.uid
+    if failed.run is not None and failed.target is not None:
+        return failed.target, failed.run.uid
+    return None, None
 
 
 def _message(original: OriginalEvent) -> tuple[dict[str, str], bytes]:

@@ -998,23 +998,15 @@ async def test_a_rows_due_event_replayed_on_its_subject_after_it_moved_later_del
     assert ends == {event.get_id(): "rescheduled"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding (issue 23): `lapse dlq replay` publishes a refused forged cleanup.due "
-    "on lapse.due.database.<uid> as lapse itself; for a uid with no pending schedule, the "
-    "row-reaper takes it as the stored deadline and deletes the rows it names",
-)
 async def test_a_forged_due_refused_at_the_door_and_replayed_from_the_dead_letters_deletes_nothing(
     world: World,
 ) -> None:
     """An operator's `lapse dlq replay` of what the ingress refused: the refusal keeps the
     forged event whole, and replay sends a due event to its due subject. The forged one
     names a uid lapse never planned and the KFP run id of rows whose deadline is an hour
-    away. (Last in the module: while it fails, those rows are gone.)
-
-    A fix: replay a `cleanup.due` only as lapse stored it (the due message kept on
-    `lapse.due.<target>.<uid>`, as `original_event` already does for a refusal without
-    its original), never from a captured original, which is whoever sent it."""
+    away. Replayed as sent, it became the stored due message the row-reaper proved its
+    deadline from, and the rows went. A due event is now replayed only as lapse stored it
+    (lapse/operations/dlq.py: original_event): for that uid lapse stored nothing."""
     orphan = next(v for v in world.victims if v.kind is None)
     run = RunRef(
         engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
@@ -1043,6 +1035,8 @@ async def test_a_forged_due_refused_at_the_door_and_replayed_from_the_dead_lette
 
     letters = await wait_for(refused, timeout=30, interval=0.2)
     report = await replay(world.js, STREAMS, letters)
-    [sent] = [r["eventId"] for r in report.replayed]
-    ends = await settle(world, [sent])
-    assert ends[sent] in HARMLESS
+    # Lapse stored no due message for that uid: there is nothing of lapse's to replay.
+    assert report.replayed == []
+    [left] = report.left
+    assert "replayed only as lapse stored it" in left["problem"]
+    await nothing_deleted(world)

@@ -18,7 +18,7 @@ from nats.js import JetStreamContext
 
 from events.builder import build_event, parse_payload
 from events.models import CleanupDue, CleanupFailed, RunFinished
-from events.nats_binding import from_nats
+from events.nats_binding import from_nats, to_nats
 from events.original import capture_event, capture_message
 from events.run import RunRef, Target
 from events.subjects import due_subject
@@ -107,6 +107,14 @@ async def populate(js: JetStreamContext) -> dict[str, Any]:
     ]
     for entry in entries:
         await fail(js, entry)
+    # What the scheduler left of the refused deadlines: a due event is replayed only as lapse
+    # stored it (lapse/operations/dlq.py: original_event).
+    for stored in (due(alpha, Target.KUBERNETES), rows_due):
+        data = stored.get_data()
+        assert isinstance(data, dict)
+        message = to_nats(stored)
+        subject = due_subject(Target(data["target"]), data["run"]["uid"])
+        await js.publish(subject, message.body, stream=STREAMS.schedule, headers=message.headers)
     return {"alpha": alpha, "beta": beta, "gamma": gamma, "finished": finished}
 
 
