@@ -39,6 +39,7 @@ import hashlib
 import json
 import logging
 import os
+import ssl
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -146,7 +147,8 @@ class SenderCheck:
         """(subject, "") when the API server accepts the token for our audience, else
         ("", why)."""
         if self._client is None:
-            self._client = httpx.AsyncClient(verify=str(self._ca_file), timeout=REVIEW_TIMEOUT)
+            trusted = ssl.create_default_context(cafile=str(self._ca_file))
+            self._client = httpx.AsyncClient(verify=trusted, timeout=REVIEW_TIMEOUT)
         review = {
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenReview",
