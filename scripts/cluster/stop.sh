@@ -51,6 +51,12 @@ log "stopping kubelet, kube-proxy, containerd"
 stop kubelet
 stop kube-proxy
 [ -x "$KUBE_BIN/kube-proxy" ] && "$KUBE_BIN/kube-proxy" --cleanup >/dev/null 2>&1
+# kube-router's NetworkPolicy firewall: its chains and ipsets (the KUBE-* chains go below too)
+if [ -f "$RUN/kube-router.pid" ]; then
+  stop kube-router
+  router="$CLUSTER_CACHE/netpol/kube-router-$KUBE_ROUTER_VERSION/kube-router"
+  [ -x "$router" ] && "$router" --cleanup-config >/dev/null 2>&1
+fi
 
 # 2. Whatever containerd still runs (a kubelet that died early): kill and remove it, then
 #    every sandbox's network through the CRI is gone with the containers.
