@@ -8,9 +8,9 @@
   Workflow is still there; the Broker's EventPolicy is Ready and applied;
 - every lapse Knative Service (and the example extension, when deployed) is cluster-local;
 - the NetworkPolicies select exactly lapse's pods and admit only Knative's data plane, as
-  the live cluster labels them. Their enforcement is not tested: the cluster's network
-  plugin (CNI `bridge`) does not implement NetworkPolicy (docs/cluster.md says why no
-  enforcer runs here).
+  the live cluster labels them; where they are enforced (kube-router on the node,
+  scripts/cluster/start.sh; `NETWORK_POLICY` of env.sh), the stranger's connections to a
+  function pod's own port and to NATS are refused.
 
 The legitimate path with all of it on is the rest of tests/cluster (test_pipeline_on_knative:
 a finished Workflow deleted through the ApiServerSource, the Broker, the bridge and the
