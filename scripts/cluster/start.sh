@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts a single-node Kubernetes cluster on this machine (root, no systemd): containerd +
 # runc + CNI bridge, etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
-# kube-proxy, CoreDNS and a registry on 127.0.0.1:5000. Idempotent: what already runs is
+# kube-proxy, kube-router's NetworkPolicy firewall, CoreDNS and a registry on 127.0.0.1:5000. Idempotent: what already runs is
 # left alone. Waits for the node to be Ready and CoreDNS to answer. Stop with stop.sh.
 # docs/cluster.md says why each setting is there.
 set -euo pipefail
@@ -11,7 +11,7 @@ t0=$(date +%s)
 
 # --- packages (Debian) --------------------------------------------------------------------
 bash "$(dirname "$0")/../debian-packages.sh" containerd runc containernetworking-plugins \
-  iptables umoci skopeo docker-registry conntrack mmdebstrap openssl nftables gcc libc6-dev socat
+  iptables umoci skopeo docker-registry conntrack mmdebstrap openssl nftables gcc libc6-dev socat ipset
 
 # --- binaries and images (cached by version) ----------------------------------------------
 bash "$(dirname "$0")/build-node.sh" >/dev/null
@@ -243,6 +243,17 @@ metricsBindAddress: 127.0.0.1:10249
 conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 YAML
 launch kube-proxy "$KUBE_BIN/kube-proxy" --config "$RUN/kube-proxy.yaml"
+
+# --- NetworkPolicy: kube-router's firewall alone (no routing, no service proxy) -------------
+# The bridge CNI enforces no NetworkPolicy; kube-router's controller does, with iptables and
+# ipsets on the node (docs/cluster.md). LAPSE_CLUSTER_NETPOL=off leaves it out.
+if [ "${LAPSE_CLUSTER_NETPOL:-kube-router}" = kube-router ]; then
+  KUBE_ROUTER=$(bash "$(dirname "$0")/build-netpol.sh")
+  launch kube-router "$KUBE_ROUTER" --run-firewall=true --run-router=false \
+    --run-service-proxy=false --enable-cni=false --kubeconfig "$KUBECONFIG_ADMIN" \
+    --hostname-override "$NODE_NAME" --service-cluster-ip-range "$SERVICE_CIDR" \
+    --health-port 0 --metrics-port 0
+fi
 
 wait_for 120 "node $NODE_NAME Ready" bash -c "'$KUBE_BIN/kubectl' --kubeconfig '$KUBECONFIG_ADMIN' get node $NODE_NAME -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
 log "node Ready ($(( $(date +%s) - t0 )) s since start)"

@@ -51,6 +51,21 @@ log "stopping kubelet, kube-proxy, containerd"
 stop kubelet
 stop kube-proxy
 [ -x "$KUBE_BIN/kube-proxy" ] && "$KUBE_BIN/kube-proxy" --cleanup >/dev/null 2>&1
+# kube-router's NetworkPolicy firewall: its chains and ipsets (the KUBE-* chains go below too)
+if [ -f "$RUN/kube-router.pid" ]; then
+  stop kube-router
+  router="$CLUSTER_CACHE/netpol/kube-router-$KUBE_ROUTER_VERSION/kube-router"
+  [ -x "$router" ] && "$router" --cleanup-config >/dev/null 2>&1
+fi
+# ipsets of kube-router's policies that its cleanup leaves (once nothing references them:
+# after the iptables chains below go, so this runs again at the end)
+router_sets() {
+  command -v ipset >/dev/null || return 0
+  ipset list -n 2>/dev/null | grep -E '^(KUBE-(SRC|DST)-|kube-router-)' | while read -r set; do
+    ipset destroy "$set" 2>/dev/null
+  done
+}
+router_sets
 
 # 2. Whatever containerd still runs (a kubelet that died early): kill and remove it, then
 #    every sandbox's network through the CRI is gone with the containers.
@@ -115,6 +130,7 @@ rm -f "$STATE/created-paths"
 rm -rf "$RUN" "$STATE/kubelet" "$STATE/kubelet-plugins" "$STATE/pod-logs" "$STATE/cni/ipam" "$STATE/flexvolume" /run/lapse-cluster
 [ "$purge" = 1 ] && rm -rf "$STATE"
 
+router_sets
 left=$(pgrep -f "$STATE|$CONTAINERD_SOCK" 2>/dev/null | tr '\n' ' ')
 [ -n "$left" ] && log "warning: processes still mention the cluster's paths: $left"
 log "stopped"

@@ -29,6 +29,7 @@ class Cluster:
     python_image: str  # a Debian Python 3.11 in the local registry (containerd pulls it)
     node_ip: str  # the node's address: pods reach the host there
     containerd_sock: str  # the cluster's containerd (`ctr --address`)
+    network_policy: str = "none"  # who enforces NetworkPolicy: "kube-router" or "none"
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
         result = subprocess.run(
@@ -99,6 +100,7 @@ def cluster() -> Cluster:
         env["PYTHON_IMAGE"],
         env["NODE_IP"],
         env["CONTAINERD_SOCK"],
+        env.get("NETWORK_POLICY", "none"),
     )
 
 

@@ -567,7 +567,8 @@ def _install(
                       "trigger/ttl-planner-apiserver-add",
                       "trigger/ttl-planner-apiserver-update",
                       "trigger/ttl-planner-apiserver-delete", "trigger/object-reaper-due",
-                      "trigger/row-reaper-due", "apiserversource/lapse-workflows"):  # fmt: skip
+                      "trigger/row-reaper-due", "apiserversource/lapse-workflows",
+                      "eventpolicy/lapse-broker"):  # fmt: skip
             cluster.wait_ready(SYSTEM, ready, timeout=left())
         # After the SinkBinding gave the bridge its K_SINK (a new rollout), every
         # Deployment available.

@@ -136,6 +136,16 @@ def broker_ingress(cluster: Cluster, ns: str) -> str:
     return f"http://{ip}/{ns}/default"
 
 
+def sender_token(cluster: Cluster, ns: str, addressable: str) -> dict[str, str]:
+    """`Authorization` with a token of the ServiceAccount `default` of `ns` for the
+    addressable's audience; none when it has no audience (OIDC off)."""
+    audience = cluster.get(ns, addressable)["status"].get("address", {}).get("audience")
+    if not audience:
+        return {}
+    token = cluster.kubectl("-n", ns, "create", "token", "default", "--audience", audience)
+    return {"authorization": f"Bearer {token.strip()}"}
+
+
 def test_a_pod_runs(cluster: Cluster, namespace: str) -> None:
     cluster.kubectl(
         "-n", namespace, "run", "hello", f"--image={cluster.python_image}",
@@ -156,6 +166,10 @@ def test_broker_delivers_a_posted_event_to_a_trigger_subscriber(
     ip = broker_and_subscriber(cluster, namespace)
     trigger(cluster, namespace, "smoke", "dev.lapse.smoke.v1")
     url = broker_ingress(cluster, namespace)
+    # With Eventing's authentication-oidc on (scripts/cluster/knative.sh), the Broker admits
+    # a token for its audience from a ServiceAccount of its namespace (no EventPolicy: the
+    # default authorization mode, allow-same-namespace).
+    auth = sender_token(cluster, namespace, "broker/default")
     sent: list[str] = []
 
     def post_and_look() -> bool:
@@ -172,6 +186,7 @@ def test_broker_delivers_a_posted_event_to_a_trigger_subscriber(
                 "ce-type": "dev.lapse.smoke.v1",
                 "ce-source": "tests/cluster",
                 "ce-id": event_id,
+                **auth,
             },
         )
         with urllib.request.urlopen(request, timeout=10) as answer:

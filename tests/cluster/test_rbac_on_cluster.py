@@ -2,8 +2,9 @@
 SubjectAccessReviews of each ServiceAccount (its groups included, as the API server sees a
 pod's token): the object-reaper may delete Workflows only in the namespaces the overlay
 lists; no lapse identity may read Secrets or delete Pods anywhere; the row-reaper's running
-pod has no API token mounted. (tests/integration/test_rbac.py asks the same of the test
-API server, per overlay.)"""
+pod has no API token where the Kubernetes client looks, only one at lapse's own path for
+reviewing its senders' tokens, the one thing its identity may do.
+(tests/integration/test_rbac.py asks the same of the test API server, per overlay.)"""
 
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ def wake(cluster: Cluster, service: str) -> None:
         answer.read()
 
 
-def test_the_row_reaper_pod_mounts_no_api_token(lapse: Deployment) -> None:
+def test_the_row_reaper_pod_mounts_only_a_token_review_token(lapse: Deployment) -> None:
     cluster = lapse.cluster
     if not lapse.pods(ROW_REAPER):
         wake(cluster, ROW_REAPER)
@@ -129,19 +130,33 @@ def test_the_row_reaper_pod_mounts_no_api_token(lapse: Deployment) -> None:
     assert spec.get("automountServiceAccountToken") in (None, False), spec
     account = cluster.get(SYSTEM, f"serviceaccount/{ROW_REAPER}")
     assert account.get("automountServiceAccountToken") is False, account
+    # One projected token, at lapse's own path, for the TokenReviews of its senders
+    # (lapse/runtime/senders.py): none where the Kubernetes client looks for one.
     projected_tokens = [
         v["name"]
         for v in spec.get("volumes", [])
         for source in v.get("projected", {}).get("sources", [])
         if "serviceAccountToken" in source
     ]
-    assert not projected_tokens, projected_tokens
+    assert projected_tokens == ["review-token"], projected_tokens
     mounts = [
         (c["name"], m["mountPath"])
         for c in spec["containers"] + spec.get("initContainers", [])
         for m in c.get("volumeMounts", [])
     ]
     assert not [m for m in mounts if m[1].startswith(TOKEN_PATH)], mounts
+    # ... and the only thing its identity may do with it: review tokens.
+    answers = reviews(cluster, [
+        (ROW_REAPER, "create", "authentication.k8s.io", "tokenreviews", None),
+        *[(ROW_REAPER, verb, group, resource, ns)
+          for verb in ("get", "list", "create", "delete")
+          for group, resource in (("", "pods"), ("", "configmaps"), ("", "serviceaccounts/token"),
+                                  ("argoproj.io", "workflows"),
+                                  ("authorization.k8s.io", "subjectaccessreviews"))
+          for ns in (RUNS, SYSTEM, None)],
+    ])  # fmt: skip
+    granted = sorted((*q[1:4], str(q[4])) for q, ok in answers.items() if ok)
+    assert granted == [("create", "authentication.k8s.io", "tokenreviews", "None")], granted
     # The object-reaper, which does talk to the API server, has one: the check can fail.
     if not lapse.pods(REAPER):
         wake(cluster, REAPER)

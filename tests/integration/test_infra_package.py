@@ -262,11 +262,23 @@ def test_one_list_of_cleaned_namespaces(overlay: str) -> None:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_nothing_may_delete_cluster_wide(overlay: str) -> None:
     for role in objects(overlay, "ClusterRole"):
+        if role["metadata"]["name"] == "lapse-tokenreview":
+            # The functions' one cluster-scoped right: reviewing their senders' tokens
+            # (lapse/runtime/senders.py), reading nothing.
+            assert role["rules"] == [
+                {
+                    "apiGroups": ["authentication.k8s.io"],
+                    "resources": ["tokenreviews"],
+                    "verbs": ["create"],
+                }
+            ]
+            continue
         for rule in role["rules"]:
             assert set(rule["verbs"]) <= {"get", "list", "watch"}, role["metadata"]["name"]
     bound = {b["metadata"]["name"] for b in objects(overlay, "ClusterRoleBinding")}
-    # Only `lapse up`'s watcher reads cluster-wide; the Knative path binds nothing there.
-    assert bound == ({"lapse-watch"} if overlay == "single-process" else set())
+    # Only `lapse up`'s watcher reads cluster-wide; the Knative path binds only the token
+    # review there.
+    assert bound == ({"lapse-watch"} if overlay == "single-process" else {"lapse-tokenreview"})
 
 
 def test_production_keeps_what_production_needs() -> None:
