@@ -1,0 +1,66 @@
+"""Where each kind's watch resumes after a restart: the `LAPSE_WATCH` key-value bucket.
+
+One key per configured kind (its name). The value is a resourceVersion up to which every
+event of that kind is stored in NATS: the watcher writes it only after the publishes for
+that version were acknowledged, and never while a re-list is still publishing (the list's
+objects are not all stored yet), so a crash at any moment resumes at or before the last
+stored event and never skips one. Resuming repeats at most the last second's events,
+which the event ids (`<uid>.<resourceVersion>.<type>`) let JetStream drop as duplicates.
+
+The bucket keeps one revision per key and no TTL: a position is only ever replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Final
+
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.js.kv import KeyValue
+
+BUCKET: Final = "LAPSE_WATCH"
+
+
+class WatchPositions:
+    """The stored watch position per kind; the bucket is made on first use."""
+
+    def __init__(self, js: JetStreamContext, *, replicas: int = 1) -> None:
+        self._js = js
+        self._replicas = replicas
+        self._kv: KeyValue | None = None
+
+    async def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            try:
+                self._kv = await self._js.key_value(BUCKET)
+            except BucketNotFoundError:
+                self._kv = await self._js.create_key_value(
+                    KeyValueConfig(
+                        bucket=BUCKET,
+                        description="Where each kind's watch resumes (lapse up's watcher)",
+                        history=1,
+                        replicas=self._replicas,
+                    )
+                )
+        return self._kv
+
+    async def get(self, kind: str) -> str | None:
+        """The stored resourceVersion of `kind`, or None (never stored, or forgotten)."""
+        kv = await self._bucket()
+        try:
+            entry = await kv.get(kind)
+        except KeyNotFoundError:  # also a deleted or purged key
+            return None
+        value = (entry.value or b"").decode()
+        return value or None
+
+    async def put(self, kind: str, resource_version: str) -> None:
+        await (await self._bucket()).put(kind, resource_version.encode())
+
+    async def forget(self, kind: str) -> None:
+        """Make the next start of `kind`'s watch list everything again."""
+        kv = await self._bucket()
+        with contextlib.suppress(KeyNotFoundError):
+            await kv.purge(kind)
