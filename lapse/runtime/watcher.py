@@ -240,7 +240,6 @@ class KindWatcher:
         return the list's resourceVersion for the watch to start from."""
         await self._cancel_relist()
         first, pages = await self._first_page_until_listed()
-        self.relists += 1
         self._live_uids = set()
         progress = self.relist = Relist()
         log.info(
@@ -310,6 +309,7 @@ class KindWatcher:
         what = self.kind.describe()
         while True:
             pages = finished_pages(self._objects, self.kind, page_size=PAGE_SIZE)
+            self.relists += 1  # lists begun (a kind not served is looked for by listing)
             try:
                 return await anext(pages), pages
             except ApiException as exc:
