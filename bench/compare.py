@@ -30,7 +30,8 @@ the server completed the DELETE. Phases, per tool:
 - idle: nothing comes due for a while: requests per minute;
 - kill: another window; the tool is killed (-9) mid-way and restarted at once: lateness of
   the deletions that were in flight (due before the new process was ready, not deleted
-  before the kill) and duplicate DELETEs;
+  before the kill), of the runs that finished after the kill (`restart_new_finish_p99_
+  late_s`: what a restart that re-lists everything delays) and duplicate DELETEs;
 - memory: RSS of each tool (peak and at the end of the idle phase), of nats-server,
   and lapse's planner rate when it first plans the pending objects.
 
@@ -638,11 +639,16 @@ class Bench:
         present = {(NAMESPACE, n) for n in self.admin.names(NAMESPACE, f"{SET_LABEL}=kill")}
         whole = lateness(due, requests, tool.user, present)
         late_inflight = lateness(inflight, requests, tool.user, present)
+        # New finishes: runs that finished after the kill (while the tool was down or just
+        # restarted), which a restart that re-lists everything makes wait behind the list.
+        new = {k: d for k, d in due.items() if d - s.kill_ttl_s >= restart["killed"]}
+        late_new = lateness(new, requests, tool.user, present)
         done = deletions(requests, tool.user)
         after_restart = [done[k] - restart["restarted"] for k in inflight if k in done]
         phases["kill"] = {
             "window": whole.as_dict(),
             "inflight": late_inflight.as_dict(),
+            "new_finish": late_new.as_dict(),
             "inflight_done_after_restart_max_s": round(max(after_restart), 3)
             if after_restart
             else None,
@@ -676,6 +682,7 @@ class Bench:
             "restart_inflight_done_after_restart_max_s": kill.get(
                 "inflight_done_after_restart_max_s"
             ),
+            "restart_new_finish_p99_late_s": kill.get("new_finish", {}).get("lateness_p99_s"),
             "restart_duplicate_deletes": kill.get("window", {}).get("duplicate_deletes"),
             "restart_lost": kill.get("window", {}).get("lost"),
         }
