@@ -7,12 +7,16 @@ objects are not all stored yet), so a crash at any moment resumes at or before t
 stored event and never skips one. Resuming repeats at most the last second's events,
 which the event ids (`<uid>.<resourceVersion>.<type>`) let JetStream drop as duplicates.
 
-The bucket keeps one revision per key and no TTL: a position is only ever replaced.
+The value also names the API server it came from (its URL): a resourceVersion means
+nothing to another cluster, so a position stored for one is not used for another (lapse
+then lists, as with nothing stored). The bucket keeps one revision per key and no TTL: a
+position is only ever replaced.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Final
 
 from nats.js import JetStreamContext
@@ -46,18 +50,26 @@ class WatchPositions:
                 )
         return self._kv
 
-    async def get(self, kind: str) -> str | None:
-        """The stored resourceVersion of `kind`, or None (never stored, or forgotten)."""
+    async def get(self, kind: str, cluster: str) -> str | None:
+        """The resourceVersion stored for `kind` on `cluster` (the API server's URL), or
+        None: never stored, forgotten, or stored for another cluster."""
         kv = await self._bucket()
         try:
             entry = await kv.get(kind)
         except KeyNotFoundError:  # also a deleted or purged key
             return None
-        value = (entry.value or b"").decode()
-        return value or None
+        try:
+            value = json.loads(entry.value or b"{}")
+        except ValueError:
+            return None
+        if not isinstance(value, dict) or value.get("cluster") != cluster:
+            return None
+        version = value.get("resourceVersion")
+        return version if isinstance(version, str) and version else None
 
-    async def put(self, kind: str, resource_version: str) -> None:
-        await (await self._bucket()).put(kind, resource_version.encode())
+    async def put(self, kind: str, cluster: str, resource_version: str) -> None:
+        value = {"cluster": cluster, "resourceVersion": resource_version}
+        await (await self._bucket()).put(kind, json.dumps(value).encode())
 
     async def forget(self, kind: str) -> None:
         """Make the next start of `kind`'s watch list everything again."""

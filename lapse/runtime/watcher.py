@@ -72,9 +72,9 @@ T = TypeVar("T")
 class Positions(Protocol):
     """Where watch positions are kept (lapse.edges.watch_positions.WatchPositions)."""
 
-    async def get(self, kind: str) -> str | None: ...
+    async def get(self, kind: str, cluster: str) -> str | None: ...
 
-    async def put(self, kind: str, resource_version: str) -> None: ...
+    async def put(self, kind: str, cluster: str, resource_version: str) -> None: ...
 
 
 @dataclass
@@ -188,6 +188,15 @@ class KindWatcher:
                     resource_version = await self._start_relist("the watch expired (410 Gone)")
                     self._watched = resource_version
                     continue
+                if _too_large(exc):
+                    # A version this API server never issued (its etcd restored from a
+                    # backup): nothing of it can be compared to this server's objects.
+                    self._stored = None
+                    resource_version = await self._start_relist(
+                        "the stored resourceVersion is newer than the API server's"
+                    )
+                    self._watched = resource_version
+                    continue
                 log.warning(
                     "watch failed (%s): retrying in %.0fs", describe_api_error(exc), backoff
                 )
@@ -204,7 +213,7 @@ class KindWatcher:
 
     async def _read_position(self) -> str | None:
         assert self._positions is not None
-        return await self._positions.get(self.kind.name)
+        return await self._positions.get(self.kind.name, self._objects.cluster)
 
     async def _advance(self, resource_version: str) -> None:
         """Everything up to `resource_version` is published: store it, now and then, but
@@ -221,7 +230,7 @@ class KindWatcher:
             return
         self._stored_at = time.monotonic()
         try:
-            await self._positions.put(self.kind.name, resource_version)
+            await self._positions.put(self.kind.name, self._objects.cluster, resource_version)
             self._stored = resource_version
         except Exception as exc:  # NATS unavailable: an older position only repeats events
             log.debug("%s: storing the watch position failed: %s", self.kind.name, exc)
@@ -388,6 +397,11 @@ class KindWatcher:
                 delay = backoff.delay(attempt)
                 log.info("%s: %s; %s again in %.1fs", self.kind.name, reason, what, delay)
                 await asyncio.sleep(delay)
+
+
+def _too_large(exc: ApiException) -> bool:
+    """The API server's answer to a watch from a resourceVersion it has not reached."""
+    return exc.status == 504 and "Too large resource version" in str(exc.reason or "")
 
 
 def _not_newer(resource_version: object, since: str | None) -> bool:

@@ -188,7 +188,7 @@ async def test_a_forged_due_event_is_refused_and_the_running_workflow_survives(
                     "LAPSE_SCHED", f"lapse.*.kubernetes.{running['metadata']['uid']}"
                 )
             # The watcher (as the process identity) stored where its watch resumes.
-            assert await WatchPositions(js).get("argo-workflow") is not None
+            assert await WatchPositions(js).get("argo-workflow", kube.workflows.objects.cluster)
         finally:
             await nc.close()
         still = await kube.workflows.get(ns, "running")

@@ -134,7 +134,7 @@ async def test_a_restart_with_a_stored_position_lists_nothing(
             before = await kube.workflows.create(ns, finished_workflow("before"))
             await wait_for(lambda: scheduled(js, before["metadata"]["uid"]))
         assert first.watcher.relists == 1  # nothing was stored yet: one list
-        stored = await WatchPositions(js).get(KIND)
+        stored = await WatchPositions(js).get(KIND, kube.workflows.objects.cluster)
         assert stored is not None
         assert int(stored) >= int(before["metadata"]["resourceVersion"])
 

@@ -264,7 +264,7 @@ async def test_a_restart_resumes_from_the_stored_position_and_lists_nothing(
     await wait_for(lambda: _async("before" in first.names(EventType.RUN_FINISHED, ns)))
 
     async def stored_past_it() -> bool:
-        stored = await positions.get(kind.name)
+        stored = await positions.get(kind.name, kube.workflows.objects.cluster)
         return stored is not None and int(stored) >= int(before["metadata"]["resourceVersion"])
 
     await wait_for(stored_past_it)
@@ -296,7 +296,7 @@ async def test_410_with_a_stored_position_lists_and_sends_only_what_is_newer(
     await workflows.create("stored", workflow("planned-before", finished=True))
     # Stored by an earlier lapse: everything up to here is in NATS.
     old = (await workflows.list())["metadata"]["resourceVersion"]
-    await positions.put(kind.name, old)
+    await positions.put(kind.name, workflows.objects.cluster, old)
     for i in range(3):
         await workflows.create("stored", workflow(f"missed-{i}", finished=True))
     compact_etcd(server.etcd_url)
@@ -317,5 +317,25 @@ async def test_410_with_a_stored_position_lists_and_sends_only_what_is_newer(
     finished = sorted(recorder.names(EventType.RUN_FINISHED, "stored"))
     assert finished == ["missed-0", "missed-1", "missed-2"]
     # The list is published: the position moved on past it.
-    stored = await positions.get(kind.name)
+    stored = await positions.get(kind.name, workflows.objects.cluster)
     assert stored is not None and int(stored) > int(old)
+
+
+async def test_a_position_stored_for_another_cluster_is_not_used(
+    kube: KubeStack, positions: WatchPositions
+) -> None:
+    ns = kube.namespace(f"elsewhere-{uuid.uuid4().hex[:6]}")
+    kind = own_kind()
+    await kube.workflows.create(ns, workflow("here", finished=True))
+    # Another API server's version, far ahead of this one's: meaningless here.
+    await positions.put(kind.name, "https://elsewhere.example:6443", "999999999")
+    recorder = Recorder()
+    watcher = KindWatcher(
+        kube.workflows.objects, kind, recorder.publish, recorder.report, positions=positions
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop))
+    await wait_for(lambda: _async("here" in recorder.names(EventType.RUN_FINISHED, ns)))
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert watcher.resumes == 0 and watcher.relists == 1
