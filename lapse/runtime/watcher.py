@@ -6,8 +6,9 @@ only those are listed and watched, so memory and traffic do not grow with runnin
 Kinds without one (Tekton runs, Jobs, TrainJobs: the API server cannot select on status)
 are listed and watched whole: an unfinished object is adapted to Ignored and dropped at
 once, nothing is kept per object, and the watch delivers the update that finishes it; a
-re-list happens only at start and after 410 Gone, never on a timer. A kind the API server
-does not serve (its CRD not installed) is looked for again every minute.
+re-list happens only with no stored position (a first start) and after 410 Gone, never
+on a timer. A kind the API server does not serve (its CRD not installed) is looked for
+again every minute.
 
 A deletion this process's own reaper made is not reported (lapse.edges.kubernetes.
 own_deletions): the deadline that caused it has fired, and the planner has nothing to
