@@ -41,6 +41,7 @@ from typing import Any, Protocol, TypeVar
 
 from cloudevents.core.base import BaseCloudEvent
 from kubernetes.client.exceptions import ApiException
+from nats.js import JetStreamContext
 
 from events.adapters.objects import adapt
 from events.builder import build_event
@@ -417,7 +418,9 @@ def _not_newer(resource_version: object, since: str | None) -> bool:
         return False
 
 
-async def report_relists(js: Any, watchers: Sequence[KindWatcher], *, replicas: int = 1) -> None:
+async def report_relists(
+    js: JetStreamContext, watchers: Sequence[KindWatcher], *, replicas: int = 1
+) -> None:
     """While a watcher re-lists, say how far it is where `lapse status` looks
     (LAPSE_HEALTH, key `relist.<process>.<kind>`); remove the key when it is over."""
     process = health.process_key()
