@@ -30,7 +30,8 @@ the server completed the DELETE. Phases, per tool:
 - idle: nothing comes due for a while: requests per minute;
 - kill: another window; the tool is killed (-9) mid-way and restarted at once: lateness of
   the deletions that were in flight (due before the new process was ready, not deleted
-  before the kill) and duplicate DELETEs;
+  before the kill), of NEW_FINISHES runs that finish as it restarts (`restart_new_finish_
+  p99_late_s`: what a restart that lists everything again delays) and duplicate DELETEs;
 - memory: RSS of each tool (peak and at the end of the idle phase), of nats-server,
   and lapse's planner rate when it first plans the pending objects.
 
@@ -124,6 +125,9 @@ class Scale:
     settle_cap_s: float = 3600  # lapse planning the pending objects
     janitor_interval_s: float = 5
 
+
+# Runs created finished just as the killed tool restarts (kill phase).
+NEW_FINISHES = 20
 
 # The full run waits with 100,000 pending objects and 1,000,000 pending schedules. A million
 # Workflows in etcd would take ~25 min to create at the measured 600-900 creates/s and would
@@ -622,10 +626,22 @@ class Bench:
         restart = {"killed": tool.kill9()}
         since = tool.log_size()
         restart["restarted"] = tool.start()
+        # Runs that finish while the new process starts: what a restart that lists every
+        # finished object again makes wait behind the list.
+        fresh: dict[Key, float] = {}
+        fresher = threading.Thread(
+            target=lambda: fresh.update(
+                create_paced(
+                    self.admin, f"fresh-{index}", "kill", NEW_FINISHES, NEW_FINISHES, s.kill_ttl_s
+                )
+            )
+        )
+        fresher.start()
         tool.wait_ready(since)
         restart["ready"] = time.time()
         creator.join()
-        due = made
+        fresher.join()
+        due = {**made, **fresh}
         end = self.wait_deleted(tool, due, s.tail_cap_s)
         requests = self.audit.read()
         before_kill = {
@@ -638,11 +654,13 @@ class Bench:
         present = {(NAMESPACE, n) for n in self.admin.names(NAMESPACE, f"{SET_LABEL}=kill")}
         whole = lateness(due, requests, tool.user, present)
         late_inflight = lateness(inflight, requests, tool.user, present)
+        late_new = lateness(fresh, requests, tool.user, present)
         done = deletions(requests, tool.user)
         after_restart = [done[k] - restart["restarted"] for k in inflight if k in done]
         phases["kill"] = {
             "window": whole.as_dict(),
             "inflight": late_inflight.as_dict(),
+            "new_finish": late_new.as_dict(),
             "inflight_done_after_restart_max_s": round(max(after_restart), 3)
             if after_restart
             else None,
@@ -676,6 +694,7 @@ class Bench:
             "restart_inflight_done_after_restart_max_s": kill.get(
                 "inflight_done_after_restart_max_s"
             ),
+            "restart_new_finish_p99_late_s": kill.get("new_finish", {}).get("lateness_p99_s"),
             "restart_duplicate_deletes": kill.get("window", {}).get("duplicate_deletes"),
             "restart_lost": kill.get("window", {}).get("lost"),
         }

@@ -175,6 +175,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
         "{:.1f}",
     ),
     ("restart_lost", "after kill -9: lost", "{:d}"),
+    ("restart_new_finish_p99_late_s", "after kill -9: new finishes p99 late (s)", "{:.1f}"),
     ("restart_inflight_max_late_s", "after kill -9: in-flight max late (s)", "{:.1f}"),
     ("restart_duplicate_deletes", "after kill -9: duplicate DELETEs", "{:d}"),
     ("rss_mib", "RSS (MiB)", "{:.0f}"),

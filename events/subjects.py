@@ -11,6 +11,9 @@ from events.types import EventType
 SCHEDULE_PREFIX = "lapse.sched"
 DUE_PREFIX = "lapse.due"
 EVENTS_PREFIX = "lapse.events"
+# The watcher's re-list lane: what a re-list publishes again, consumed by its own durable
+# consumer so that live watch events never queue behind a re-list (docs/architecture.md).
+RELIST_PREFIX = "lapse.events.relist"
 AUDIT_PREFIX = "lapse.audit"
 DLQ_PREFIX = "lapse.dlq"
 
@@ -48,6 +51,11 @@ def schedule_or_due_subject(target: Target, uid: str) -> str:
 def event_subject(event_type: str) -> str:
     """Ingress subject for a lifecycle event type (dots in the type become tokens)."""
     return f"{EVENTS_PREFIX}.{event_type}"
+
+
+def relist_subject(event_type: str) -> str:
+    """The re-list lane's subject for a lifecycle event type."""
+    return f"{RELIST_PREFIX}.{event_type}"
 
 
 def audit_subject(event_type: str) -> str:

@@ -64,6 +64,7 @@ async def status_report(
     dlq = await js.stream_info(streams.dlq)
     audit = await js.stream_info(streams.audit)
     waiting = [w for w in await health.read(js) if w.events]
+    relists = await health.read_relists(js)
     start = max(1, audit.state.last_seq - 50 * args.recent)
     recent = (
         [
@@ -102,6 +103,17 @@ async def status_report(
             }
             for w in waiting
         ],
+        # Watchers listing a kind again (after 410 Gone, or with no stored position).
+        "relisting": [
+            {
+                "kind": r.kind,
+                "process": r.process,
+                "listed": r.listed,
+                "published": r.published,
+                "seconds": round(r.seconds),
+            }
+            for r in relists
+        ],
         "recent": recent,
     }
 
@@ -125,6 +137,11 @@ def print_report(report: dict[str, Any], args: argparse.Namespace, out: IO[str])
         out.write(
             f"waiting:       {w['function']} ({w['process']}): {w['events']} events for "
             f"{w['seconds']}s, {w['reason']}\n"
+        )
+    for r in report["relisting"]:
+        out.write(
+            f"re-listing:    {r['kind']} ({r['process']}): {r['listed']} objects listed, "
+            f"{r['published']} published again, for {r['seconds']}s\n"
         )
     out.write(f"dead letters:  {report['deadLetters']}\n\nrecent outcomes:\n")
     lines = table(

@@ -5,6 +5,10 @@ how long it has been waiting out a transient failure, how many events wait, and 
 bucket forgets a key a minute after its last write, so a process that died takes its
 report with it; a live one writes every few seconds while it waits, and once when the wait
 is over.
+
+A re-list in progress (the watcher listing a kind after 410 Gone or a first start) is a key
+of its own, `relist.<process>.<kind>`, with how far it is; it is removed when the re-list
+ends (and forgotten a minute after a process that died mid-way).
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from typing import Final
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
-from nats.js.errors import BucketNotFoundError, NoKeysError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
 BUCKET: Final = "LAPSE_HEALTH"
 KEEP_SECONDS: Final = 60.0
+RELIST_PREFIX: Final = "relist."
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,21 @@ class Waiting:
     seconds: float
     events: int
     reason: str
+
+
+@dataclass(frozen=True)
+class Relisting:
+    """One kind being listed again by one process: how far it is."""
+
+    process: str
+    kind: str
+    listed: int  # objects read from the API server so far
+    published: int  # of those, published again (the others were unchanged or unfinished)
+    seconds: float
+
+
+def relist_key(process: str, kind: str) -> str:
+    return f"{RELIST_PREFIX}{process}.{kind}"
 
 
 def process_key() -> str:
@@ -69,9 +89,45 @@ async def read(js: JetStreamContext) -> list[Waiting]:
         return []
     found = []
     for key in keys:
+        if key.startswith(RELIST_PREFIX):
+            continue
         entry = await kv.get(key)
         for function, item in json.loads(entry.value or b"{}").items():
             found.append(
                 Waiting(key, function, float(item["seconds"]), int(item["events"]), item["reason"])
             )
+    return found
+
+
+async def report_relist(kv: KeyValue, progress: Relisting) -> None:
+    body = {"listed": progress.listed, "published": progress.published, "seconds": progress.seconds}
+    await kv.put(relist_key(progress.process, progress.kind), json.dumps(body).encode())
+
+
+async def relist_over(kv: KeyValue, process: str, kind: str) -> None:
+    await kv.delete(relist_key(process, kind))
+
+
+async def read_relists(js: JetStreamContext) -> list[Relisting]:
+    """Every re-list running now, in any live process."""
+    try:
+        kv = await js.key_value(BUCKET)
+        keys = await kv.keys()
+    except (BucketNotFoundError, NoKeysError):
+        return []
+    found = []
+    for key in keys:
+        if not key.startswith(RELIST_PREFIX):
+            continue
+        process, _, kind = key.removeprefix(RELIST_PREFIX).partition(".")
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:  # ended meanwhile
+            continue
+        item = json.loads(entry.value or b"{}")
+        found.append(
+            Relisting(
+                process, kind, int(item["listed"]), int(item["published"]), float(item["seconds"])
+            )
+        )
     return found

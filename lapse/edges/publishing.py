@@ -17,7 +17,7 @@ from nats.js.errors import APIError
 
 from events.nats_binding import NatsMessage, to_nats
 from events.observed import API_SERVER, OBSERVED_HEADER, unclaimed
-from events.subjects import audit_subject, dlq_subject, event_subject
+from events.subjects import audit_subject, dlq_subject, event_subject, relist_subject
 from events.types import EventType
 from lapse.config import Streams
 from lapse.telemetry import HopContext, send_span
@@ -43,12 +43,22 @@ class NatsPublisher:
 
     `observed`: the publisher is lapse's own watcher, whose events describe object versions
     it read from the API server; they carry lapse's header saying so (events/observed.py).
+    `relist`: the watcher's re-list lane, `lapse.events.relist.<type>` (same stream, its
+    own consumer), so that what a re-list repeats never delays a live finish.
     The ingress publishes what it was sent and never says so: whatever mark the sender
     put on the event (the `lapseobserved` extension) is dropped, not passed on."""
 
-    def __init__(self, js: JetStreamContext, streams: Streams, *, observed: bool = False) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        streams: Streams,
+        *,
+        observed: bool = False,
+        relist: bool = False,
+    ) -> None:
         self._js = js
         self._stream = streams.events
+        self._subject = relist_subject if relist else event_subject
         self._headers = {OBSERVED_HEADER: API_SERVER} if observed else {}
 
     async def publish(self, event: BaseCloudEvent) -> None:
@@ -56,7 +66,7 @@ class NatsPublisher:
             # A claim from outside: a consumer that believed the extension (another tool
             # on the subject, a future reader) would skip the read before a DELETE.
             event = unclaimed(event)
-        subject = event_subject(event.get_type())
+        subject = self._subject(event.get_type())
         await publish_event(self._js, subject, self._stream, event, self._headers)
 
 

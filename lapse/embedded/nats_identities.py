@@ -81,6 +81,9 @@ INBOX: Final = "_INBOX.>"
 # test checks the names agree).
 KV_BUCKETS: Final = ("LAPSE_LIMITS", "LAPSE_HEALTH")
 KV: Final = tuple(f"$KV.{bucket}.>" for bucket in KV_BUCKETS)
+# The watcher's positions (lapse/edges/watch_positions.py): only `lapse up` watches.
+WATCH_BUCKET: Final = "LAPSE_WATCH"
+WATCH_KV: Final = f"$KV.{WATCH_BUCKET}.>"
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ class Identity:
 PROCESS: Final = Identity(
     user="lapse",
     role="lapse up (watcher, ingress, planner, reapers, dispatcher)",
-    publish=(EVENTS, SCHEDULES, AUDIT, DLQ, *KV, *JS_WORK, INBOX),
+    publish=(EVENTS, SCHEDULES, AUDIT, DLQ, *KV, WATCH_KV, *JS_WORK, INBOX),
     publish_deny=(DUE, *JS_DESTRUCTIVE),
 )
 
@@ -134,7 +137,7 @@ READER: Final = Identity(
 ADMIN: Final = Identity(
     user="lapse-admin",
     role="repairs: dlq replay|purge, brake release, reconcile, infra apply",
-    publish=("lapse.>", *KV, "$JS.>", INBOX),
+    publish=("lapse.>", *KV, WATCH_KV, "$JS.>", INBOX),
 )
 
 EMBEDDED: Final = (PROCESS, READER, ADMIN)

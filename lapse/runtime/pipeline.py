@@ -27,12 +27,13 @@ from lapse.config import LapseConfig, Streams
 from lapse.edges import health
 from lapse.edges.publishing import NatsPublisher
 from lapse.edges.streams import configured_streams, count_messages, ensure_streams
+from lapse.edges.watch_positions import WatchPositions
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.ingress import Ingress, nats_ingress
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
-from lapse.runtime.routing import Route, load_routes, pushed_types
-from lapse.runtime.watcher import KindWatcher
+from lapse.runtime.routing import Route, load_routes, pushed_types, relist_lane
+from lapse.runtime.watcher import KindWatcher, report_relists
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class Pipeline:
         self._listen = listen
         self._backlog_interval = backlog_interval
         self.ready = asyncio.Event()
+        self.watchers: list[KindWatcher] = []
 
     async def run(self, stop: asyncio.Event) -> None:
         exporting = telemetry.configure()
@@ -103,10 +105,28 @@ class Pipeline:
             streams = self.config.nats.streams
             if self._watch:
                 publish = NatsPublisher(js, streams, observed=True).publish
-                for kind in self.config.kinds:  # one watch per configured kind
-                    watcher = KindWatcher(resources.objects(), kind, publish, emitter.emit)
-                    task = asyncio.create_task(watcher.run(stop), name=f"watcher {kind.name}")
+                # A re-list's events go on their own lane (consumed beside the live one).
+                relist = NatsPublisher(js, streams, observed=True, relist=True).publish
+                positions = WatchPositions(js, replicas=self.config.nats.replicas)
+                watchers = [
+                    KindWatcher(
+                        resources.objects(),
+                        kind,
+                        publish,
+                        emitter.emit,
+                        positions=positions,
+                        publish_relist=relist,
+                    )
+                    for kind in self.config.kinds  # one watch per configured kind
+                ]
+                self.watchers = watchers
+                for watcher in watchers:
+                    task = asyncio.create_task(
+                        watcher.run(stop), name=f"watcher {watcher.kind.name}"
+                    )
                     cancelled.append(task)
+                progress = report_relists(js, watchers, replicas=self.config.nats.replicas)
+                cancelled.append(asyncio.create_task(progress, name="relist progress"))
             health = _report_health(js, dispatcher, self.config.nats.replicas)
             cancelled.append(asyncio.create_task(health, name="health"))
             if telemetry.metrics_enabled():
@@ -146,9 +166,12 @@ class Pipeline:
                         "%s has nothing to do with this configuration: not started",
                         route.function,
                     )
+        routes = [*self._routes]
+        if self._watch:  # the watcher's re-list lane, beside each route it feeds
+            routes += [lane for route in self._routes if (lane := relist_lane(route))]
         return [
             Subscription(route, handler)
-            for route in self._routes
+            for route in routes
             if (handler := handlers[route.function]) is not None
         ]
 

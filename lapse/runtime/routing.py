@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import yaml
 
 import infra
-from events.subjects import AUDIT_PREFIX, DUE_PREFIX, event_subject, subject_filter
+from events.subjects import (
+    AUDIT_PREFIX,
+    DUE_PREFIX,
+    event_subject,
+    relist_subject,
+    subject_filter,
+)
+from events.types import EventType
 from lapse.config import Streams
 
 SERVICE_PREFIX = "lapse-"
@@ -23,9 +31,14 @@ class Route:
     # The Trigger's former name (annotation lapse.dev/formerly): its durable consumer's
     # position carries over to this route's, so a rename neither repeats nor skips work.
     formerly: str | None = None
+    # The watcher's re-list lane of this route (`lapse.events.relist.<type>`): the same
+    # function, its own durable consumer, so a re-list never delays live events.
+    relist: bool = False
 
     @property
     def subject(self) -> str:
+        if self.relist:
+            return relist_subject(self.filters["type"])
         return subject_filter(self.filters["type"], self.filters.get("target"))
 
     def stream(self, streams: Streams) -> str:
@@ -44,6 +57,18 @@ class Route:
         type on `lapse.events.<type>` (no other filter that could leave some unread)."""
         event_type = self.filters["type"]
         return self.subject == event_subject(event_type) and self.filters.keys() == {"type"}
+
+
+def relist_lane(route: Route) -> Route | None:
+    """The re-list lane of a route that takes the watcher's `run.finished` events (what a
+    re-list publishes), or None."""
+    if route.relist or not route.takes_pushed:
+        return None
+    if route.filters["type"] != EventType.RUN_FINISHED:
+        return None
+    # Not carried over on a rename: a new durable reads the lane from its start, which only
+    # repeats runs the planner finds unchanged.
+    return dataclasses.replace(route, name=f"{route.name}-relist", formerly=None, relist=True)
 
 
 def pushed_types(routes: Iterable[Route]) -> frozenset[str]:

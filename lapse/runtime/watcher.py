@@ -6,15 +6,27 @@ only those are listed and watched, so memory and traffic do not grow with runnin
 Kinds without one (Tekton runs, Jobs, TrainJobs: the API server cannot select on status)
 are listed and watched whole: an unfinished object is adapted to Ignored and dropped at
 once, nothing is kept per object, and the watch delivers the update that finishes it; a
-re-list happens only at start and after 410 Gone, never on a timer. A kind the API server
-does not serve (its CRD not installed) is looked for again every minute.
+re-list happens only with no stored position (a first start) and after 410 Gone, never
+on a timer. A kind the API server does not serve (its CRD not installed) is looked for
+again every minute.
 
 A deletion this process's own reaper made is not reported (lapse.edges.kubernetes.
 own_deletions): the deadline that caused it has fired, and the planner has nothing to
-cancel. It resumes from the last resourceVersion (bookmarks keep it fresh) and re-lists on
-410 Gone. Re-listing publishes every finished object again: the planner treats an unchanged
-run as a no-op and the event ids (uid + resourceVersion) let JetStream drop exact
-duplicates, so a restart loses no finish and does no harm by repeating one.
+cancel.
+
+Restarts cost nothing (docs/architecture.md, "Restarts"): the watch resumes from the
+position stored in `LAPSE_WATCH` (lapse.edges.watch_positions), advanced only past events
+NATS acknowledged and never during a re-list; bookmarks keep it fresh on a quiet cluster.
+A list happens only when nothing is stored or the API server answers 410 Gone, and then:
+- the watch starts at once from the list's resourceVersion, and its (live) events are
+  published as they come while the list's pages are published beside it, on the re-list
+  lane (`lapse.events.relist.<type>`, its own durable consumer): a live finish never
+  queues behind a re-list;
+- an object whose resourceVersion is not newer than the stored position is not published
+  again (its finish is in NATS already), nor is one the live watch has reported since the
+  list (the live event is newer);
+- what is published again the planner treats as a no-op when its schedules stand, and the
+  event ids (uid + resourceVersion) let JetStream drop exact duplicates.
 """
 
 from __future__ import annotations
@@ -22,11 +34,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 from cloudevents.core.base import BaseCloudEvent
 from kubernetes.client.exceptions import ApiException
+from nats.js import JetStreamContext
 
 from events.adapters.objects import adapt
 from events.builder import build_event
@@ -34,7 +49,8 @@ from events.errors import InvalidEvent
 from events.kinds import KindSpec
 from events.models import CleanupFailed, RunDeleted, RunFinished
 from events.types import EventType
-from lapse.edges.kubernetes import KubeObjects, finished_pages
+from lapse.edges import health
+from lapse.edges.kubernetes import KubeObjects, Page, finished_pages
 from lapse.edges.kubernetes.client import describe_api_error
 from lapse.runtime.outages import Backoff, nats_unavailable
 
@@ -45,7 +61,36 @@ PAGE_SIZE = 500
 # How often a kind whose CRD is not installed is looked for again.
 NOT_SERVED_RETRY = 60.0
 
+# The stored position is written at most this often while events flow (and on every
+# bookmark after that): a crash repeats at most this much, as duplicates JetStream drops.
+POSITION_INTERVAL = 1.0
+# How often a running re-list's progress is written for `lapse status`.
+PROGRESS_INTERVAL = 2.0
+
 Publish = Callable[[BaseCloudEvent], Awaitable[None]]
+T = TypeVar("T")
+
+
+class Positions(Protocol):
+    """Where watch positions are kept (lapse.edges.watch_positions.WatchPositions)."""
+
+    async def get(self, kind: str, cluster: str) -> str | None: ...
+
+    async def put(self, kind: str, cluster: str, resource_version: str) -> None: ...
+
+
+@dataclass
+class Relist:
+    """How far a running re-list is."""
+
+    started: float = field(default_factory=time.monotonic)
+    listed: int = 0  # objects read from the API server
+    published: int = 0  # published on the re-list lane
+    skipped: int = 0  # not newer than the stored position, or reported live meanwhile
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
 
 
 class KindWatcher:
@@ -58,33 +103,71 @@ class KindWatcher:
         *,
         watch_timeout: int = 300,
         not_served_retry: float = NOT_SERVED_RETRY,
+        positions: Positions | None = None,
+        publish_relist: Publish | None = None,
+        position_interval: float = POSITION_INTERVAL,
     ) -> None:
         self._objects = objects
         self.kind = kind
         self._not_served_retry = not_served_retry
         self._publish = publish
+        # Without a lane of its own (tests, a caller with one consumer) a re-list publishes
+        # where live events go.
+        self._publish_relist = publish_relist or publish
         self._report = report
         self._watch_timeout = watch_timeout
+        self._positions = positions
+        self._position_interval = position_interval
         self.relists = 0
+        self.resumes = 0  # watches started from a stored position, without a list
         self.synced = asyncio.Event()  # set once the first list has been published
+        self.relist: Relist | None = None  # while a re-list is being published
+        # The position stored (or resumed from): every event up to it is in NATS.
+        self._stored: str | None = None
+        self._stored_at = 0.0
+        # The version up to which the watch's events are published (acknowledged).
+        self._watched: str | None = None
+        # Uids the live watch reported while a re-list runs: their listed version is older.
+        self._live_uids: set[str] = set()
+        self._relisting: asyncio.Task[None] | None = None
+        # A re-list that failed (other than NATS unavailable, which it waits out) ends the
+        # watcher as a failed watch loop would: never a silently missing list.
+        self._relist_failed: asyncio.Future[None] | None = None
 
     async def run(self, stop: asyncio.Event, *, resume_from: str | None = None) -> None:
-        """Watch until `stop`. With `resume_from`, continue a watch from that version
-        instead of listing first (a 410 Gone falls back to a list)."""
+        """Watch until `stop`. With `resume_from` (or a stored position), continue a watch
+        from that version instead of listing first (a 410 Gone falls back to a list)."""
         # A quiet cluster sends nothing for minutes: stopping must not wait for an event.
+        self._relist_failed = asyncio.get_running_loop().create_future()
         loop = asyncio.create_task(self._loop(stop, resume_from))
         stopped = asyncio.create_task(stop.wait())
         try:
-            await asyncio.wait([loop, stopped], return_when=asyncio.FIRST_COMPLETED)
+            waits: list[asyncio.Future[Any]] = [loop, stopped, self._relist_failed]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if self._relist_failed.done():
+                self._relist_failed.result()  # raises what the re-list failed with
         finally:
             # Also when this task itself is cancelled: the inner loop owns a watch thread.
             stopped.cancel()
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loop
+            await self._cancel_relist()
+            await self._store_final()
 
     async def _loop(self, stop: asyncio.Event, resume_from: str | None) -> None:
-        resource_version = resume_from or await self._relist_until_listed()
+        stored = resume_from
+        if stored is None and self._positions is not None:
+            stored = await self._until_nats("reading the watch position", self._read_position)
+        self._stored = stored
+        if stored:
+            self.resumes += 1
+            log.info("%s: resuming the watch from resourceVersion %s", self.kind.name, stored)
+            resource_version = stored
+            self.synced.set()  # nothing to list: what is stored is published
+        else:
+            resource_version = await self._start_relist("nothing stored to resume from")
+        self._watched = resource_version
         backoff = 1.0
         while not stop.is_set():
             try:
@@ -94,14 +177,27 @@ class KindWatcher:
                     label_selector=self.kind.finished_selector,
                     timeout_seconds=self._watch_timeout,
                 ):
-                    resource_version = change.object["metadata"]["resourceVersion"]
+                    metadata = change.object["metadata"]
+                    resource_version = metadata["resourceVersion"]
                     if change.type != "BOOKMARK":
+                        if self.relist is not None:
+                            self._live_uids.add(str(metadata.get("uid", "")))
                         await self._handle(change.object, deleted=change.type == "DELETED")
+                    await self._advance(resource_version)
                 backoff = 1.0
             except ApiException as exc:
                 if exc.status == 410:
-                    log.info("watch expired (410 Gone): listing again")
-                    resource_version = await self._relist_until_listed()
+                    resource_version = await self._start_relist("the watch expired (410 Gone)")
+                    self._watched = resource_version
+                    continue
+                if _too_large(exc):
+                    # A version this API server never issued (its etcd restored from a
+                    # backup): nothing of it can be compared to this server's objects.
+                    self._stored = None
+                    resource_version = await self._start_relist(
+                        "the stored resourceVersion is newer than the API server's"
+                    )
+                    self._watched = resource_version
                     continue
                 log.warning(
                     "watch failed (%s): retrying in %.0fs", describe_api_error(exc), backoff
@@ -115,13 +211,118 @@ class KindWatcher:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
 
-    async def _relist_until_listed(self) -> str:
+    # -- the stored position ------------------------------------------------------------
+
+    async def _read_position(self) -> str | None:
+        assert self._positions is not None
+        return await self._positions.get(self.kind.name, self._objects.cluster)
+
+    async def _advance(self, resource_version: str) -> None:
+        """Everything up to `resource_version` is published: store it, now and then, but
+        never while a re-list is still publishing the list it started from."""
+        self._watched = resource_version
+        if self._positions is None or self.relist is not None:
+            return
+        if time.monotonic() - self._stored_at < self._position_interval:
+            return
+        await self._store(resource_version)
+
+    async def _store(self, resource_version: str) -> None:
+        if self._positions is None or resource_version == self._stored:
+            return
+        self._stored_at = time.monotonic()
+        try:
+            await self._positions.put(self.kind.name, self._objects.cluster, resource_version)
+            self._stored = resource_version
+        except Exception as exc:  # NATS unavailable: an older position only repeats events
+            log.debug("%s: storing the watch position failed: %s", self.kind.name, exc)
+
+    async def _store_final(self) -> None:
+        """On the way out, store how far the watch got (bounded: stopping must not hang)."""
+        if self._watched is None or self.relist is not None:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._store(self._watched), timeout=2.0)
+
+    # -- the re-list ----------------------------------------------------------------------
+
+    async def _start_relist(self, why: str) -> str:
+        """List again: read the first page, start publishing the list beside the watch, and
+        return the list's resourceVersion for the watch to start from."""
+        await self._cancel_relist()
+        first, pages = await self._first_page_until_listed()
+        self._live_uids = set()
+        progress = self.relist = Relist()
+        log.info(
+            "%s: listing every %s again (%s); the watch goes on meanwhile",
+            self.kind.name, self.kind.describe(), why,
+        )  # fmt: skip
+        self._relisting = asyncio.create_task(
+            self._publish_list(first, pages, progress), name=f"relist {self.kind.name}"
+        )
+        self._relisting.add_done_callback(self._relist_ended)
+        return first.resource_version
+
+    def _relist_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or (exc := task.exception()) is None:
+            return
+        if self._relist_failed is not None and not self._relist_failed.done():
+            self._relist_failed.set_exception(exc)
+
+    async def _cancel_relist(self) -> None:
+        task, self._relisting = self._relisting, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _publish_list(self, page: Page, pages: AsyncIterator[Page], progress: Relist) -> None:
+        since = self._stored
+        while True:
+            for obj in page.items:
+                progress.listed += 1
+                metadata = obj.get("metadata", {})
+                if _not_newer(metadata.get("resourceVersion"), since) or (
+                    metadata.get("uid") in self._live_uids
+                ):
+                    progress.skipped += 1
+                    continue
+                if await self._handle(obj, deleted=False, relist=True):
+                    progress.published += 1
+            try:
+                page = await anext(pages)
+            except StopAsyncIteration:
+                break
+            except Exception as exc:
+                # A page failed (the API server restarting): list from the start again. What
+                # is published already is dropped as a duplicate or found unchanged.
+                log.warning(
+                    "%s: listing failed mid-way (%s): listing again",
+                    self.kind.name, describe_api_error(exc),
+                )  # fmt: skip
+                page, pages = await self._first_page_until_listed()
+        self.relist = None
+        self._live_uids = set()
+        self.synced.set()
+        log.info(
+            "%s: re-list done: %d objects in %.1fs, %d published, %d unchanged since the "
+            "stored position or reported live",
+            self.kind.name, progress.listed, progress.seconds, progress.published,
+            progress.skipped,
+        )  # fmt: skip
+        # The list and every watch event up to here are stored: the position may advance.
+        if self._watched is not None:
+            await self._store(self._watched)
+
+    async def _first_page_until_listed(self) -> tuple[Page, AsyncIterator[Page]]:
         """A failed list is retried (an API server restart must not end the watcher)."""
         backoff = 1.0
         what = self.kind.describe()
         while True:
+            pages = finished_pages(self._objects, self.kind, page_size=PAGE_SIZE)
+            self.relists += 1  # lists begun (a kind not served is looked for by listing)
             try:
-                return await self._relist()
+                return await anext(pages), pages
             except ApiException as exc:
                 if exc.status != 404:
                     log.warning(
@@ -152,18 +353,8 @@ class KindWatcher:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
 
-    async def _relist(self) -> str:
-        """Publish every finished object, page by page; return the list's version."""
-        self.relists += 1
-        version = ""
-        async for page in finished_pages(self._objects, self.kind, page_size=PAGE_SIZE):
-            for obj in page.items:
-                await self._handle(obj, deleted=False)
-            version = page.resource_version
-        self.synced.set()
-        return version
-
-    async def _handle(self, obj: dict[str, Any], *, deleted: bool) -> None:
+    async def _handle(self, obj: dict[str, Any], *, deleted: bool, relist: bool = False) -> bool:
+        """Publish what `obj` means, if anything; whether an event was published."""
         try:
             result = adapt(obj, self.kind, deleted)
         except InvalidEvent as exc:
@@ -174,37 +365,83 @@ class KindWatcher:
                     data=CleanupFailed(reason=exc.reason, stage="watcher"),
                 )
             )
-            return
+            return False
         metadata = obj["metadata"]
         if isinstance(result, RunFinished):
             event_type = EventType.RUN_FINISHED
         elif isinstance(result, RunDeleted):
             if self._objects.own_deletions.take(result.run.uid):
-                return  # this process's reaper deleted it: no deadline left to cancel
+                return False  # this process's reaper deleted it: no deadline left to cancel
             event_type = EventType.RUN_DELETED
         else:
-            return
+            return False
         # Deterministic id: the same object version is the same event, which JetStream's
         # duplicate window drops when a re-list repeats it.
         event_id = f"{metadata['uid']}.{metadata.get('resourceVersion', '')}.{event_type.value}"
-        await self._publish_until_stored(
-            build_event(event_type, source=SOURCE, data=result, id=event_id)
-        )
+        event = build_event(event_type, source=SOURCE, data=result, id=event_id)
+        publish = self._publish_relist if relist else self._publish
+        await self._until_nats("publishing", lambda: publish(event))
+        return True
 
-    async def _publish_until_stored(self, event: BaseCloudEvent) -> None:
+    async def _until_nats(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """NATS unavailable (a stream leader being elected, a restart) is waited out here,
         holding the watch where it is, rather than ending the watch and starting it over."""
         backoff = Backoff(first=0.2, cap=5.0)
         attempt = 0
         while True:
             try:
-                await self._publish(event)
-                return
+                return await call()
             except Exception as exc:
                 reason = nats_unavailable(exc)
                 if reason is None:
                     raise
                 attempt += 1
                 delay = backoff.delay(attempt)
-                log.info("%s: %s; publishing again in %.1fs", self.kind.name, reason, delay)
+                log.info("%s: %s; %s again in %.1fs", self.kind.name, reason, what, delay)
                 await asyncio.sleep(delay)
+
+
+def _too_large(exc: ApiException) -> bool:
+    """The API server's answer to a watch from a resourceVersion it has not reached."""
+    return exc.status == 504 and "Too large resource version" in str(exc.reason or "")
+
+
+def _not_newer(resource_version: object, since: str | None) -> bool:
+    """Whether an object's version is not newer than the stored position. resourceVersions
+    are opaque by contract, but every API server lapse supports serves etcd revisions (the
+    watch cache compares them the same way); anything else is never skipped."""
+    if since is None or not isinstance(resource_version, str):
+        return False
+    try:
+        return int(resource_version) <= int(since)
+    except ValueError:
+        return False
+
+
+async def report_relists(
+    js: JetStreamContext, watchers: Sequence[KindWatcher], *, replicas: int = 1
+) -> None:
+    """While a watcher re-lists, say how far it is where `lapse status` looks
+    (LAPSE_HEALTH, key `relist.<process>.<kind>`); remove the key when it is over."""
+    process = health.process_key()
+    reported: set[str] = set()
+    kv = None
+    while True:
+        await asyncio.sleep(PROGRESS_INTERVAL)
+        try:
+            kv = kv or await health.bucket(js, replicas=replicas)
+            for watcher in watchers:
+                name, relist = watcher.kind.name, watcher.relist
+                if relist is not None:
+                    await health.report_relist(
+                        kv,
+                        health.Relisting(
+                            process, name, relist.listed, relist.published, relist.seconds
+                        ),
+                    )
+                    reported.add(name)
+                elif name in reported:
+                    await health.relist_over(kv, process, name)
+                    reported.discard(name)
+        except Exception as exc:  # NATS reconnecting: the next round tries again
+            log.debug("re-list progress report failed: %s", exc)

@@ -21,6 +21,7 @@ from events.run import Engine, RunRef, Target
 from events.types import EventType, Outcome
 from lapse.cli.watch import CLEAR
 from lapse.config import Streams
+from lapse.edges import health
 from lapse.edges.publishing import NatsEmitter
 from lapse.embedded.nats import EmbeddedNats
 from tests.cli.conftest import Shell
@@ -172,3 +173,25 @@ async def test_status_watch_redraws_in_place_and_exits_0_on_ctrl_c(
     assert frames >= 2, "".join(lines)
     assert "Every 0.2s: lapse status" in "".join(lines)
     assert code == 0, err
+
+
+async def test_status_shows_a_relist_while_it_runs(
+    shell: Shell, nats_server: EmbeddedNats, lapse_streams: JetStreamContext
+) -> None:
+    kv = await health.bucket(lapse_streams)
+    process = f"host-{uuid.uuid4().hex[:6]}"
+    await health.report_relist(kv, health.Relisting(process, "argo-workflow", 1500, 12, 7.4))
+    text = shell("status", "--nats-url", nats_server.url).stdout
+    assert (
+        f"re-listing:    argo-workflow ({process}): 1500 objects listed, 12 published again, "
+        "for 7s" in text
+    )
+    report = _json(shell, nats_server, "status")
+    assert isinstance(report, dict)
+    assert {"kind": "argo-workflow", "process": process, "listed": 1500, "published": 12,
+            "seconds": 7} in report["relisting"]  # fmt: skip
+    assert all(w["process"] != process for w in report["waiting"])  # not a wait
+    await health.relist_over(kv, process, "argo-workflow")
+    report = _json(shell, nats_server, "status")
+    assert isinstance(report, dict)
+    assert all(r["process"] != process for r in report["relisting"])

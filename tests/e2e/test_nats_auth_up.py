@@ -34,6 +34,7 @@ from events.types import EventType
 from lapse.config import NatsConfig
 from lapse.edges.nats import NatsRefused, connect, security_options
 from lapse.edges.schedules import schedule_headers
+from lapse.edges.watch_positions import WatchPositions
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.nats_identities import ADMIN, PROCESS, READER, Identity, password_file
 from tests.conftest import KubeStack, kube_stack
@@ -186,6 +187,8 @@ async def test_a_forged_due_event_is_refused_and_the_running_workflow_survives(
                 await js.get_last_msg(
                     "LAPSE_SCHED", f"lapse.*.kubernetes.{running['metadata']['uid']}"
                 )
+            # The watcher (as the process identity) stored where its watch resumes.
+            assert await WatchPositions(js).get("argo-workflow", kube.workflows.objects.cluster)
         finally:
             await nc.close()
         still = await kube.workflows.get(ns, "running")

@@ -8,10 +8,11 @@ import base64
 import json
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 from cloudevents.core.base import BaseCloudEvent
 
@@ -20,6 +21,8 @@ from events.kinds import ARGO_WORKFLOW, JOB, KindSpec
 from events.models import RunDeleted, RunFinished
 from events.types import EventType
 from lapse.edges.kubernetes import KubeObjects
+from lapse.edges.watch_positions import WatchPositions
+from lapse.embedded.nats import EmbeddedNats
 from lapse.runtime.watcher import KindWatcher
 from tests.conftest import KubeStack, kube_stack
 from tests.integration.test_kinds import job
@@ -230,3 +233,109 @@ async def test_410_gone_relists_and_misses_no_finish(
     finished = sorted(recorder.names(EventType.RUN_FINISHED, "gone"))
     assert finished == ["missed-0", "missed-1", "missed-2"]
     assert not any(isinstance(parse_payload(e), RunDeleted) for e in recorder.events)
+
+
+@pytest.fixture
+async def positions(nats_server: EmbeddedNats) -> AsyncIterator[WatchPositions]:
+    nc = await nats.connect(nats_server.url)
+    yield WatchPositions(nc.jetstream())
+    await nc.close()
+
+
+def own_kind() -> KindSpec:
+    """Argo Workflows under a name of this test's own: its stored position is its own."""
+    return ARGO_WORKFLOW.model_copy(update={"name": f"argo-{uuid.uuid4().hex[:8]}"})
+
+
+async def test_a_restart_resumes_from_the_stored_position_and_lists_nothing(
+    kube: KubeStack, positions: WatchPositions
+) -> None:
+    ns = kube.namespace(f"resume-{uuid.uuid4().hex[:6]}")
+    kind = own_kind()
+    first = Recorder()
+    watcher = KindWatcher(
+        kube.workflows.objects, kind, first.publish, first.report,
+        positions=positions, position_interval=0.0,
+    )  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop))
+    await asyncio.wait_for(watcher.synced.wait(), 30)
+    before = await kube.workflows.create(ns, workflow("before", finished=True))
+    await wait_for(lambda: _async("before" in first.names(EventType.RUN_FINISHED, ns)))
+
+    async def stored_past_it() -> bool:
+        stored = await positions.get(kind.name, kube.workflows.objects.cluster)
+        return stored is not None and int(stored) >= int(before["metadata"]["resourceVersion"])
+
+    await wait_for(stored_past_it)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert watcher.relists == 1 and watcher.resumes == 0  # nothing was stored: one list
+
+    await kube.workflows.create(ns, workflow("while-away", finished=True))
+    again = Recorder()
+    restarted = KindWatcher(
+        kube.workflows.objects, kind, again.publish, again.report, positions=positions
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(restarted.run(stop))
+    await wait_for(lambda: _async("while-away" in again.names(EventType.RUN_FINISHED, ns)))
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    # No list: the watch went on from the stored version, so "before" was not sent again.
+    assert restarted.relists == 0 and restarted.resumes == 1
+    assert again.names(EventType.RUN_FINISHED, ns) == ["while-away"]
+
+
+async def test_410_with_a_stored_position_lists_and_sends_only_what_is_newer(
+    uncached_kube: KubeStack, positions: WatchPositions
+) -> None:
+    server, workflows = uncached_kube.server, uncached_kube.workflows
+    uncached_kube.namespace("stored")
+    kind = own_kind()
+    await workflows.create("stored", workflow("planned-before", finished=True))
+    # Stored by an earlier lapse: everything up to here is in NATS.
+    old = (await workflows.list())["metadata"]["resourceVersion"]
+    await positions.put(kind.name, workflows.objects.cluster, old)
+    for i in range(3):
+        await workflows.create("stored", workflow(f"missed-{i}", finished=True))
+    compact_etcd(server.etcd_url)
+
+    recorder = Recorder()
+    watcher = KindWatcher(
+        workflows.objects, kind, recorder.publish, recorder.report, positions=positions
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop))
+    await wait_for(lambda: _async(len(recorder.names(EventType.RUN_FINISHED, "stored")) >= 3))
+    await asyncio.wait_for(watcher.synced.wait(), 30)
+    await wait_for(lambda: _async(watcher.relist is None))  # the re-list is over
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert watcher.resumes == 1 and watcher.relists == 1  # tried the position; 410; listed
+    # The run planned before the stored position is not sent again; the missed ones are.
+    finished = sorted(recorder.names(EventType.RUN_FINISHED, "stored"))
+    assert finished == ["missed-0", "missed-1", "missed-2"]
+    # The list is published: the position moved on past it.
+    stored = await positions.get(kind.name, workflows.objects.cluster)
+    assert stored is not None and int(stored) > int(old)
+
+
+async def test_a_position_stored_for_another_cluster_is_not_used(
+    kube: KubeStack, positions: WatchPositions
+) -> None:
+    ns = kube.namespace(f"elsewhere-{uuid.uuid4().hex[:6]}")
+    kind = own_kind()
+    await kube.workflows.create(ns, workflow("here", finished=True))
+    # Another API server's version, far ahead of this one's: meaningless here.
+    await positions.put(kind.name, "https://elsewhere.example:6443", "999999999")
+    recorder = Recorder()
+    watcher = KindWatcher(
+        kube.workflows.objects, kind, recorder.publish, recorder.report, positions=positions
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop))
+    await wait_for(lambda: _async("here" in recorder.names(EventType.RUN_FINISHED, ns)))
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert watcher.resumes == 0 and watcher.relists == 1

@@ -63,6 +63,8 @@ class KubeObjects:
         self._api = client.CustomObjectsApi(api_client)
         self._executor = executor
         self._server = server_attributes(api_client)
+        # Which API server this is (its URL): resourceVersions are only comparable within one.
+        self.cluster = str(api_client.configuration.host)
         self.kinds = kinds
         # Shared by every KubeObjects of one process (lapse.runtime.resources), so that
         # its watcher knows the deletions its reaper made.
