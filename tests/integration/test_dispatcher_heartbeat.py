@@ -19,6 +19,7 @@ from events.nats_binding import to_nats
 from events.run import Engine, RunRef, Target
 from events.subjects import due_subject
 from events.types import EventType
+from functions.trust import Trust
 from lapse.config import NatsConfig, Streams
 from lapse.edges import streams
 from lapse.edges.nats import connect
@@ -45,7 +46,9 @@ class Slow:
         self.calls = 0
         self.done = 0
 
-    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
+    async def handle(
+        self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
+    ) -> list[BaseCloudEvent]:
         self.calls += 1
         await asyncio.sleep(self.seconds)
         self.done += 1

@@ -21,6 +21,7 @@ from events.nats_binding import to_nats
 from events.run import Engine, RunRef, Target
 from events.subjects import due_subject
 from events.types import EventType
+from functions.trust import Trust
 from lapse.config import NatsConfig, Streams
 from lapse.edges.publishing import NatsEmitter
 from lapse.runtime.dispatcher import Dispatcher, Subscription
@@ -35,7 +36,9 @@ class Recorder:
     def __init__(self) -> None:
         self.uids: list[str] = []
 
-    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
+    async def handle(
+        self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
+    ) -> list[BaseCloudEvent]:
         payload = parse_payload(event)
         assert isinstance(payload, CleanupDue)
         self.uids.append(payload.run.uid)

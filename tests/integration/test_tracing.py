@@ -113,7 +113,9 @@ class Reaper:
         self.bug = bug
         self.calls = 0
 
-    async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
+    async def handle(
+        self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
+    ) -> list[BaseCloudEvent]:
         self.calls += 1
         if self.calls <= self.failures:
             if self.bug:
@@ -348,6 +350,7 @@ import asyncio, json, os, sys
 import httpx
 from func_python.cloudevent import ASGIApplication
 from functions.ttl_planner.function import new
+from functions.trust import Trust
 
 async def main() -> None:
     request = json.loads(sys.stdin.read())
