@@ -45,6 +45,7 @@ from events.subjects import dlq_subject, schedule_subject
 from events.types import EventType, Outcome
 from functions import tracing
 from functions.ports import RetryLater
+from functions.trust import Trust
 from functions.ttl_planner.function import new
 from lapse import telemetry
 from lapse.config import NatsConfig, Streams
@@ -350,7 +351,6 @@ import asyncio, json, os, sys
 import httpx
 from func_python.cloudevent import ASGIApplication
 from functions.ttl_planner.function import new
-from functions.trust import Trust
 
 async def main() -> None:
     request = json.loads(sys.stdin.read())
