@@ -275,13 +275,17 @@ async def test_one_workflow_is_one_connected_picture_and_the_metrics_are_true(
         assert 0 <= attrs(reaper)[names.LATENESS] < 5
         picture.assert_connected(due)
 
+    # The run event came without lapse's mark (a claim): the planner read the Workflow
+    # before planning it, so the version its schedule carries is lapse's own read and the
+    # reaper's one call is the DELETE held to it.
+    planner_calls = [
+        s for s in picture.children(picture.one("ttl-planner")) if s.kind is SpanKind.CLIENT
+    ]
+    assert [(s.name, attrs(s)[names.HTTP_STATUS]) for s in planner_calls] == [(GET_ONE, 200)]
     kube_calls = [
         s for s in picture.children(picture.one("object-reaper")) if s.kind is SpanKind.CLIENT
     ]
-    assert [(s.name, attrs(s)[names.HTTP_STATUS]) for s in kube_calls] == [
-        (GET_ONE, 200),
-        (DELETE_ONE, 200),
-    ]
+    assert [(s.name, attrs(s)[names.HTTP_STATUS]) for s in kube_calls] == [(DELETE_ONE, 200)]
     db_calls = [s for s in picture.children(picture.one("row-reaper")) if s.kind is SpanKind.CLIENT]
     assert {attrs(s)[names.DB_SYSTEM] for s in db_calls} == {"postgresql"}
     deleted_tables = {

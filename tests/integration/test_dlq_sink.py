@@ -19,8 +19,9 @@ from nats.js import JetStreamContext
 
 from events.builder import parse_payload
 from events.models import CleanupDue
-from events.nats_binding import from_nats
-from events.subjects import dlq_subject
+from events.nats_binding import from_nats, to_nats
+from events.run import Target
+from events.subjects import dlq_subject, due_subject
 from events.types import EventType
 from lapse.config import Streams
 from lapse.embedded.nats import EmbeddedNats
@@ -71,6 +72,15 @@ async def test_a_dead_lettered_due_event_is_stored_and_replayable(
     nats_server: EmbeddedNats, lapse_streams: JetStreamContext, dlq_sink: str
 ) -> None:
     event = due_event()
+    # What the scheduler fired (the bridge took it from there to the Broker): a due event is
+    # replayed only as lapse stored it.
+    fired = to_nats(event)
+    await lapse_streams.publish(
+        due_subject(Target.KUBERNETES, parse_payload(event, CleanupDue).run.uid),
+        fired.body,
+        stream=Streams().schedule,
+        headers=fired.headers,
+    )
     event.get_attributes()["knativeerrorcode"] = "503"
     event.get_attributes()["knativeerrordest"] = "http://lapse-object-reaper.lapse-system.svc"
     message = to_binary_event(event)

@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,7 +26,9 @@ from events.run import Engine, RunRef
 from events.types import EventType
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
+from tests.conftest import KubeStack
 from tests.stack import wait_for
+from tests.unit.test_object_reaper_verdict import argo_workflow
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,14 +62,19 @@ def build_like_func(tmp_path: Path) -> tuple[Path, Path]:
 
 
 async def test_ttl_planner_folder_builds_in_a_clean_environment_and_serves(
-    tmp_path: Path, nats_server: EmbeddedNats, lapse_streams: JetStreamContext
+    tmp_path: Path, nats_server: EmbeddedNats, lapse_streams: JetStreamContext, kube: KubeStack
 ) -> None:
     folder, venv = await asyncio.to_thread(build_like_func, tmp_path)
+    # An event over HTTP is a claim the planner checks against the API server.
+    ns = kube.namespace("function-build")
+    finished = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+    wf = await kube.workflows.create(ns, argo_workflow("built", namespace=ns, finished_at=finished))
     port = free_port()
     env = {
         "PATH": os.environ["PATH"],
         "LISTEN_ADDRESS": f"127.0.0.1:{port}",
         "LAPSE_NATS__URL": nats_server.url,
+        "LAPSE_KUBERNETES__KUBECONFIG": str(kube.kubeconfig),
     }
     with (tmp_path / "function.log").open("wb") as log:
         # Popen returns at once; the waits below are bounded polls.
@@ -88,8 +94,8 @@ async def test_ttl_planner_folder_builds_in_a_clean_environment_and_serves(
             await wait_for(ready, timeout=60, interval=0.3)
             run = RunRef(
                 engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
-                namespace="ns", name="built", uid=str(uuid.uuid4()), phase="Succeeded",
-                finished_at=datetime(2026, 11, 21, 12, 0, tzinfo=UTC),
+                namespace=ns, name="built", uid=wf["metadata"]["uid"], phase="Succeeded",
+                finished_at=finished,
             )  # fmt: skip
             message = to_binary_event(
                 build_event(EventType.RUN_FINISHED, source="/test", data=RunFinished(run=run))

@@ -57,7 +57,9 @@ from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.outages import Backoff
 from lapse.runtime.routing import Route
 from lapse.telemetry import names
+from tests.conftest import KubeStack
 from tests.stack import wait_for
+from tests.unit.test_object_reaper_verdict import argo_workflow
 
 STREAMS = Streams()
 DUE_ROUTE = Route(
@@ -87,6 +89,21 @@ def run_ref(**changes: Any) -> RunRef:
         "phase": "Succeeded", "finished_at": datetime.now(UTC),
     }  # fmt: skip
     return RunRef(**{**fields, **changes})
+
+
+async def read_run(kube: KubeStack, annotations: dict[str, str]) -> RunRef:
+    """A finished Workflow on the API server, and its run: an event over HTTP is a claim the
+    planner checks there before planning it."""
+    ns = kube.namespace("tracing")
+    name = "wf-" + uuid.uuid4().hex[:6]
+    finished = datetime.now(UTC).replace(microsecond=0)
+    body = argo_workflow(name, namespace=ns, finished_at=finished)
+    body["metadata"]["annotations"] = annotations
+    wf = await kube.workflows.create(ns, body)
+    return run_ref(
+        namespace=ns, name=name, uid=wf["metadata"]["uid"], finished_at=finished,
+        annotations=annotations,
+    )  # fmt: skip
 
 
 def counter(recorded: telemetry.InMemoryTelemetry, name: str, **wanted: str) -> float:
@@ -250,14 +267,19 @@ async def test_giving_up_is_a_failed_deletion_and_the_dead_letter_names_its_span
 
 
 async def test_the_function_shell_continues_the_brokers_trace(
-    nats_server: EmbeddedNats, js: JetStreamContext, memory: telemetry.InMemoryTelemetry
+    nats_server: EmbeddedNats,
+    js: JetStreamContext,
+    memory: telemetry.InMemoryTelemetry,
+    kube: KubeStack,
 ) -> None:
     function = new()
-    function.start({"LAPSE_NATS__URL": nats_server.url})
+    function.start(
+        {"LAPSE_NATS__URL": nats_server.url, "LAPSE_KUBERNETES__KUBECONFIG": str(kube.kubeconfig)}
+    )
     await function.started()
     broker_trace = uuid.uuid4().hex
     broker = f"00-{broker_trace}-{uuid.uuid4().hex[:16]}-01"
-    run = run_ref(annotations={"lapse.dev/ttl": "1h"})
+    run = await read_run(kube, {"lapse.dev/ttl": "1h"})
     message = to_binary_event(
         build_event(EventType.RUN_FINISHED, source="/test", data=RunFinished(run=run))
     )
@@ -369,10 +391,10 @@ os._exit(0)  # no atexit hooks: what was not exported by stop() is lost
 
 
 async def test_stop_exports_what_the_function_recorded(
-    nats_server: EmbeddedNats, js: JetStreamContext
+    nats_server: EmbeddedNats, js: JetStreamContext, kube: KubeStack
 ) -> None:
     collector = Collector()
-    run = run_ref(annotations={"lapse.dev/ttl": "2h"})
+    run = await read_run(kube, {"lapse.dev/ttl": "2h"})
     message = to_binary_event(
         build_event(EventType.RUN_FINISHED, source="/test", data=RunFinished(run=run))
     )
@@ -380,6 +402,7 @@ async def test_stop_exports_what_the_function_recorded(
     env = {
         **os.environ,
         "LAPSE_NATS__URL": nats_server.url,
+        "LAPSE_KUBERNETES__KUBECONFIG": str(kube.kubeconfig),
         "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
         "OTEL_BSP_SCHEDULE_DELAY": "600000",  # nothing goes out on a timer
         "OTEL_METRIC_EXPORT_INTERVAL": "600000",
@@ -398,13 +421,15 @@ async def test_stop_exports_what_the_function_recorded(
 
 
 async def test_lapse_serve_exports_on_stop_and_serves_prometheus(
-    nats_server: EmbeddedNats, js: JetStreamContext, tmp_path: Path
+    nats_server: EmbeddedNats, js: JetStreamContext, tmp_path: Path, kube: KubeStack
 ) -> None:
     collector = Collector()
     port, scrape = free_port(), free_port()
+    run = await read_run(kube, {"lapse.dev/ttl": "2h"})
     env = {
         **os.environ,
         "LAPSE_NATS__URL": nats_server.url,
+        "LAPSE_KUBERNETES__KUBECONFIG": str(kube.kubeconfig),
         "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
         # Nothing is exported on a timer within this test: only the shutdown can deliver.
         "OTEL_BSP_SCHEDULE_DELAY": "600000",
@@ -430,7 +455,6 @@ async def test_lapse_serve_exports_on_stop_and_serves_prometheus(
                     return False
 
             await wait_for(ready, timeout=30, interval=0.2)
-            run = run_ref(annotations={"lapse.dev/ttl": "2h"})
             message = to_binary_event(
                 build_event(EventType.RUN_FINISHED, source="/test", data=RunFinished(run=run))
             )
