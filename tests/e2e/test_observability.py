@@ -319,7 +319,7 @@ async def test_one_workflow_is_one_connected_picture_and_the_metrics_are_true(
     kube_per_deletion = metrics.value(
         names.DELETION_CALLS.name, lapse_target="kubernetes", lapse_api="kubernetes"
     )
-    assert (kube_per_deletion.count, kube_per_deletion.sum) == (1, 2)  # GET + DELETE
+    assert (kube_per_deletion.count, kube_per_deletion.sum) == (1, 1)  # the DELETE alone
     db_per_deletion = metrics.value(
         names.DELETION_CALLS.name, lapse_target="database", lapse_api="database"
     )
