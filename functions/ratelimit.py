@@ -20,7 +20,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from functions.safety import SafetyConfig
 
 
 class TokenBucket:
@@ -145,3 +148,15 @@ class LocalBrake:
 
     async def admit(self, now: float) -> BrakeDecision:
         return self.brake.admit(now)
+
+
+def local_limits(safety: SafetyConfig, now: float) -> tuple[RateLimit, Brake]:
+    """This process's own rate limit and brake from the `safety:` settings: what a reaper
+    uses when the runtime gives it none shared with the deployment (tests, one process)."""
+    brake = safety.mass_deletion_brake
+    return (
+        LocalRateLimit(safety.max_deletions_per_second, now=now),
+        LocalBrake(
+            MassDeletionBrake(brake.max_due, brake.window.total_seconds(), enabled=brake.enabled)
+        ),
+    )

@@ -31,6 +31,7 @@ outcome points at the reaper's span, a re-scheduled due event at the span that m
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from cloudevents.core.base import BaseCloudEvent
 from events.builder import as_outcome_of, build_event, parse_payload
 from events.errors import InvalidEvent
 from events.kinds import DEFAULT_KINDS, TEKTON_TASKRUN, KindSet, KindSpec, UnknownKind
-from events.models import CleanupCompleted, CleanupDue, CleanupFailed, OriginalEvent
+from events.models import CleanupDue, OriginalEvent
 from events.original import capture_event
 from events.run import RunRef, Target
 from events.subjects import InvalidSubjectToken
@@ -64,9 +65,10 @@ from functions.object_reaper.verdict import (
     as_planned,
     classify,
 )
+from functions.outcomes import Outcomes
 from functions.policy import Policy
 from functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
-from functions.ratelimit import Brake, LocalBrake, LocalRateLimit, MassDeletionBrake, RateLimit
+from functions.ratelimit import Brake, RateLimit, local_limits
 from functions.safety import SafetyConfig
 from functions.tracing import creation_context
 from functions.trust import Trust
@@ -191,16 +193,15 @@ class ObjectReaper:
     brake: Brake | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        now = self.clock().timestamp()
-        settings = self.safety.mass_deletion_brake
+        rate_limit, brake = local_limits(self.safety, self.clock().timestamp())
         if self.rate_limit is None:
-            limit = LocalRateLimit(self.safety.max_deletions_per_second, now=now)
-            object.__setattr__(self, "rate_limit", limit)
+            object.__setattr__(self, "rate_limit", rate_limit)
         if self.brake is None:
-            local = MassDeletionBrake(
-                settings.max_due, settings.window.total_seconds(), enabled=settings.enabled
-            )
-            object.__setattr__(self, "brake", LocalBrake(local))
+            object.__setattr__(self, "brake", brake)
+
+    @functools.cached_property
+    def _outcomes(self) -> Outcomes:
+        return Outcomes(SOURCE, Target.KUBERNETES, STAGE, self.clock)
 
     async def handle(
         self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
@@ -217,18 +218,18 @@ class ObjectReaper:
         try:
             due = parse_payload(event, CleanupDue)
         except InvalidEvent as exc:
-            return [self._failed(None, exc.reason, original)]
+            return [self._outcomes.failed(None, exc.reason, original)]
         if due.target is not Target.KUBERNETES:
             return []  # the database deadline belongs to the row-reaper
         try:
             kind = self.kinds.of(due.run.api_version, due.run.kind)
         except UnknownKind as exc:
-            return [self._failed(due.run, f"{exc}; nothing was deleted", original)]
+            return [self._outcomes.failed(due.run, f"{exc}; nothing was deleted", original)]
         try:
             end = await self._reap(due, kind, self._trusts_planned(trust))
             return await self._conclude(due, kind, end, original)
         except InvalidSubjectToken as exc:
-            return [self._failed(due.run, f"cannot reschedule: {exc}", original)]
+            return [self._outcomes.failed(due.run, f"cannot reschedule: {exc}", original)]
 
     def _trusts_planned(self, trust: Trust) -> bool:
         """Whether the version the due event carries may be judged without reading it:
@@ -360,7 +361,7 @@ class ObjectReaper:
                 settings = self.safety.mass_deletion_brake
                 window = int(settings.window.total_seconds())
                 produced.append(
-                    self._failed(
+                    self._outcomes.failed(
                         verdict.run,
                         f"mass-deletion brake engaged: more than {settings.max_due} deletions "
                         f"within {window}s; deleting is paused until {until.isoformat()} "
@@ -374,7 +375,7 @@ class ObjectReaper:
             )
             detail = f"mass-deletion brake engaged: rescheduled for {until.isoformat()}"
             produced.append(
-                self._completed(verdict.run, Outcome.RESCHEDULED, verdict.deadline, detail)
+                self._outcomes.completed(verdict.run, Outcome.RESCHEDULED, verdict.deadline, detail)
             )
             return _Held(tuple(produced))
         # Delayed in arrival order, never dropped. The runtime must keep
@@ -394,40 +395,46 @@ class ObjectReaper:
         ref = due.run
         match verdict:
             case _Skipped(reason=reason):
-                return [self._completed(ref, Outcome.SKIPPED, due.deadline, reason)]
+                return [self._outcomes.completed(ref, Outcome.SKIPPED, due.deadline, reason)]
             case _Held(events=events):
                 return list(events)
             case _Deleted(verdict=done):
                 detail = f"deleted ({done.policy}, propagation {self._propagation(kind)})"
-                completed = self._completed(done.run, Outcome.DELETED, done.deadline, detail)
+                completed = self._outcomes.completed(
+                    done.run, Outcome.DELETED, done.deadline, detail
+                )
                 await self._record_deletion(done, completed)
                 return [completed]
             case AlreadyGone(detail=detail):
-                return [self._completed(ref, Outcome.ALREADY_GONE, due.deadline, detail)]
+                return [self._outcomes.completed(ref, Outcome.ALREADY_GONE, due.deadline, detail)]
             case Replaced(current_uid=uid):
                 detail = (
                     f"{ref.subject} is now a different {kind.kind} (uid {uid}); "
                     f"the run with uid {ref.uid} is gone and the new one is not touched"
                 )
-                return [self._completed(ref, Outcome.REPLACED, due.deadline, detail)]
+                return [self._outcomes.completed(ref, Outcome.REPLACED, due.deadline, detail)]
             case Kept(run=run, reason=reason):
-                return [self._completed(run, Outcome.KEPT, due.deadline, reason)]
+                return [self._outcomes.completed(run, Outcome.KEPT, due.deadline, reason)]
             case Reschedule(run=run, deadline=deadline, policy=policy, reason=reason):
                 await self._put(run, deadline, policy, fire_at=deadline)
-                return [self._completed(run, Outcome.RESCHEDULED, due.deadline, reason)]
+                return [self._outcomes.completed(run, Outcome.RESCHEDULED, due.deadline, reason)]
             case Wait(run=run, deadline=deadline, policy=policy, retry_at=retry_at):
                 await self._put(run, deadline, policy, fire_at=retry_at)
-                return [self._completed(run, Outcome.RESCHEDULED, deadline, verdict.reason)]
+                return [
+                    self._outcomes.completed(run, Outcome.RESCHEDULED, deadline, verdict.reason)
+                ]
             case (
                 GaveUp(run=run, reason=reason)
                 | Invalid(run=run, reason=reason)
                 | Refused(run=run, reason=reason)
             ):
-                return [self._failed(run, reason, original)]
+                return [self._outcomes.failed(run, reason, original)]
             case Delete(run=run, deadline=deadline, policy=policy):
                 assert verdict.dry_run  # a real Delete is carried out by _reap
                 detail = f"dry run: would delete ({policy})"
-                return [self._completed(run, Outcome.DRY_RUN, deadline, detail, dry_run=True)]
+                return [
+                    self._outcomes.completed(run, Outcome.DRY_RUN, deadline, detail, dry_run=True)
+                ]
             case _:
                 assert_never(verdict)
 
@@ -478,42 +485,3 @@ class ObjectReaper:
             # Best effort: the deletion happened and the outcome event is the record that
             # matters; a missing Kubernetes Event must not turn it into a retry.
             log.warning("could not record a Kubernetes Event for %s", run.subject, exc_info=True)
-
-    def _completed(
-        self,
-        run: RunRef,
-        outcome: Outcome,
-        deadline: datetime,
-        detail: str,
-        *,
-        dry_run: bool = False,
-    ) -> BaseCloudEvent:
-        data = CleanupCompleted.of(
-            run=run,
-            target=Target.KUBERNETES,
-            outcome=outcome,
-            completed_at=self.clock(),
-            deadline=deadline,
-            detail=detail,
-            dry_run=dry_run,
-        )
-        return build_event(
-            EventType.CLEANUP_COMPLETED, source=SOURCE, data=data, **creation_context()
-        )
-
-    def _failed(
-        self,
-        run: RunRef | None,
-        reason: str,
-        original: OriginalEvent | None = None,
-        *,
-        stage: str = STAGE,
-    ) -> BaseCloudEvent:
-        data = CleanupFailed(
-            run=run,
-            target=Target.KUBERNETES if run is not None else None,
-            reason=reason,
-            stage=stage,
-            original=original,
-        )
-        return build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=data, **creation_context())

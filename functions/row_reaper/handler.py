@@ -26,6 +26,7 @@ committed, the runtime delivers the event again after its back-off.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -35,13 +36,14 @@ from cloudevents.core.base import BaseCloudEvent
 
 from events.builder import as_outcome_of, build_event, parse_payload
 from events.errors import InvalidEvent
-from events.models import CleanupCompleted, CleanupDue, CleanupFailed, OriginalEvent, clip
+from events.models import CleanupDue, OriginalEvent, clip
 from events.original import capture_event
 from events.run import RunRef, Target
 from events.subjects import InvalidSubjectToken
 from events.types import EventType, Outcome
+from functions.outcomes import Outcomes
 from functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
-from functions.ratelimit import Brake, LocalBrake, LocalRateLimit, MassDeletionBrake, RateLimit
+from functions.ratelimit import Brake, RateLimit, local_limits
 from functions.row_reaper.ports import (
     Contradicted,
     Counted,
@@ -142,20 +144,19 @@ class RowReaper:
     brake: Brake | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        now = self.clock().timestamp()
-        settings = self.safety.mass_deletion_brake
+        rate_limit, brake = local_limits(self.safety, self.clock().timestamp())
         if self.rate_limit is None:
-            limit = LocalRateLimit(self.safety.max_deletions_per_second, now=now)
-            object.__setattr__(self, "rate_limit", limit)
+            object.__setattr__(self, "rate_limit", rate_limit)
         if self.brake is None:
-            local = MassDeletionBrake(
-                settings.max_due, settings.window.total_seconds(), enabled=settings.enabled
-            )
-            object.__setattr__(self, "brake", LocalBrake(local))
+            object.__setattr__(self, "brake", brake)
 
     @property
     def dry_run(self) -> bool:
         return self.safety.dry_run
+
+    @functools.cached_property
+    def _outcomes(self) -> Outcomes:
+        return Outcomes(SOURCE, Target.DATABASE, STAGE, self.clock)
 
     async def handle(
         self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
@@ -173,14 +174,14 @@ class RowReaper:
         try:
             claim = parse_payload(event, CleanupDue)
         except InvalidEvent as exc:
-            return [self._failed(None, exc.reason, original)]
+            return [self._outcomes.failed(None, exc.reason, original)]
         if claim.target is not Target.DATABASE:
             return []  # the object-reaper's; a subscription without a target filter
         try:
             end = await self._reap(claim)
             return await self._conclude(claim, end, original)
         except InvalidSubjectToken as exc:
-            return [self._failed(claim.run, f"cannot reschedule: {exc}", original)]
+            return [self._outcomes.failed(claim.run, f"cannot reschedule: {exc}", original)]
 
     async def _reap(self, claim: CleanupDue) -> _End:
         """The safety sequence, top to bottom (the module's docstring)."""
@@ -253,17 +254,24 @@ class RowReaper:
                 else:
                     outcome = Outcome.ALREADY_GONE
                 detail = describe(counted, skipped, dry_run=self.dry_run)
-                return [self._completed(due.run, outcome, due.deadline, detail)]
+                dry_run = outcome is Outcome.DRY_RUN
+                return [
+                    self._outcomes.completed(
+                        due.run, outcome, due.deadline, detail, dry_run=dry_run
+                    )
+                ]
             case _Refused(run=run, reason=reason, outcome=None):
-                return [self._failed(run, reason, original)]
+                return [self._outcomes.failed(run, reason, original)]
             case _Refused(run=run, reason=reason, outcome=outcome):
-                return [self._completed(run, outcome, claim.deadline, reason)]
+                return [self._outcomes.completed(run, outcome, claim.deadline, reason)]
             case _Later(due=due, deadline=deadline, reason=reason, put=put):
                 if put:
                     await self._put(due, deadline, fire_at=deadline)
-                return [self._completed(due.run, Outcome.RESCHEDULED, claim.deadline, reason)]
+                return [
+                    self._outcomes.completed(due.run, Outcome.RESCHEDULED, claim.deadline, reason)
+                ]
             case _Kept(due=due, reason=reason):
-                return [self._completed(due.run, Outcome.KEPT, due.deadline, reason)]
+                return [self._outcomes.completed(due.run, Outcome.KEPT, due.deadline, reason)]
             case _Held(due=due, until=until, tripped=tripped):
                 await self._put(due, due.deadline, fire_at=until)
                 produced = []
@@ -271,7 +279,7 @@ class RowReaper:
                     settings = self.safety.mass_deletion_brake
                     window = int(settings.window.total_seconds())
                     produced.append(
-                        self._failed(
+                        self._outcomes.failed(
                             due.run,
                             f"mass-deletion brake engaged for database rows: more than "
                             f"{settings.max_due} runs' rows due within {window}s; deleting "
@@ -282,7 +290,9 @@ class RowReaper:
                         )
                     )
                 detail = f"mass-deletion brake engaged: rescheduled for {until.isoformat()}"
-                produced.append(self._completed(due.run, Outcome.RESCHEDULED, due.deadline, detail))
+                produced.append(
+                    self._outcomes.completed(due.run, Outcome.RESCHEDULED, due.deadline, detail)
+                )
                 return produced
             case _:
                 assert_never(end)
@@ -292,39 +302,6 @@ class RowReaper:
         moved = due.model_copy(update={"deadline": deadline, "scheduled_at": self.clock()})
         event = build_event(EventType.CLEANUP_DUE, source=SOURCE, data=moved, **creation_context())
         await self.schedules.put(Target.DATABASE, due.run.uid, fire_at, event)
-
-    def _completed(
-        self, run: RunRef, outcome: Outcome, deadline: datetime, detail: str
-    ) -> BaseCloudEvent:
-        data = CleanupCompleted.of(
-            run=run,
-            target=Target.DATABASE,
-            outcome=outcome,
-            completed_at=self.clock(),
-            deadline=deadline,
-            detail=detail,
-            dry_run=self.dry_run and outcome is Outcome.DRY_RUN,
-        )
-        return build_event(
-            EventType.CLEANUP_COMPLETED, source=SOURCE, data=data, **creation_context()
-        )
-
-    def _failed(
-        self,
-        run: RunRef | None,
-        reason: str,
-        original: OriginalEvent | None = None,
-        *,
-        stage: str = STAGE,
-    ) -> BaseCloudEvent:
-        data = CleanupFailed(
-            run=run,
-            target=Target.DATABASE if run is not None else None,
-            reason=reason,
-            stage=stage,
-            original=original,
-        )
-        return build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=data, **creation_context())
 
 
 def describe(counted: Counted, skipped: Mapping[str, str], *, dry_run: bool = False) -> str:
