@@ -129,6 +129,8 @@ class Gate(StrEnum):
     KFP_PERSISTED = "kfp-persisted-final-state"
     # A PipelineRun is final while its TaskRuns may still be cancelling: wait for them.
     TEKTON_TASKRUNS = "tekton-taskruns-finished"
+    # Tekton Results' watcher has not stored the run's final state yet.
+    TEKTON_RESULTS_STORED = "tekton-results-stored"
 
 
 Propagation = Literal["Background", "Foreground", "Orphan"]
@@ -219,7 +221,7 @@ TEKTON_PIPELINERUN: Final = KindSpec(
     engine=Engine.TEKTON,
     # Cancelled and timed-out runs are Succeeded=False, hence Failed.
     finished=ByConditions(conditions=_SUCCEEDED, at=("status.completionTime", CONDITION)),
-    gates=(Gate.TEKTON_TASKRUNS,),
+    gates=(Gate.TEKTON_TASKRUNS, Gate.TEKTON_RESULTS_STORED),
 )
 TEKTON_TASKRUN: Final = KindSpec(
     name="tekton-taskrun",
@@ -228,6 +230,7 @@ TEKTON_TASKRUN: Final = KindSpec(
     resource="taskruns",
     engine=Engine.TEKTON,
     finished=ByConditions(conditions=_SUCCEEDED, at=("status.completionTime", CONDITION)),
+    gates=(Gate.TEKTON_RESULTS_STORED,),
     skip_controlled=True,
 )
 JOB: Final = KindSpec(

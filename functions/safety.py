@@ -41,7 +41,8 @@ class BrakeSettings(_Settings):
 
 
 class GateRetry(_Settings):
-    """Waiting for Argo archiving / KFP persistence: retry every `backoff`, up to `max_wait`."""
+    """Waiting for a closed gate (Argo archiving, KFP persistence, Tekton Results): retry
+    every `backoff`, up to `max_wait`."""
 
     max_wait: PositiveDuration = timedelta(hours=1)
     backoff: PositiveDuration = timedelta(seconds=10)
@@ -60,6 +61,11 @@ class SafetyConfig(_Settings):
     mass_deletion_brake: BrakeSettings = BrakeSettings()
     wait_for_archiving: bool = True
     wait_for_kfp_persisted: bool = True
+    # Tekton Results (functions/object_reaper/gates.py): true holds every PipelineRun and
+    # TaskRun until the Results watcher marks it stored; auto only those the watcher has
+    # already annotated (a run it never reached is not held: set true where Results runs);
+    # false never holds.
+    wait_for_tekton_results: Literal["auto"] | bool = "auto"
     gate_retry: GateRetry = GateRetry()
     # auto: DELETE the version the planner read, with uid and resourceVersion preconditions,
     # GETting only when the server refuses (409) or that version may not be deleted (1

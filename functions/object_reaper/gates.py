@@ -11,6 +11,14 @@ Each kind names the gates that apply to it (`KindSpec.gates`, events/kinds.py).
 - Tekton TaskRuns: a PipelineRun is final (cancelled, timed out) while its TaskRuns may
   still be stopping; deleting it then cuts their Pods off mid-cleanup. Its TaskRuns are
   the ones labelled `tekton.dev/pipelineRun=<name>` and controlled by its uid.
+- Tekton Results: the Results watcher upserts a run's record, annotates the run
+  `results.tekton.dev/record` and `results.tekton.dev/result`, and once the run is done and
+  its final state stored, `results.tekton.dev/stored: "true"` (tektoncd/results,
+  pkg/watcher/reconciler/dynamic: addStoredAnnotations). Deleting the run before that loses
+  it from Results. A PipelineRun also waits for its TaskRuns' marks, as Results' own
+  finalizer does (their records are the PipelineRun's steps). `safety.wait_for_tekton_results`:
+  true holds every run until marked; auto holds the runs the watcher has visibly reached (any
+  `results.tekton.dev/` annotation on the run or its TaskRuns); false never holds.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from events.run import ARGO_ARCHIVING_LABEL, KFP_PERSISTED_LABEL, KFP_RUN_ID_LAB
 from functions.safety import NamespaceFilter, SafetyConfig
 
 TEKTON_PIPELINERUN_LABEL: Final = "tekton.dev/pipelineRun"
+RESULTS_PREFIX: Final = "results.tekton.dev/"
+RESULTS_STORED: Final = RESULTS_PREFIX + "stored"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +102,56 @@ def _check(
         if running:
             shown = ", ".join(running[:5]) + (" ..." if len(running) > 5 else "")
             return Closed(gate, f"{len(running)} TaskRun(s) still running: {shown}")
+    elif gate is Gate.TEKTON_RESULTS_STORED:
+        return _results_not_stored(run, safety, children)
     return None
+
+
+def _results_not_stored(
+    run: RunRef, safety: SafetyConfig, children: Sequence[Mapping[str, Any]]
+) -> Closed | None:
+    mode = safety.wait_for_tekton_results
+    if mode is False:
+        return None
+    marks: list[tuple[str, Mapping[str, Any]]] = [("", run.annotations)]
+    marks += [
+        (str(_metadata(c).get("name")), _annotations(c)) for c in children if _owned_by(run, c)
+    ]
+    if mode == "auto" and not any(k.startswith(RESULTS_PREFIX) for _, a in marks for k in a):
+        return None  # the Results watcher has not reached this run (or is not installed)
+    # Anything but the exact "true" the watcher writes counts as not stored.
+    unstored = [name for name, annotations in marks if annotations.get(RESULTS_STORED) != "true"]
+    if not unstored:
+        return None
+    if unstored[0] == "":
+        return Closed(
+            Gate.TEKTON_RESULTS_STORED,
+            f"Tekton Results has not stored the {run.kind} yet (no {RESULTS_STORED}: 'true')",
+        )
+    shown = ", ".join(unstored[:5]) + (" ..." if len(unstored) > 5 else "")
+    return Closed(
+        Gate.TEKTON_RESULTS_STORED,
+        f"Tekton Results has not stored {len(unstored)} TaskRun(s) yet "
+        f"(no {RESULTS_STORED}: 'true'): {shown}",
+    )
+
+
+def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    metadata = obj.get("metadata")
+    return metadata if isinstance(metadata, Mapping) else {}
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    annotations = _metadata(obj).get("annotations")
+    return annotations if isinstance(annotations, Mapping) else {}
+
+
+def _owned_by(run: RunRef, child: Mapping[str, Any]) -> bool:
+    """Whether `child` is controlled by this run (not an earlier run of the same name)."""
+    owners = _metadata(child).get("ownerReferences")
+    return isinstance(owners, list) and any(
+        isinstance(o, Mapping) and o.get("uid") == run.uid for o in owners
+    )
 
 
 def unfinished_children(run: RunRef, children: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -100,14 +159,9 @@ def unfinished_children(run: RunRef, children: Sequence[Mapping[str, Any]]) -> l
     counts as running: waiting is the safe reading."""
     running = []
     for child in children:
-        metadata = child.get("metadata")
-        metadata = metadata if isinstance(metadata, Mapping) else {}
-        owners = metadata.get("ownerReferences")
-        owned = isinstance(owners, list) and any(
-            isinstance(o, Mapping) and o.get("uid") == run.uid for o in owners
-        )
-        if not owned:
+        if not _owned_by(run, child):
             continue  # a TaskRun of an earlier PipelineRun that had the same name
+        metadata = _metadata(child)
         try:
             phase = read_run(dict(child), TEKTON_TASKRUN)[0].phase
         except InvalidEvent:

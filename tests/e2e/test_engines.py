@@ -120,3 +120,78 @@ async def test_a_tekton_cloudevent_and_a_job_are_deleted_at_their_deadlines(
         assert row["latencySeconds"] >= 0
     jobs = lapse_json("history", "-n", ns, "--kind", "Job", config=config)
     assert [row["name"] for row in jobs] == ["report"]
+
+
+# The annotations tektoncd/results' watcher writes (pkg/watcher/reconciler/annotation):
+# record and result after each upsert, stored "true" once the done run is stored.
+RESULTS_RECORD = "results.tekton.dev/record"
+RESULTS_RESULT = "results.tekton.dev/result"
+RESULTS_STORED = "results.tekton.dev/stored"
+
+
+def results_marks(ns: str, name: str, stored: str) -> dict[str, str]:
+    result = f"{ns}/results/{uuid.uuid4()}"
+    return {
+        RESULTS_RESULT: result,
+        RESULTS_RECORD: f"{result}/records/{uuid.uuid4()}",
+        RESULTS_STORED: stored,
+    }
+
+
+async def test_a_pipelinerun_is_held_until_tekton_results_stored_it(
+    tmp_path: Path, own_nats: EmbeddedNats, kube: KubeStack
+) -> None:
+    """`lapse up` with its watcher: an expired PipelineRun the Results watcher has reached
+    but not stored (`results.tekton.dev/stored: "false"`, as it writes while the final
+    state is not yet stored) is held, re-checked every `gate_retry.backoff`; the mark
+    (written here as the watcher writes it) lets it go at the next check."""
+    objects = KubeObjects(kube.api_client, kube.executor)
+    ns = kube.namespace(f"results-{uuid.uuid4().hex[:6]}")
+    body, status = pipelinerun(ns, "stored-late", ttl="1s", labels={"app": "stored-late"})
+    body["metadata"]["annotations"].update(results_marks(ns, "stored-late", "false"))
+    created = await objects.create(TEKTON_PIPELINERUN, ns, body)
+    created["status"] = status
+    run = await objects.replace_status(TEKTON_PIPELINERUN, ns, "stored-late", created)
+
+    config = tmp_path / "lapse.yaml"
+    config.write_text(
+        f"nats: {{url: '{own_nats.url}'}}\n"
+        f"kubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n"
+        "safety:\n"
+        "  namespaces: {include: ['*']}\n"
+        "  gate_retry: {backoff: 1s, max_wait: 1h}\n"
+    )
+    up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
+    await up.start()
+    try:
+
+        async def held_twice() -> bool:
+            rows = lapse_json("history", "-n", ns, "--outcome", "rescheduled", config=config)
+            return len([r for r in rows if "tekton-results-stored" in (r["detail"] or "")]) >= 2
+
+        # Two gated checks a backoff apart: the hold is a wait, not a one-off.
+        await wait_for(held_twice, timeout=60, interval=1)
+        assert await objects.get(TEKTON_PIPELINERUN, ns, "stored-late") is not None
+
+        current = await objects.get(TEKTON_PIPELINERUN, ns, "stored-late")
+        assert current is not None
+        current["metadata"]["annotations"][RESULTS_STORED] = "true"
+        await objects.replace(TEKTON_PIPELINERUN, ns, "stored-late", current)
+        marked = datetime.now(UTC)
+
+        async def gone() -> bool:  # a LIST: a GET of a PipelineRun being deleted is no answer
+            return not await objects.list_items(
+                TEKTON_PIPELINERUN, ns, label_selector="app=stored-late"
+            )
+
+        await wait_for(gone, timeout=60, interval=0.2)
+    finally:
+        assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
+
+    deleted = lapse_json("history", "-n", ns, "--outcome", "deleted", config=config)
+    assert [r["uid"] for r in deleted] == [run["metadata"]["uid"]], deleted
+    # What the audit trail says: deleted once, after the mark (its time is the reaper's).
+    after_mark = (datetime.fromisoformat(deleted[0]["time"]) - marked).total_seconds()
+    print(f"deleted {after_mark:.2f} s after the Results mark (gate_retry.backoff 1s)")
+    assert after_mark > 0
+    assert after_mark <= 2, f"deleted {after_mark:.2f} s after the mark, backoff is 1 s"
