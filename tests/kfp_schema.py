@@ -2,16 +2,22 @@
 
 The tables are defined once, in lapse.demo.kfp, with KFP's own names, keys, foreign keys
 and per-database types; on PostgreSQL the names stay mixed case (gorm quotes them), as in a
-real install.
+real install. That definition is the main branch's models (backend/src/apiserver/model at
+kubeflow/pipelines#13532). The 2.17 release's differ only in run_details, which lacks the
+three columns #13532 added (`git diff 2.17.0 master -- backend/src/apiserver/model` touches
+run.go alone, adding exactly those): `create_kfp_tables(engine, release="2.17")` builds
+that schema by dropping them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from functions.row_reaper.targets import KFP_RUN_GC_COLUMNS
 
 # One definition of KFP's tables: the demo's, which the tests create on MySQL/PostgreSQL.
 from lapse.demo.kfp import (
@@ -23,10 +29,17 @@ from lapse.demo.kfp import (
     tasks,
 )
 
+Release = Literal["2.17", "main"]
+RELEASES: tuple[Release, ...] = ("2.17", "main")
 
-async def create_kfp_tables(engine: AsyncEngine) -> None:
+
+async def create_kfp_tables(engine: AsyncEngine, release: Release = "main") -> None:
     async with engine.begin() as conn:
         await conn.run_sync(metadata.create_all)
+        if release == "2.17":
+            quote = conn.dialect.identifier_preparer.quote
+            for column in KFP_RUN_GC_COLUMNS:
+                await conn.exec_driver_sql(f"ALTER TABLE run_details DROP COLUMN {quote(column)}")
 
 
 async def drop_kfp_tables(engine: AsyncEngine) -> None:

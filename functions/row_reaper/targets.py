@@ -29,6 +29,26 @@ KFP_RUNNING_STATES: Final = frozenset(
 )
 
 
+# The run_details columns kubeflow/pipelines#13532 (database garbage collection, main branch
+# after 2.17) added; 2.17's model (backend/src/apiserver/model/run.go) has none of them.
+KFP_RUN_GC_COLUMNS: Final = ("ArchivedAtInSec", "RetryGeneration", "RetryClaimedAtInSec")
+
+
+def kfp_schema(run_details_columns: Sequence[str], *, fold_case: bool = False) -> str:
+    """Which KFP schema the database has, from run_details' columns, for the start-up line.
+
+    lapse deletes the same tables in the same order on both: the GC columns change only
+    how KFP itself expires runs (docs/architecture.md, "KFP's own garbage collection")."""
+    fold = str.lower if fold_case else str
+    present = {fold(c) for c in run_details_columns}
+    found = [c for c in KFP_RUN_GC_COLUMNS if fold(c) in present]
+    if len(found) == len(KFP_RUN_GC_COLUMNS):
+        return "KFP main schema (run garbage collection columns present, kubeflow/pipelines#13532)"
+    if not found:
+        return "KFP 2.17 release schema (no run garbage collection columns)"
+    return f"KFP schema with only some run garbage collection columns ({', '.join(found)})"
+
+
 class MissingKey(FunctionError):
     """The run carries nothing to find this target's rows by (e.g. no such label)."""
 

@@ -81,6 +81,8 @@ async def _row_reaper(resources: Resources) -> Handler | None:
     if not targets:
         return None
     store = await _when_reachable(lambda: open_row_store(resources.database(), targets))
+    for target, schema in store.schemas.items():
+        log.info("row-reaper: %s: %s", target, schema)
     # The rows' own limits, shared by every row-reaper process (lapse/edges/limits.py).
     rate_limit, brake = await _limits(resources, ROWS)
     return RowReaper(

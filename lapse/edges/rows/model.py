@@ -51,6 +51,8 @@ class BoundTarget:
     children: tuple[Bound, ...]
     after: tuple[Bound, ...]
     guard: BoundGuard | None = None
+    # What the database turned out to be, where lapse tells versions apart (KFP's schema).
+    schema: str | None = None
 
     @property
     def steps(self) -> tuple[Bound, ...]:

@@ -11,7 +11,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from functions.row_reaper.targets import ARGO_ARCHIVE, KFP, Step, TargetSpec
+from functions.row_reaper.targets import ARGO_ARCHIVE, KFP, Step, TargetSpec, kfp_schema
 from lapse.config import ConfigError
 from lapse.edges.rows.model import Bound, BoundGuard, BoundTarget, Coerce
 
@@ -44,6 +44,7 @@ def reflect_targets(conn: Connection, targets: Sequence[TargetSpec]) -> tuple[Bo
                     tuple(c for c in children if c is not None),
                     tuple(a for a in after if a is not None),
                     guard,
+                    reflector.schema(spec, parent),
                 )
             )
     if reflector.problems:
@@ -76,6 +77,12 @@ class _Reflector:
             return None
         conditions = tuple(w for w in where if w is not None)
         return Bound(spec.name, step.table, table, column, conditions, coerce, via)
+
+    def schema(self, spec: TargetSpec, parent: Bound) -> str | None:
+        """KFP's schema generation (2.17 or main), told from run_details' columns."""
+        if spec.name != KFP:
+            return None
+        return kfp_schema([c.name for c in parent.table.c], fold_case=self.fold_case)
 
     def guard(self, spec: TargetSpec, parent: Bound) -> BoundGuard | None:
         """The parent table's own account of the run, where the target has one."""

@@ -58,6 +58,12 @@ class SqlRowStore:
     def targets(self) -> Sequence[TargetSpec]:
         return self._targets
 
+    @property
+    def schemas(self) -> dict[str, str]:
+        """Per target, the schema the database turned out to have where lapse tells
+        versions apart (KFP: 2.17 or main); empty before `start`."""
+        return {b.spec.name: b.schema for b in self._bound or () if b.schema is not None}
+
     async def start(self) -> None:
         """Reflect and check the schema: `SchemaMismatch` or `DatabaseUnavailable`."""
         async with self._starting:
