@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 .DEFAULT_GOAL := help
 # What `make cluster` installs on Kubernetes after the node: "eventing serving" or "eventing".
 CLUSTER_KNATIVE ?= eventing serving
-.PHONY: help install lock databases kube observability stack test test-unit lint format run demo functions images kubectl bench bench-quick cluster cluster-stop test-cluster clean
+.PHONY: help install lock databases mlmd-venv kube observability stack test test-unit lint format run demo functions images kubectl bench bench-quick cluster cluster-stop test-cluster clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -28,13 +28,16 @@ lock: ## Regenerate requirements.lock from pyproject.toml's ranges (newest versi
 databases: ## Install (Debian packages) and start PostgreSQL and MariaDB on loopback
 	bash scripts/databases.sh
 
+mlmd-venv: ## ML Metadata's own library in a test-only venv (~/.cache/lapse/mlmd-venv)
+	bash scripts/build-mlmd-venv.sh >/dev/null
+
 kube: ## Build etcd + kube-apiserver from the Go module proxy (cached by version)
 	bash lapse/embedded/build-kube.sh >/dev/null
 
 observability: ## Build Prometheus, an OpenTelemetry Collector and Jaeger from the Go module proxy (cached)
 	bash scripts/build-observability.sh >/dev/null
 
-stack: databases kube kubectl observability images ## Everything the integration tests need (NATS is started by the tests)
+stack: databases kube kubectl observability images mlmd-venv ## Everything the integration tests need (NATS is started by the tests)
 
 test: install stack ## Run the whole test suite against real servers, then on the real cluster
 	$(BIN)/pytest

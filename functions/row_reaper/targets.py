@@ -19,6 +19,7 @@ KeyKind = Literal["uid", "name", "label", "annotation", "kfp_run_id"]
 
 KFP: Final = "kfp"
 ARGO_ARCHIVE: Final = "argo_archive"
+ML_METADATA: Final = "ml_metadata"
 # Argo's offloaded node status table; Argo's default name, which lapse's configuration
 # does not (yet) let anyone change.
 ARGO_OFFLOAD_TABLE: Final = "argo_workflows"
@@ -152,6 +153,9 @@ class TargetSpec:
     children: tuple[Step, ...] = ()
     after: tuple[Step, ...] = ()
     guard: Guard | None = None
+    # "mlmd": the rows are ML Metadata's graph around the parent row (its run context),
+    # read and deleted by the database edge's MLMD module, never by the generic steps.
+    graph: Literal["mlmd"] | None = None
 
     @property
     def steps(self) -> tuple[Step, ...]:
@@ -198,9 +202,16 @@ class ArgoArchiveDeclaration(Enabled, Protocol):
     def cluster_name(self) -> str: ...
 
 
+class MlMetadataDeclaration(Enabled, Protocol):
+    @property
+    def database(self) -> str | None: ...
+
+
 class TargetsDeclaration(Protocol):
     @property
     def kfp(self) -> Enabled: ...
+    @property
+    def ml_metadata(self) -> MlMetadataDeclaration: ...
     @property
     def argo_archive(self) -> ArgoArchiveDeclaration: ...
     @property
@@ -265,6 +276,22 @@ def argo_archive_target(
     )
 
 
+def mlmd_target(
+    database: str | None, config_key: str = "database.targets.ml_metadata"
+) -> TargetSpec:
+    """A KFP run's ML Metadata: its `system.PipelineRun` context (named by the KFP run id)
+    and what hangs off it (functions/row_reaper/mlmd.py). `database`: the MySQL database
+    (PostgreSQL schema) MLMD's tables are in, when not database.url's own (KFP: metadb)."""
+    context = f"{database}.Context" if database else "Context"
+    return TargetSpec(
+        name=ML_METADATA,
+        config_key=config_key,
+        key=KeySource("kfp_run_id"),
+        parent=Step(context, "name", config_key, config_key),
+        graph="mlmd",
+    )
+
+
 def table_target(declared: TableDeclaration, config_key: str) -> TargetSpec:
     """A user-declared table and its children (deleted first, in the declared order)."""
     children = tuple(
@@ -297,6 +324,8 @@ def targets_for(config: TargetsDeclaration, prefix: str = "database.targets") ->
         targets.append(
             argo_archive_target(config.argo_archive.cluster_name, f"{prefix}.argo_archive")
         )
+    if config.ml_metadata.enabled:
+        targets.append(mlmd_target(config.ml_metadata.database, f"{prefix}.ml_metadata"))
     targets.extend(
         table_target(declared, f"{prefix}.tables[{i}]") for i, declared in enumerate(config.tables)
     )

@@ -211,6 +211,15 @@ class ArgoArchiveTarget(_Section):
     cluster_name: str = Field(default="default", min_length=1)
 
 
+class MlMetadataTarget(_Section):
+    """A KFP run's ML Metadata rows (docs/architecture.md, "ML Metadata")."""
+
+    enabled: bool = False
+    # The MySQL database (PostgreSQL schema) MLMD's tables are in, on database.url's server
+    # (KFP's default: metadb). None: database.url's own.
+    database: ColumnName | None = None  # an SQL identifier
+
+
 class ChildTable(_Section):
     table: TableName
     foreign_key_column: ColumnName
@@ -242,13 +251,14 @@ class TableTarget(_Section):
 class DatabaseTargets(_Section):
     kfp: KfpTarget = KfpTarget()
     argo_archive: ArgoArchiveTarget = ArgoArchiveTarget()
+    ml_metadata: MlMetadataTarget = MlMetadataTarget()
     tables: tuple[TableTarget, ...] = ()
 
     @model_validator(mode="after")
     def _unique(self) -> DatabaseTargets:
         seen: set[str] = set()
         for table in self.tables:
-            if table.name in ("kfp", "argo_archive"):
+            if table.name in ("kfp", "argo_archive", "ml_metadata"):
                 raise ValueError(f"tables: {table.name!r} is the name of a built-in target")
             if table.name in seen:
                 raise ValueError(f"tables: the name {table.name!r} is used twice")

@@ -11,6 +11,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from functions.row_reaper.targets import TargetSpec
 from functions.row_reaper.verdict import RunFacts
+from lapse.edges.rows.mlmd import MlmdTables
 
 
 class BadKey(Exception):
@@ -53,6 +54,8 @@ class BoundTarget:
     guard: BoundGuard | None = None
     # What the database turned out to be, where lapse tells versions apart (KFP's schema).
     schema: str | None = None
+    # ML Metadata's tables, for a target whose rows are MLMD's graph (spec.graph "mlmd").
+    mlmd: MlmdTables | None = None
 
     @property
     def steps(self) -> tuple[Bound, ...]:

@@ -6,13 +6,22 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Final
 
-from sqlalchemy import Column, MetaData, Table, inspect
+from sqlalchemy import Column, MetaData, Table, inspect, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from functions.row_reaper.targets import ARGO_ARCHIVE, KFP, Step, TargetSpec, kfp_schema
+from functions.row_reaper.targets import (
+    ARGO_ARCHIVE,
+    KFP,
+    ML_METADATA,
+    Step,
+    TargetSpec,
+    kfp_schema,
+)
 from lapse.config import ConfigError
+from lapse.edges.rows.mlmd import COLUMNS as MLMD_COLUMNS
+from lapse.edges.rows.mlmd import MlmdTables
 from lapse.edges.rows.model import Bound, BoundGuard, BoundTarget, Coerce
 
 
@@ -20,8 +29,9 @@ class SchemaMismatch(ConfigError):
     """The configured targets do not match the database (one line per problem)."""
 
 
-_BUILT_IN: Final = frozenset({KFP, ARGO_ARCHIVE})
+_BUILT_IN: Final = frozenset({KFP, ARGO_ARCHIVE, ML_METADATA})
 _MISSING_TABLE_HINTS: Final = {
+    ML_METADATA: " (is database.targets.ml_metadata.database MLMD's database, e.g. metadb?)",
     KFP: " (is database.url KFP's database, e.g. mlpipeline?)",
     ARGO_ARCHIVE: " (is database.url Argo's archive database, with persistence.archive on?)",
 }
@@ -36,6 +46,9 @@ def reflect_targets(conn: Connection, targets: Sequence[TargetSpec]) -> tuple[Bo
         children = tuple(reflector.step(spec, child, parent=parent) for child in spec.children)
         after = tuple(reflector.step(spec, step) for step in spec.after)
         guard = reflector.guard(spec, parent) if parent is not None else None
+        mlmd = reflector.mlmd(spec) if spec.graph == "mlmd" else None
+        if spec.graph == "mlmd" and mlmd is None:
+            continue
         if parent is not None and all(children) and all(after):
             bound.append(
                 BoundTarget(
@@ -45,6 +58,7 @@ def reflect_targets(conn: Connection, targets: Sequence[TargetSpec]) -> tuple[Bo
                     tuple(a for a in after if a is not None),
                     guard,
                     reflector.schema(spec, parent),
+                    mlmd,
                 )
             )
     if reflector.problems:
@@ -78,8 +92,40 @@ class _Reflector:
         conditions = tuple(w for w in where if w is not None)
         return Bound(spec.name, step.table, table, column, conditions, coerce, via)
 
+    def mlmd(self, spec: TargetSpec) -> MlmdTables | None:
+        """Every ML Metadata table and column lapse reads or deletes by, beside the context
+        table (the target's parent), in the same database."""
+        prefix = spec.parent.table.rpartition(".")[0]
+        tables: dict[str, Table] = {}
+        for name, columns in MLMD_COLUMNS.items():
+            step = Step(
+                f"{prefix}.{name}" if prefix else name, "", spec.config_key, spec.config_key
+            )
+            table = self._table(spec, step)
+            if table is None:
+                continue
+            if all(self._column(table, column, spec.config_key) is not None for column in columns):
+                tables[name] = table
+        return MlmdTables(tables) if len(tables) == len(MLMD_COLUMNS) else None
+
     def schema(self, spec: TargetSpec, parent: Bound) -> str | None:
-        """KFP's schema generation (2.17 or main), told from run_details' columns."""
+        """KFP's schema generation (2.17 or main), told from run_details' columns; ML
+        Metadata's schema version (its MLMDEnv table)."""
+        if spec.graph == "mlmd":
+            prefix = spec.parent.table.rpartition(".")[0]
+            env = self._table(
+                spec,
+                Step(
+                    f"{prefix}.MLMDEnv" if prefix else "MLMDEnv",
+                    "",
+                    spec.config_key,
+                    spec.config_key,
+                ),
+            )
+            if env is None or self._column(env, "schema_version", spec.config_key) is None:
+                return None
+            version = self.conn.execute(select(env.c.schema_version)).scalar()
+            return f"ML Metadata schema version {version}"
         if spec.name != KFP:
             return None
         return kfp_schema([c.name for c in parent.table.c], fold_case=self.fold_case)
@@ -166,6 +212,12 @@ class _Reflector:
             "which a run's key (text) cannot be compared with"
         )
         return None
+
+
+def _beside(spec: TargetSpec, table: str) -> Step:
+    """A table in the same schema as the target's parent table (ML Metadata's others)."""
+    schema = spec.parent.table.rpartition(".")[0]
+    return Step(f"{schema}.{table}" if schema else table, "", spec.config_key, spec.config_key)
 
 
 def _referenced_parent_column(column: Column[Any], parent: Bound) -> Column[Any] | None:

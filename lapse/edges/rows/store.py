@@ -7,8 +7,9 @@ import random
 from collections.abc import Sequence
 from typing import Final
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from functions.row_reaper.mlmd import DELETE_ORDER, MlmdRun, facts, footprint
 from functions.row_reaper.ports import (
     Contradicted,
     Counted,
@@ -21,6 +22,7 @@ from functions.row_reaper.targets import TargetSpec
 from lapse.edges.rows.delete import delete_target, normalizer
 from lapse.edges.rows.failures import DATABASE_ERRORS, classify_failure, is_conflict
 from lapse.edges.rows.guard import read_facts
+from lapse.edges.rows.mlmd import delete_footprint, read_run
 from lapse.edges.rows.model import BadKey, BoundTarget, PendingRun
 from lapse.edges.rows.reflect import SchemaMismatch, reflect_targets
 from lapse.errors import LapseError
@@ -63,6 +65,17 @@ class SqlRowStore:
         """Per target, the schema the database turned out to have where lapse tells
         versions apart (KFP: 2.17 or main); empty before `start`."""
         return {b.spec.name: b.schema for b in self._bound or () if b.schema is not None}
+
+    async def mlmd_graph(self, run_id: str) -> MlmdRun | None:
+        """What ML Metadata holds of one KFP run, read without locks (None: no
+        `ml_metadata` target, or no such run). With functions/row_reaper/mlmd.py's
+        `run_only_artifact_uris` it says which artifact URIs are the run's alone."""
+        await self.start()
+        target = next((b for b in self._bound or () if b.mlmd is not None), None)
+        if target is None or target.mlmd is None:
+            return None
+        async with asyncio.timeout(self.timeout), self.engine.connect() as conn:
+            return await read_run(conn, target.mlmd, run_id, lock=False)
 
     async def start(self) -> None:
         """Reflect and check the schema: `SchemaMismatch` or `DatabaseUnavailable`."""
@@ -144,7 +157,11 @@ class SqlRowStore:
             async with conn.begin() as tx:
                 # The preconditions first, every run's rows locked while they are judged:
                 # a run the database contradicts keeps all its rows, in every target.
+                graphs: dict[tuple[str, int], MlmdRun] = {}
                 for target in self._bound or ():
+                    if target.mlmd is not None:
+                        await _read_graphs(conn, target, runs, graphs, refused, dry_run)
+                        continue
                     members = [
                         i
                         for i, run in enumerate(runs)
@@ -152,14 +169,14 @@ class SqlRowStore:
                     ]
                     if target.guard is None or not members:
                         continue
-                    facts = await read_facts(
+                    facts_of = await read_facts(
                         conn,
                         target,
                         [runs[i] for i in members],
                         dry_run=dry_run,
                         normalize=normalize,
                     )
-                    for position, fact in facts.items():
+                    for position, fact in facts_of.items():
                         index = members[position]
                         accepts = runs[index].accepts
                         if accepts is not None and not accepts(fact):
@@ -170,7 +187,17 @@ class SqlRowStore:
                         for i, run in enumerate(runs)
                         if target.spec.name in run.keys and i not in refused
                     ]
-                    if members:
+                    if target.mlmd is not None:
+                        for i in members:
+                            graph = graphs.get((target.spec.name, i))
+                            counts = (
+                                await delete_footprint(conn, target.mlmd, footprint(graph))
+                                if graph is not None
+                                else [(name, 0) for name in DELETE_ORDER]
+                            )
+                            for table, rows in counts:
+                                tallies[i][(target.spec.name, table)] = rows
+                    elif members:
                         await delete_target(
                             conn,
                             target,
@@ -185,6 +212,31 @@ class SqlRowStore:
             refused.get(i) or Counted(tuple((t, table, n) for (t, table), n in tally.items()))
             for i, tally in enumerate(tallies)
         ]
+
+
+async def _read_graphs(
+    conn: AsyncConnection,
+    target: BoundTarget,
+    runs: list[PendingRun],
+    graphs: dict[tuple[str, int], MlmdRun],
+    refused: dict[int, Contradicted],
+    dry_run: bool,
+) -> None:
+    """Each run's ML Metadata graph, its context row locked, and MLMD's own account of the
+    run judged: an execution still NEW or RUNNING keeps every row of the run."""
+    assert target.mlmd is not None
+    name = target.spec.name
+    for index, run in enumerate(runs):
+        key = run.keys.get(name)
+        if key is None:
+            continue
+        graph = await read_run(conn, target.mlmd, key, lock=not dry_run)
+        if graph is None:
+            continue
+        graphs[(name, index)] = graph
+        fact = facts(graph)
+        if run.accepts is not None and not run.accepts(fact):
+            refused.setdefault(index, Contradicted(fact))
 
 
 async def open_row_store(

@@ -1,0 +1,232 @@
+"""The `ml_metadata` target on real MariaDB, with ML Metadata's own library writing the
+schema and the records (ml-metadata 1.17.1 in the test-only venv of
+scripts/build-mlmd-venv.sh, driven by tests/mlmd_writer.py as KFP's driver and launcher
+write them), and reading them back after lapse deleted a run.
+
+MLMD lives in its own database beside lapse's (KFP's `metadb` beside `mlpipeline`), named
+by `database.targets.ml_metadata.database`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from events.types import Outcome
+from functions.row_reaper.mlmd import DELETE_ORDER, run_only_artifact_uris
+from functions.row_reaper.targets import mlmd_target
+from lapse.edges.database import create_engine
+from lapse.edges.rows import open_row_store
+from tests.integration.test_row_reaper import completed, due, reaper
+from tests.stack import Database
+
+pytestmark = pytest.mark.db
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def mlmd_python() -> str:
+    """The test-only venv's python (built once, cached under ~/.cache/lapse/mlmd-venv)."""
+    built = subprocess.run(
+        ["bash", str(ROOT / "scripts/build-mlmd-venv.sh")],
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    return built.stdout.strip().splitlines()[-1]
+
+
+class Mlmd:
+    """ML Metadata's library on one database, through the writer process."""
+
+    def __init__(self, python: str, url: str, database: str) -> None:
+        parsed = make_url(url)
+        self.python = python
+        self.database = database
+        self.mysql = {
+            "host": parsed.host,
+            "port": parsed.port or 3306,
+            "database": database,
+            "user": parsed.username,
+            "password": parsed.password,
+        }
+
+    async def call(self, request: dict[str, Any]) -> Any:
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [self.python, str(ROOT / "tests/mlmd_writer.py")],
+            input=json.dumps({"mysql": self.mysql, **request}),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout)
+
+    async def write(self, *runs: dict[str, Any]) -> Any:
+        return await self.call({"runs": list(runs)})
+
+    async def read(self, *run_ids: str) -> Any:
+        return await self.call({"query": True, "run_ids": list(run_ids)})
+
+
+@pytest.fixture
+async def engine(mysql: Database) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(mysql.url)
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture
+async def mlmd(engine: AsyncEngine, mysql: Database, mlmd_python: str) -> AsyncIterator[Mlmd]:
+    """A fresh MLMD database beside lapse's, on the same server (KFP's metadb)."""
+    name = f"metadb_{uuid.uuid4().hex[:8]}"
+    async with engine.connect() as conn:
+        await conn.execute(text(f"CREATE DATABASE {name}"))
+    yield Mlmd(mlmd_python, mysql.url, name)
+    async with engine.connect() as conn:
+        await conn.execute(text(f"DROP DATABASE {name}"))
+
+
+def uri(run: str, name: str) -> str:
+    return f"s3://mlpipeline/v2/artifacts/demo/{run}/{name}"
+
+
+def runs(a: str, b: str) -> list[dict[str, Any]]:
+    """Run `a` trains a model and evaluates it; run `b` is the same pipeline with `train`
+    cached (KFP reuses a's model artifact: an OUTPUT event of b's cached execution, and an
+    attribution to b's context) and evaluates it again."""
+    return [
+        {
+            "run_id": a,
+            "pipeline": "demo",
+            "executions": [
+                {
+                    "name": "train",
+                    "state": "COMPLETE",
+                    "outputs": [
+                        {"label": "model", "uri": uri(a, "model")},
+                        {"label": "train-log", "uri": uri(a, "log")},
+                    ],
+                },
+                {
+                    "name": "eval",
+                    "state": "COMPLETE",
+                    "inputs": ["model"],
+                    "outputs": [{"label": "a-metrics", "uri": uri(a, "metrics")}],
+                },
+            ],
+        },
+        {
+            "run_id": b,
+            "pipeline": "demo",
+            "executions": [
+                {"name": "train", "state": "CACHED", "outputs": [{"label": "model"}]},
+                {
+                    "name": "eval",
+                    "state": "COMPLETE",
+                    "inputs": ["model"],
+                    "outputs": [{"label": "b-metrics", "uri": uri(b, "metrics")}],
+                },
+            ],
+        },
+    ]
+
+
+async def table_counts(engine: AsyncEngine, database: str) -> dict[str, int]:
+    async with engine.connect() as conn:
+        return {
+            name: (
+                await conn.execute(select(func.count()).select_from(text(f"{database}.{name}")))
+            ).scalar_one()
+            for name in DELETE_ORDER
+        }
+
+
+async def test_a_runs_footprint_goes_and_a_cached_artifact_stays(
+    engine: AsyncEngine, mlmd: Mlmd
+) -> None:
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    await mlmd.write(*runs(a, b))
+    target = mlmd_target(mlmd.database)
+    store = await open_row_store(engine, [target])
+    assert store.schemas == {"ml_metadata": "ML Metadata schema version 10"}
+
+    # The seam for object storage: a's artifacts that are a's alone (not the cached model).
+    graph = await store.mlmd_graph(a)
+    assert graph is not None
+    assert run_only_artifact_uris(graph) == sorted([uri(a, "log"), uri(a, "metrics")])
+
+    before = await table_counts(engine, mlmd.database)
+    handler, _ = await reaper(engine, [target])
+    result = completed((await handler.handle(due(kfp_run_id=a)))[0])
+
+    assert result.outcome is Outcome.DELETED, result
+    # Children first, in MLMD's dependency order, each table counted.
+    assert result.detail is not None
+    parts = result.detail.removeprefix("ml_metadata: ").split(", ")
+    assert [part.split("=")[0] for part in parts] == list(DELETE_ORDER)
+    after = await table_counts(engine, mlmd.database)
+    gone = {name: before[name] - after[name] for name in DELETE_ORDER}
+    # a: 2 executions, 2 artifacts of its own (log, metrics), 4 events (train: 2 outputs,
+    # eval: 1 input + 1 output), their paths (outputs only), the run context; the model
+    # stays (b's), and so do b's rows and the pipeline's context.
+    assert gone["Execution"] == 2 and gone["Artifact"] == 2 and gone["Event"] == 4
+    assert gone["Context"] == 1 and gone["ParentContext"] == 1
+    assert gone["Association"] == 4  # each execution with the run and the pipeline context
+    # log and metrics x (run, pipeline), and the model's to a; the model's attributions to
+    # b and to the pipeline stay with it.
+    assert gone["Attribution"] == 5
+    read = await mlmd.read(a, b)
+    assert read["runs"][a] is None
+    assert read["runs"][b] == {
+        "executions": 2,
+        "artifacts": sorted([uri(a, "model"), uri(b, "metrics")]),
+        "events": 3,
+    }
+    assert read["artifacts"] == sorted([uri(a, "model"), uri(b, "metrics")])
+    assert read["pipelines"] == ["demo"]
+
+    # Once b goes too, nothing uses the model any more: it goes with b.
+    result = completed((await handler.handle(due(kfp_run_id=b)))[0])
+    assert result.outcome is Outcome.DELETED
+    read = await mlmd.read(a, b)
+    assert read["runs"] == {a: None, b: None} and read["artifacts"] == []
+    assert read["pipelines"] == ["demo"]
+    left = await table_counts(engine, mlmd.database)
+    assert {name: left[name] for name in ("Event", "EventPath", "Execution", "Artifact")} == {
+        "Event": 0, "EventPath": 0, "Execution": 0, "Artifact": 0,
+    }  # fmt: skip
+
+    # A third delivery finds nothing: already gone.
+    again = completed((await handler.handle(due(kfp_run_id=a)))[0])
+    assert again.outcome is Outcome.ALREADY_GONE
+
+
+async def test_a_run_mlmd_says_is_running_keeps_every_row(engine: AsyncEngine, mlmd: Mlmd) -> None:
+    run = str(uuid.uuid4())
+    await mlmd.write(
+        {
+            "run_id": run,
+            "pipeline": "demo",
+            "executions": [
+                {
+                    "name": "train",
+                    "state": "RUNNING",
+                    "outputs": [{"label": "m", "uri": uri(run, "m")}],
+                }
+            ],
+        }
+    )
+    before = await table_counts(engine, mlmd.database)
+    handler, _ = await reaper(engine, [mlmd_target(mlmd.database)])
+    result = completed((await handler.handle(due(kfp_run_id=run)))[0])
+    assert result.outcome is Outcome.KEPT, result
+    assert "RUNNING" in (result.detail or ""), result
+    assert await table_counts(engine, mlmd.database) == before
