@@ -250,7 +250,10 @@ async def open_row_store(
     """
     if not targets:
         raise SchemaMismatch(
-            ["database.targets: nothing to delete (enable kfp or argo_archive, or declare tables)"]
+            [
+                "database.targets: nothing to delete "
+                "(enable kfp, argo_archive or ml_metadata, or declare tables)"
+            ]
         )
     store = SqlRowStore(engine, targets, timeout=timeout)
     await store.start()
