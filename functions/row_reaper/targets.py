@@ -20,6 +20,7 @@ KeyKind = Literal["uid", "name", "label", "annotation", "kfp_run_id"]
 KFP: Final = "kfp"
 ARGO_ARCHIVE: Final = "argo_archive"
 ML_METADATA: Final = "ml_metadata"
+TEKTON_RESULTS: Final = "tekton_results"
 # Argo's offloaded node status table; Argo's default name, which lapse's configuration
 # does not (yet) let anyone change.
 ARGO_OFFLOAD_TABLE: Final = "argo_workflows"
@@ -209,6 +210,8 @@ class MlMetadataDeclaration(Enabled, Protocol):
 
 class TargetsDeclaration(Protocol):
     @property
+    def tekton_results(self) -> Enabled: ...
+    @property
     def kfp(self) -> Enabled: ...
     @property
     def ml_metadata(self) -> MlMetadataDeclaration: ...
@@ -292,6 +295,28 @@ def mlmd_target(
     )
 
 
+def tekton_results_target(config_key: str = "database.targets.tekton_results") -> TargetSpec:
+    """Tekton Results' rows of a PipelineRun or standalone TaskRun: the Result its watcher
+    named by the run's uid (a PipelineRun's TaskRuns, logs and event lists are records of
+    that same Result, named by their owner's uid) and its records (tektoncd/results
+    pkg/api/server/db/model.go; pkg/watcher/results: resultName, defaultName)."""
+
+    def step(table: str, column: str) -> Step:
+        return Step(table, column, config_key, config_key)
+
+    return TargetSpec(
+        name=TEKTON_RESULTS,
+        config_key=config_key,
+        key=KeySource("uid"),
+        parent=step("results", "name"),
+        # records' foreign key is (parent, result_id) -> results (parent, id), with ON
+        # DELETE CASCADE; deleting them first by result_name counts them exactly.
+        children=(step("records", "result_name"),),
+        # The watcher's summary of the run: its end time, NULL while it runs.
+        guard=Guard(finished_column="recordsummary_end_time"),
+    )
+
+
 def table_target(declared: TableDeclaration, config_key: str) -> TargetSpec:
     """A user-declared table and its children (deleted first, in the declared order)."""
     children = tuple(
@@ -326,6 +351,8 @@ def targets_for(config: TargetsDeclaration, prefix: str = "database.targets") ->
         )
     if config.ml_metadata.enabled:
         targets.append(mlmd_target(config.ml_metadata.database, f"{prefix}.ml_metadata"))
+    if config.tekton_results.enabled:
+        targets.append(tekton_results_target(f"{prefix}.tekton_results"))
     targets.extend(
         table_target(declared, f"{prefix}.tables[{i}]") for i, declared in enumerate(config.tables)
     )

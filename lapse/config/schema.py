@@ -220,6 +220,12 @@ class MlMetadataTarget(_Section):
     database: ColumnName | None = None  # an SQL identifier
 
 
+class TektonResultsTarget(_Section):
+    """Tekton Results' `results` and `records` rows of a run (PostgreSQL)."""
+
+    enabled: bool = False
+
+
 class ChildTable(_Section):
     table: TableName
     foreign_key_column: ColumnName
@@ -252,13 +258,14 @@ class DatabaseTargets(_Section):
     kfp: KfpTarget = KfpTarget()
     argo_archive: ArgoArchiveTarget = ArgoArchiveTarget()
     ml_metadata: MlMetadataTarget = MlMetadataTarget()
+    tekton_results: TektonResultsTarget = TektonResultsTarget()
     tables: tuple[TableTarget, ...] = ()
 
     @model_validator(mode="after")
     def _unique(self) -> DatabaseTargets:
         seen: set[str] = set()
         for table in self.tables:
-            if table.name in ("kfp", "argo_archive", "ml_metadata"):
+            if table.name in ("kfp", "argo_archive", "ml_metadata", "tekton_results"):
                 raise ValueError(f"tables: {table.name!r} is the name of a built-in target")
             if table.name in seen:
                 raise ValueError(f"tables: the name {table.name!r} is used twice")

@@ -175,13 +175,16 @@ def test_only_enabled_targets_built_ins_first() -> None:
             "kfp": {"enabled": True},
             "argo_archive": {"enabled": True, "cluster_name": "c1"},
             "ml_metadata": {"enabled": True, "database": "metadb"},
+            "tekton_results": {"enabled": True},
             "tables": [{"name": "mine", "table": "t", "key_column": "k"}],
         }
     )
 
     assert targets_for(nothing) == []
     targets = targets_for(everything)
-    assert [t.name for t in targets] == ["kfp", "argo_archive", "ml_metadata", "mine"]
+    assert [t.name for t in targets] == [
+        "kfp", "argo_archive", "ml_metadata", "tekton_results", "mine"
+    ]  # fmt: skip
     assert targets[1].parent.where == (("clustername", "c1"),)
     # MLMD's run context, in the named database, found by the KFP run id.
     assert targets[2].parent.table == "metadb.Context" and targets[2].graph == "mlmd"
@@ -190,6 +193,7 @@ def test_only_enabled_targets_built_ins_first() -> None:
         "database.targets.kfp",
         "database.targets.argo_archive",
         "database.targets.ml_metadata",
+        "database.targets.tekton_results",
         "database.targets.tables[0]",
     ]
 

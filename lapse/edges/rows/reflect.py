@@ -15,6 +15,7 @@ from functions.row_reaper.targets import (
     ARGO_ARCHIVE,
     KFP,
     ML_METADATA,
+    TEKTON_RESULTS,
     Step,
     TargetSpec,
     kfp_schema,
@@ -29,8 +30,9 @@ class SchemaMismatch(ConfigError):
     """The configured targets do not match the database (one line per problem)."""
 
 
-_BUILT_IN: Final = frozenset({KFP, ARGO_ARCHIVE, ML_METADATA})
+_BUILT_IN: Final = frozenset({KFP, ARGO_ARCHIVE, ML_METADATA, TEKTON_RESULTS})
 _MISSING_TABLE_HINTS: Final = {
+    TEKTON_RESULTS: " (is database.url Tekton Results' database?)",
     ML_METADATA: " (is database.targets.ml_metadata.database MLMD's database, e.g. metadb?)",
     KFP: " (is database.url KFP's database, e.g. mlpipeline?)",
     ARGO_ARCHIVE: " (is database.url Argo's archive database, with persistence.archive on?)",

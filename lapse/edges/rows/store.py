@@ -252,7 +252,7 @@ async def open_row_store(
         raise SchemaMismatch(
             [
                 "database.targets: nothing to delete "
-                "(enable kfp, argo_archive or ml_metadata, or declare tables)"
+                "(enable kfp, argo_archive, ml_metadata or tekton_results, or declare tables)"
             ]
         )
     store = SqlRowStore(engine, targets, timeout=timeout)
