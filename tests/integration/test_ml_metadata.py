@@ -24,9 +24,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from events.types import Outcome
 from functions.row_reaper.mlmd import DELETE_ORDER, run_only_artifact_uris
-from functions.row_reaper.targets import mlmd_target
+from functions.row_reaper.targets import kfp_target, mlmd_target
 from lapse.edges.database import create_engine
 from lapse.edges.rows import open_row_store
+from tests import kfp_schema as kfp
 from tests.integration.test_row_reaper import completed, due, reaper
 from tests.stack import Database
 
@@ -230,3 +231,30 @@ async def test_a_run_mlmd_says_is_running_keeps_every_row(engine: AsyncEngine, m
     assert result.outcome is Outcome.KEPT, result
     assert "RUNNING" in (result.detail or ""), result
     assert await table_counts(engine, mlmd.database) == before
+
+
+async def test_kfp_rows_and_ml_metadata_go_in_one_due_event(
+    engine: AsyncEngine, mlmd: Mlmd
+) -> None:
+    """KFP's database (database.url) and MLMD's beside it on the same server: one due event,
+    one transaction, both footprints."""
+    run = str(uuid.uuid4())
+    await kfp.create_kfp_tables(engine)
+    try:
+        async with engine.begin() as conn:
+            await kfp.insert_kfp_runs(conn, [run])
+        await mlmd.write(runs(run, str(uuid.uuid4()))[0])
+        handler, _ = await reaper(engine, [kfp_target(), mlmd_target(mlmd.database)])
+
+        result = completed((await handler.handle(due(kfp_run_id=run)))[0])
+
+        assert result.outcome is Outcome.DELETED, result
+        assert result.detail is not None
+        assert result.detail.startswith(
+            "kfp: run_metrics=2, tasks=2, resource_references=2, run_details=1; ml_metadata: "
+        ), result.detail
+        async with engine.connect() as conn:
+            assert await kfp.kfp_counts(conn, run) == dict.fromkeys(kfp.KFP_TABLES, 0)
+        assert (await mlmd.read(run))["runs"][run] is None
+    finally:
+        await kfp.drop_kfp_tables(engine)
