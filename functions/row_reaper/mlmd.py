@@ -18,6 +18,7 @@ order, children first (docs/architecture.md, "ML Metadata").
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
@@ -86,13 +87,16 @@ class Footprint:
     shared: tuple[int, ...]
 
 
-def footprint(run: MlmdRun) -> Footprint:
-    executions = tuple(sorted(e.id for e in run.executions if not e.other_runs))
-    mine = set(executions)
+def footprint(run: MlmdRun, together: Sequence[MlmdRun] = ()) -> Footprint:
+    """What to delete of `run`; `together`: the other runs deleted in the same transaction,
+    whose use of an artifact does not keep it (it is attributed only to runs being deleted)."""
+    going = {r.context_id for r in together if r.context_id != run.context_id}
+    executions = tuple(sorted(e.id for e in run.executions if not (e.other_runs - going)))
+    leaving = set(executions) | {e.id for r in together for e in r.executions}
     artifacts: list[int] = []
     shared: list[int] = []
     for artifact in run.artifacts:
-        used_elsewhere = artifact.other_runs or (artifact.other_executions - mine)
+        used_elsewhere = (artifact.other_runs - going) or (artifact.other_executions - leaving)
         (shared if used_elsewhere else artifacts).append(artifact.id)
     return Footprint(run.context_id, executions, tuple(sorted(artifacts)), tuple(sorted(shared)))
 

@@ -49,3 +49,19 @@ def test_running_while_an_execution_is_new_or_running_finished_at_the_latest_upd
     assert done.finished_at == datetime.fromtimestamp(1_700_000_600, UTC)
     going = facts(run(MlmdExecution(1, COMPLETE, 5), MlmdExecution(2, RUNNING, 6)))
     assert going.running and going.state == "execution 2 RUNNING"
+
+
+def test_runs_deleted_together_do_not_keep_each_others_artifacts() -> None:
+    """A cached artifact shared by two runs deleted in one transaction goes with them."""
+    a = MlmdRun(
+        "a", 7, 0, (MlmdExecution(1, COMPLETE, 1),),
+        (MlmdArtifact(10, "s3://b/a/model", other_runs=frozenset({8}),
+                      other_executions=frozenset({2})),),
+    )  # fmt: skip
+    b = MlmdRun(
+        "b", 8, 0, (MlmdExecution(2, CACHED, 1),),
+        (MlmdArtifact(10, "s3://b/a/model", other_runs=frozenset({7}),
+                      other_executions=frozenset({1})),),
+    )  # fmt: skip
+    assert footprint(a).shared == (10,)
+    assert footprint(a, [a, b]).artifacts == (10,) and footprint(b, [a, b]).artifacts == (10,)

@@ -188,10 +188,17 @@ class SqlRowStore:
                         if target.spec.name in run.keys and i not in refused
                     ]
                     if target.mlmd is not None:
+                        together = [
+                            g
+                            for (name, i), g in graphs.items()
+                            if name == target.spec.name and i in members
+                        ]
                         for i in members:
                             graph = graphs.get((target.spec.name, i))
                             counts = (
-                                await delete_footprint(conn, target.mlmd, footprint(graph))
+                                await delete_footprint(
+                                    conn, target.mlmd, footprint(graph, together)
+                                )
                                 if graph is not None
                                 else [(name, 0) for name in DELETE_ORDER]
                             )
