@@ -93,16 +93,14 @@ async def read_run(
         )
     ).all()
     execution_ids = [int(e[0]) for e in executions]
-    other_runs_of: dict[int, set[int]] = defaultdict(set)
-    if execution_ids:
-        for execution_id, other in await conn.execute(
-            select(association.c.execution_id, association.c.context_id).where(
-                association.c.execution_id.in_(execution_ids),
-                association.c.context_id != context_id,
-                association.c.context_id.in_(run_contexts),
-            )
-        ):
-            other_runs_of[int(execution_id)].add(int(other))
+    other_runs_of = await _other_runs(
+        conn,
+        association.c.execution_id,
+        association.c.context_id,
+        execution_ids,
+        context_id,
+        run_contexts,
+    )
 
     attribution = t["Attribution"]
     event = t["Event"]
@@ -135,15 +133,14 @@ async def read_run(
             .tuples()
             .all()
         )
-        attributed: dict[int, set[int]] = defaultdict(set)
-        for artifact_id, other in await conn.execute(
-            select(attribution.c.artifact_id, attribution.c.context_id).where(
-                attribution.c.artifact_id.in_(wanted),
-                attribution.c.context_id != context_id,
-                attribution.c.context_id.in_(run_contexts),
-            )
-        ):
-            attributed[int(artifact_id)].add(int(other))
+        attributed = await _other_runs(
+            conn,
+            attribution.c.artifact_id,
+            attribution.c.context_id,
+            wanted,
+            context_id,
+            run_contexts,
+        )
         read_by: dict[int, set[int]] = defaultdict(set)
         outside = event.c.execution_id.not_in(execution_ids) if execution_ids else true()
         for artifact_id, other in await conn.execute(
@@ -177,6 +174,27 @@ async def read_run(
         ),
         tuple(artifacts),
     )
+
+
+async def _other_runs(
+    conn: AsyncConnection,
+    member: Any,
+    context: Any,
+    ids: list[int],
+    context_id: int,
+    run_contexts: Any,
+) -> dict[int, set[int]]:
+    """For each of `ids` (executions in Association, artifacts in Attribution), the other
+    `system.PipelineRun` contexts it is linked to."""
+    linked: dict[int, set[int]] = defaultdict(set)
+    if not ids:
+        return linked
+    query = select(member, context).where(
+        member.in_(ids), context != context_id, context.in_(run_contexts)
+    )
+    for id_, other in await conn.execute(query):
+        linked[int(id_)].add(int(other))
+    return linked
 
 
 async def delete_footprint(
