@@ -28,8 +28,8 @@ lock: ## Regenerate requirements.lock from pyproject.toml's ranges (newest versi
 databases: ## Install (Debian packages) and start PostgreSQL and MariaDB on loopback
 	bash scripts/databases.sh
 
-mlmd-venv: ## ML Metadata's own library in a test-only venv (~/.cache/lapse/mlmd-venv)
-	bash scripts/build-mlmd-venv.sh >/dev/null
+mlmd-venv: install ## ML Metadata's own library in a test-only venv (~/.cache/lapse/mlmd-venv)
+	PYTHON311=$${PYTHON311:-$(BIN)/python} bash scripts/build-mlmd-venv.sh >/dev/null
 
 kube: ## Build etcd + kube-apiserver from the Go module proxy (cached by version)
 	bash lapse/embedded/build-kube.sh >/dev/null

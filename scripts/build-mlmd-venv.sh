@@ -8,8 +8,11 @@
 set -euo pipefail
 
 version="${MLMD_VERSION:-1.17.1}"
+# Any CPython 3.11 will do (the wheel is built for it); a virtualenv's python is fine too.
 python="${PYTHON311:-python3.11}"
 command -v "$python" >/dev/null || { echo "mlmd-venv: $python not found (set PYTHON311)" >&2; exit 1; }
+"$python" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null \
+  || { echo "mlmd-venv: $python is not CPython 3.11 (set PYTHON311)" >&2; exit 1; }
 root="${XDG_CACHE_HOME:-$HOME/.cache}/lapse/mlmd-venv"
 dir="$root/$version"
 mkdir -p "$root"

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -38,9 +40,11 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session")
 def mlmd_python() -> str:
     """The test-only venv's python (built once, cached under ~/.cache/lapse/mlmd-venv)."""
+    # This interpreter is CPython 3.11 (lapse's own), unless PYTHON311 names another.
+    env = {"PYTHON311": sys.executable, **os.environ}
     built = subprocess.run(
         ["bash", str(ROOT / "scripts/build-mlmd-venv.sh")],
-        capture_output=True, text=True, timeout=600, check=True,
+        capture_output=True, text=True, timeout=600, check=True, env=env,
     )  # fmt: skip
     return built.stdout.strip().splitlines()[-1]
 
