@@ -30,6 +30,11 @@ rule is Argo's: `after_failure` for Failed, `after_success` for Succeeded, when 
 `ttl` otherwise.
 
 Deadlines are `finishedAt + ttl` (`now + ttl` when the run has no finishedAt), in UTC.
+
+Then the count (`keep_last`, functions/keep_last.py; docs/architecture.md, "Keep the last
+N"): `with_count` makes a run counted out of its group due when the run that pushed it out
+finished, if that comes before the deadline above; `keep` and an invalid annotation are
+never overruled.
 """
 
 from __future__ import annotations
