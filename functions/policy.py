@@ -236,7 +236,8 @@ class Decision:
     `policy` names what decided, as the events, the audit trail and `lapse plan` show it:
     `annotation:lapse.dev/keep|expires|ttl`, `argo:ttlStrategy.<field>`, `<kind>:<field>`
     (another engine's own TTL field: `job:spec.ttlSecondsAfterFinished`,
-    `sparkapplication:spec.timeToLiveSeconds`), `policy:<name>` or `default`.
+    `sparkapplication:spec.timeToLiveSeconds`), `policy:<name>`, `default`, or
+    `keep_last:<name>` (counted out of its group by that policy's `keep_last`).
     `deadline` is set (UTC) exactly when `action` is schedule.
     """
 
