@@ -196,9 +196,9 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
                 raise
             # Not installed here (no Tekton, no Trainer): nothing of it to plan.
             result.notes.append(f"{kind.describe()} is not served by this API server")
-        # keep_last counts each group among the runs listed here (with -l, only those the
-        # selector shows; the reaper counts the whole group before it deletes).
-        counted = counted_out(listed, policies, now)
+        # keep_last counts each group among the runs listed here: all of them, unless -l
+        # shows only some (then the count would be wrong, and is not previewed).
+        counted = {} if args.selector else counted_out(listed, policies, now)
         for run in listed:
             decisions = plan(run, policies, now)
             k8s = Target.KUBERNETES
@@ -206,6 +206,10 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
             if args.target:
                 decisions = {t: d for t, d in decisions.items() if t.value == args.target}
             result.runs.append(PlannedRun(run, decisions))
+    if args.selector and any(p.keep_last for p in policies):
+        result.notes.append(
+            "keep_last is not previewed with -l: a group is counted whole (run without -l)"
+        )
     wants_rows = args.target in (None, Target.DATABASE.value) and not args.selector
     kfp_rows = not wanted or "argo-workflow" in wanted
     if wants_rows and kfp_rows and resources.config.database.targets.kfp.enabled:

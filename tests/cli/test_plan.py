@@ -228,3 +228,9 @@ async def test_plan_names_keep_last_when_the_count_sets_the_deadline(
     assert by_name["wf-0"]["deadline"] == "2026-11-20T10:01:00Z"
     table = _plan(shell, kube, "--config", str(config), "-n", ns).stdout
     assert "keep_last:nightly" in table
+    # -l shows part of a group at most: no count is previewed from it, and it says so.
+    selected = _plan(shell, kube, "--config", str(config), "-n", ns, "-l", "team!=x", "-o", "json")
+    assert {r["targets"]["kubernetes"]["policy"] for r in json.loads(selected.stdout)} == {
+        "policy:nightly"
+    }
+    assert "keep_last is not previewed with -l" in selected.stderr
