@@ -173,11 +173,18 @@ async def test_two_replicas_keep_exactly_the_newest_runs_of_each_group(
                 f"pending: {seen.get('pending')}"
             ) from None
         history = lapse_json("history", "-n", ns, "--target", "kubernetes", config=config)
+        trail = lapse_json("history", "-n", ns, "--target", "kubernetes", "--all", config=config)
         plan = lapse_json("plan", "-n", ns, "--target", "kubernetes", config=config)
     finally:
         for up in replicas:
             assert up.stop() == 0, up.log.read_text()[-3000:]
     logs = "".join(up.log.read_text() for up in replicas)
+    counts = Counter(r["event"] for r in trail if "keep_last" in (r["detail"] or ""))
+    outcomes = Counter(r["outcome"] for r in history)
+    print(f"keep_last: {len(everything)} runs, {counts} by the count, outcomes {outcomes}")
+    for row in history:
+        if row["outcome"] == "rescheduled":
+            print(f"  rescheduled {row['name']}: {row['detail']}")
     assert "handler failed" not in logs
 
     # The API server holds exactly the newest 3 + 1 of each group, the pinned run and the
