@@ -64,6 +64,7 @@ from functions.object_reaper.verdict import (
     Wait,
     as_planned,
     classify,
+    counts,
 )
 from functions.outcomes import Outcomes
 from functions.policy import Policy
@@ -296,25 +297,49 @@ class ObjectReaper:
         return as_planned(due, kind, self.policies, self.safety, self.clock())
 
     async def _read_and_classify(self, due: CleanupDue, kind: KindSpec) -> Verdict:
+        """GET (and the children its gates need), judge; and for a run of a keep_last group
+        that its clocks do not make due yet, LIST the group and judge again with the count.
+        A run missing from its group's list changed since the GET (deleted, most often,
+        by another reaper's count): it is read again, once, rather than judged uncounted."""
         run = due.run
-        try:
-            fresh = await self.objects.get(
-                kind, run.namespace, run.name, request_timeout=self.request_timeout
-            )
-        except Exception as exc:
-            return self._call_failed(exc, "get", run, kind)
-        children: list[dict[str, Any]] = []
-        if fresh is not None and needs_children(kind):
+        for attempt in range(2):
             try:
-                children = await self.objects.list_items(
-                    TEKTON_TASKRUN,
+                fresh = await self.objects.get(
+                    kind, run.namespace, run.name, request_timeout=self.request_timeout
+                )
+            except Exception as exc:
+                return self._call_failed(exc, "get", run, kind)
+            children: list[dict[str, Any]] = []
+            if fresh is not None and needs_children(kind):
+                try:
+                    children = await self.objects.list_items(
+                        TEKTON_TASKRUN,
+                        run.namespace,
+                        label_selector=children_selector(run),
+                        request_timeout=self.request_timeout,
+                    )
+                except Exception as exc:
+                    return self._call_failed(exc, "list", run, TEKTON_TASKRUN)
+            now = self.clock()
+            verdict = classify(fresh, due, kind, self.policies, self.safety, now, children)
+            selector = counts(verdict, self.policies)
+            if selector is None:
+                return verdict
+            # Not due by its clocks, but in a keep_last group: count the group as it is
+            # now (the DELETE is still held to the version of `fresh` judged here).
+            try:
+                group = await self.objects.list_items(
+                    kind,
                     run.namespace,
-                    label_selector=children_selector(run),
+                    label_selector=selector,
                     request_timeout=self.request_timeout,
                 )
             except Exception as exc:
-                return self._call_failed(exc, "list", run, TEKTON_TASKRUN)
-        return classify(fresh, due, kind, self.policies, self.safety, self.clock(), children)
+                return self._call_failed(exc, "list", run, kind)
+            listed = any(obj.get("metadata", {}).get("uid") == run.uid for obj in group)
+            if listed or attempt:
+                break
+        return classify(fresh, due, kind, self.policies, self.safety, now, children, group)
 
     async def _delete(self, verdict: Delete, kind: KindSpec) -> _Deleted | _Conflict | Verdict:
         """The guarded DELETE."""

@@ -19,7 +19,7 @@ from events.kinds import KindSpec
 from events.models import RunFinished
 from events.run import RunRef, Target
 from events.timeutil import format_rfc3339, parse_rfc3339
-from functions.policy import Decision, Policy, plan
+from functions.policy import Decision, Policy, counted_out, plan, with_count
 from functions.ports import PendingSchedule
 from functions.ttl_planner import Planner
 from lapse.cli.common import (
@@ -187,17 +187,29 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
         if wanted and kind.name not in wanted:
             continue
         runs = finished_runs(resources.objects(), kind, namespace, pattern, args.selector)
+        listed: list[RunRef] = []
         try:
             async for run in runs:
-                decisions = plan(run, policies, now)
-                if args.target:
-                    decisions = {t: d for t, d in decisions.items() if t.value == args.target}
-                result.runs.append(PlannedRun(run, decisions))
+                listed.append(run)
         except ApiException as exc:
             if exc.status != 404:
                 raise
             # Not installed here (no Tekton, no Trainer): nothing of it to plan.
             result.notes.append(f"{kind.describe()} is not served by this API server")
+        # keep_last counts each group among the runs listed here: all of them, unless -l
+        # shows only some (then the count would be wrong, and is not previewed).
+        counted = {} if args.selector else counted_out(listed, policies, now)
+        for run in listed:
+            decisions = plan(run, policies, now)
+            k8s = Target.KUBERNETES
+            decisions[k8s] = with_count(decisions[k8s], counted.get(run.uid))
+            if args.target:
+                decisions = {t: d for t, d in decisions.items() if t.value == args.target}
+            result.runs.append(PlannedRun(run, decisions))
+    if args.selector and any(p.keep_last for p in policies):
+        result.notes.append(
+            "keep_last is not previewed with -l: a group is counted whole (run without -l)"
+        )
     wants_rows = args.target in (None, Target.DATABASE.value) and not args.selector
     kfp_rows = not wanted or "argo-workflow" in wanted
     if wants_rows and kfp_rows and resources.config.database.targets.kfp.enabled:

@@ -73,4 +73,6 @@ async def build_planner(resources: Resources, *, dry_run: bool) -> Planner:
         schedules=store,
         emitter=DiscardingEmitter() if dry_run else await resources.emitter(),
         policies=tuple(resources.config.policies),
+        kinds=resources.config.kinds,
+        lister=resources.objects(),
     )

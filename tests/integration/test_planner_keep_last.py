@@ -1,0 +1,112 @@
+"""The planner's keep_last count against a real kube-apiserver and NATS: the planner the
+registry builds (as `lapse up` and the Knative function do) lists the finished run's group,
+puts the older run it counts out at the moment it was pushed out, and withdraws the
+Kubernetes deadline of a run another process's count has already deleted."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from cloudevents.core.base import BaseCloudEvent
+from nats.js import JetStreamContext
+
+from events.adapters import adapt_object
+from events.builder import build_event, parse_payload
+from events.models import CleanupCancelled, CleanupScheduled, RunFinished
+from events.run import Target
+from events.types import EventType
+from functions.trust import Trust
+from lapse.config import LapseConfig
+from lapse.edges.schedules import NatsScheduleStore
+from lapse.embedded.nats import EmbeddedNats
+from lapse.runtime.registry import build_handler
+from lapse.runtime.resources import Resources
+from tests.conftest import KubeStack
+from tests.unit.test_object_reaper_verdict import argo_workflow
+
+pytestmark = [pytest.mark.kube, pytest.mark.nats]
+
+CRON = "workflows.argoproj.io/cron-workflow"
+NOW = datetime.now(UTC).replace(microsecond=0)
+
+
+@pytest.fixture
+def resources(kube: KubeStack, nats_server: EmbeddedNats) -> Resources:
+    config = LapseConfig.model_validate(
+        {
+            "kubernetes": {"kubeconfig": str(kube.kubeconfig)},
+            "policies": [
+                {"name": "nightly", "kubernetes": {"ttl": "7d"}, "keep_last": {"total": 1}}
+            ],
+        }
+    )
+    return Resources(config, nats_url=nats_server.url)
+
+
+async def create(kube: KubeStack, ns: str, name: str, minutes_ago: int) -> dict[str, Any]:
+    finished = NOW - timedelta(minutes=minutes_ago)
+    body = argo_workflow(name, namespace=ns, finished_at=finished, labels={CRON: "etl"})
+    return await kube.workflows.create(ns, body)
+
+
+def finished_event(obj: dict[str, Any]) -> BaseCloudEvent:
+    """The run event the watcher publishes for the object as it read it."""
+    result = adapt_object(obj)
+    assert isinstance(result, RunFinished)
+    return build_event(EventType.RUN_FINISHED, source="/test", data=result)
+
+
+async def test_a_finish_schedules_the_run_it_pushes_out(
+    kube: KubeStack, lapse_streams: JetStreamContext, resources: Resources
+) -> None:
+    ns = kube.namespace(f"count-{uuid.uuid4().hex[:6]}")
+    old = await create(kube, ns, "old", minutes_ago=20)
+    new = await create(kube, ns, "new", minutes_ago=10)
+    async with resources:
+        planner = await build_handler("ttl-planner", resources)
+        assert planner is not None
+        produced = await planner.handle(finished_event(new), Trust.OBSERVED)
+    scheduled = {
+        s.run.name: s
+        for e in produced
+        if e.get_type() == EventType.CLEANUP_SCHEDULED
+        and (s := parse_payload(e, CleanupScheduled)).target is Target.KUBERNETES
+    }
+    assert scheduled["new"].policy == "policy:nightly"
+    assert scheduled["new"].deadline == NOW - timedelta(minutes=10) + timedelta(days=7)
+    # Pushed out when "new" finished, and put now: that moment has passed.
+    assert scheduled["old"].policy == "keep_last:nightly"
+    assert scheduled["old"].deadline == NOW - timedelta(minutes=10)
+    store = NatsScheduleStore(lapse_streams, resources.config.nats.streams)
+    pending = await store.get(Target.KUBERNETES, old["metadata"]["uid"])
+    assert pending is not None and pending.deadline == NOW - timedelta(minutes=10)
+    # The version the planner listed: the reaper may DELETE held to it.
+    assert scheduled["old"].run.resource_version == old["metadata"]["resourceVersion"]
+
+
+async def test_a_run_already_counted_out_and_deleted_keeps_no_deadline(
+    kube: KubeStack, lapse_streams: JetStreamContext, resources: Resources
+) -> None:
+    ns = kube.namespace(f"count-{uuid.uuid4().hex[:6]}")
+    gone = await create(kube, ns, "gone", minutes_ago=20)
+    event = finished_event(gone)
+    async with resources:
+        planner = await build_handler("ttl-planner", resources)
+        assert planner is not None
+        first = await planner.handle(event, Trust.OBSERVED)
+        assert EventType.CLEANUP_SCHEDULED in {e.get_type() for e in first}
+        await kube.workflows.delete(ns, "gone", uid=gone["metadata"]["uid"])
+        # Its finish planned late (after another process's count deleted it): the group
+        # list and a GET say it is gone, so its pending deadline is withdrawn, not kept.
+        again = await planner.handle(event, Trust.OBSERVED)
+    cancelled = [
+        parse_payload(e, CleanupCancelled)
+        for e in again
+        if e.get_type() == EventType.CLEANUP_CANCELLED
+    ]
+    assert [(c.target, c.run.name) for c in cancelled] == [(Target.KUBERNETES, "gone")]
+    store = NatsScheduleStore(lapse_streams, resources.config.nats.streams)
+    assert await store.get(Target.KUBERNETES, gone["metadata"]["uid"]) is None
