@@ -13,12 +13,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from functions.artifact_reaper import ArtifactReaper
 from functions.object_reaper import ObjectReaper
 from functions.ports import Handler
 from functions.row_reaper import RowReaper, targets_for
 from functions.ttl_planner import Planner
+from functions.ttl_planner.artifacts import ArtifactPlanning
+from lapse.edges.artifacts import ConfigMapRepositories, NatsCaptures, ObstoreStores
 from lapse.edges.kubernetes import KubeEvents
-from lapse.edges.limits import OBJECTS, ROWS, NatsBrake, NatsRateLimit, limits_bucket
+from lapse.edges.limits import ARTIFACTS, OBJECTS, ROWS, NatsBrake, NatsRateLimit, limits_bucket
 from lapse.edges.rows import DatabaseUnavailable, SqlRowStore, open_row_store
 from lapse.runtime.outages import Backoff
 from lapse.runtime.resources import Resources
@@ -43,12 +46,42 @@ class _ReferencedObjects:
 
 
 async def _ttl_planner(resources: Resources) -> Handler:
+    fetcher = _ReferencedObjects(resources)
+    stores = resources.config.artifacts
+    artifacts = (
+        ArtifactPlanning(stores, await _captures(resources), ConfigMapRepositories(fetcher))
+        if stores.stores
+        else None
+    )
     return Planner(
         schedules=await resources.schedules(),
         emitter=await resources.emitter(),
         policies=tuple(resources.config.policies),
         kinds=resources.config.kinds,
-        fetcher=_ReferencedObjects(resources),
+        fetcher=fetcher,
+        artifacts=artifacts,
+    )
+
+
+async def _captures(resources: Resources) -> NatsCaptures:
+    return NatsCaptures(await resources.jetstream(), replicas=resources.config.nats.replicas)
+
+
+async def _artifact_reaper(resources: Resources) -> Handler | None:
+    config = resources.config.artifacts
+    if not config.stores:
+        return None
+    # The artifacts' own limits, counting objects, shared by every artifact-reaper process.
+    rate_limit, brake = await _limits(resources, ARTIFACTS)
+    return ArtifactReaper(
+        stores=ObstoreStores(config),
+        captures=await _captures(resources),
+        schedules=await resources.schedules(),
+        emitter=await resources.emitter(),
+        config=config,
+        safety=resources.config.safety,
+        rate_limit=rate_limit,
+        brake=brake,
     )
 
 
@@ -126,6 +159,7 @@ FUNCTIONS: dict[str, Factory] = {
     "ttl-planner": _ttl_planner,
     "object-reaper": _object_reaper,
     "row-reaper": _row_reaper,
+    "artifact-reaper": _artifact_reaper,
 }
 # Former names, still accepted (`lapse serve workflow-reaper`) with a deprecation warning.
 RENAMED: dict[str, str] = {"workflow-reaper": "object-reaper"}
