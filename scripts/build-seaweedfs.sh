@@ -30,11 +30,13 @@ cached() { [ -x "$OUT/weed" ] && [ "$(cat "$OUT/recipe" 2>/dev/null)" = "$RECIPE
 if cached; then echo "$OUT/weed"; exit 0; fi
 command -v go >/dev/null || { echo "build-seaweedfs: the 'go' tool is required" >&2; exit 1; }
 
+work=""
+trap '[ -z "$work" ] || rm -rf "$work"' EXIT
+
 build() {
   cached && return 0
-  local work start info gomod source go_directive
+  local start info gomod source go_directive
   work=$(mktemp -d "$CACHE_ROOT/seaweedfs/build-$SEAWEEDFS_VERSION.XXXXXX")
-  trap 'rm -rf "$work"' EXIT
   cd "$work"
   start=$(date +%s)
   info=$(go mod download -json "$MODULE@$SEAWEEDFS_VERSION")

@@ -293,6 +293,8 @@ class ArtifactReaper:
                     outcome = Outcome.DRY_RUN
                 elif tally.objects > 0:
                     outcome = Outcome.DELETED
+                elif tally.refused:
+                    outcome = Outcome.REFUSED  # nothing deleted, and not because it was gone
                 else:
                     outcome = Outcome.ALREADY_GONE
                 detail = describe(tally, dry_run=self.dry_run)
