@@ -24,7 +24,7 @@ from typing import Final
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError, NoKeysError
+from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
@@ -89,11 +89,19 @@ class NatsCaptures:
         async with _unavailable_is_transient():
             kv = await self._bucket()
             prefix = f"ref.{digest(item)}."
+            # A watch on the subject filter (the server selects; nats-py's `keys(filters)`
+            # reads every key and matches substrings), ended by its "no more" marker.
+            watcher = await kv.watch(f"{prefix}*", ignore_deletes=True, meta_only=True)
+            found: list[str] = []
             try:
-                keys = await kv.keys(filters=[f"{prefix}*"])
-            except NoKeysError:
-                return ()
-            return tuple(key[len(prefix) :] for key in keys if key != f"{prefix}{uid}")
+                async for entry in watcher:
+                    if entry is None:
+                        break
+                    if entry.key != f"{prefix}{uid}":
+                        found.append(entry.key[len(prefix) :])
+            finally:
+                await watcher.stop()
+            return tuple(found)
 
     async def forget(self, capture: RunCapture) -> None:
         async with _unavailable_is_transient():

@@ -23,11 +23,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 import obstore
-from obstore.exceptions import (
-    NotFoundError,
-    PermissionDeniedError,
-    UnauthenticatedError,
-)
+from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 from obstore.store import AzureStore, GCSStore, S3Store
 
 from functions.artifact_reaper.ports import StoredObject, StoreRefused, StoreUnavailable
@@ -67,7 +63,7 @@ class ObstoreStores:
             try:
                 async for page in stream:
                     found += [StoredObject(meta["path"], meta["size"]) for meta in page]
-            except NotFoundError as exc:  # nothing under the prefix, unless the bucket is gone
+            except FileNotFoundError as exc:  # nothing under the prefix, unless the bucket is gone
                 if "NoSuchBucket" in str(exc):
                     raise
         return found
@@ -76,7 +72,7 @@ class ObstoreStores:
         with _judged(store):
             try:
                 meta = await obstore.head_async(self._store(store), key)
-            except NotFoundError:
+            except FileNotFoundError:
                 return None
         return StoredObject(meta["path"], meta["size"])
 
@@ -123,7 +119,7 @@ class _judged:
         if isinstance(exc, StoreRefused | StoreUnavailable):
             return
         text = " ".join(str(exc).split())[:300]
-        if isinstance(exc, NotFoundError) and "NoSuchBucket" not in text:
+        if isinstance(exc, FileNotFoundError) and "NoSuchBucket" not in text:
             return  # the caller's to read: nothing there
         if isinstance(exc, PermissionDeniedError | UnauthenticatedError) or any(
             word in text for word in _REFUSALS
