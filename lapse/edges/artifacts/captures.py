@@ -100,7 +100,7 @@ class NatsCaptures:
                     if entry.key != f"{prefix}{uid}":
                         found.append(entry.key[len(prefix) :])
             finally:
-                await watcher.stop()
+                await watcher.stop()  # type: ignore[no-untyped-call]
             return tuple(found)
 
     async def forget(self, capture: RunCapture) -> None:
