@@ -62,9 +62,10 @@ run: install ## Run lapse (lapse up) on embedded defaults where nothing is confi
 demo: install ## A self-contained tour on embedded servers (about a minute)
 	$(BIN)/lapse demo
 
-bench: install databases kube ## Benchmarks (printed figures; see bench/), ending with bench-quick's full-size run
+bench: install databases kube seaweedfs ## Benchmarks (printed figures; see bench/), ending with bench-quick's full-size run
 	$(BIN)/python bench/bench_planner.py
 	$(BIN)/python bench/bench_row_reaper.py
+	$(BIN)/python -m bench.bench_artifacts
 	$(BIN)/python -m bench.bench_pending
 	$(BIN)/python -m bench.compare
 
