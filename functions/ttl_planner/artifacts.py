@@ -30,10 +30,16 @@ class ArtifactPlanning:
         await self.captures.put(await self._captured(run, recorded, kinds))
 
     async def keep(self, run: RunRef, recorded: RunArtifacts | None, kinds: KindSet) -> None:
-        """A run whose artifacts are kept: its capture is stored once, so the artifacts
-        stay referenced (`shared`) for as long as it is kept."""
+        """A run whose artifacts are kept: the keys it recorded are stored once, so another
+        run that shares one (a cached output) never takes it. Only recorded keys: a declared
+        prefix is the run's own (it names its uid or name), and a kept run's capture stays
+        for as long as the bucket does."""
+        if recorded is None or not recorded.artifacts:
+            return
         if await self.captures.get(run.uid) is None:
-            await self.capture(run, recorded, kinds)
+            captured = await self._captured(run, recorded, kinds)
+            if any(not item.tree for item in captured.items):
+                await self.captures.put(captured)
 
     async def _captured(
         self, run: RunRef, recorded: RunArtifacts | None, kinds: KindSet

@@ -183,13 +183,17 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
     policies: tuple[Policy, ...] = tuple(resources.config.policies)
     result = Preview()
     wanted = kinds_of(args, resources.config.kinds)
+    # The artifacts target is planned only where object stores are configured.
+    targets = tuple(
+        t for t in Target if t is not Target.ARTIFACTS or resources.config.artifacts.stores
+    )
     for kind in resources.config.kinds:
         if wanted and kind.name not in wanted:
             continue
         runs = finished_runs(resources.objects(), kind, namespace, pattern, args.selector)
         try:
             async for run in runs:
-                decisions = plan(run, policies, now)
+                decisions = plan(run, policies, now, targets)
                 if args.target:
                     decisions = {t: d for t, d in decisions.items() if t.value == args.target}
                 result.runs.append(PlannedRun(run, decisions))
