@@ -344,3 +344,31 @@ async def test_an_s3_outage_is_waited_out_and_costs_nothing(
     assert waits >= 2
     assert result.outcome is Outcome.DELETED
     assert not keys & await present(client(seaweedfs))
+
+
+async def test_the_brake_counts_objects(
+    lapse_streams: JetStreamContext, seaweedfs: EmbeddedSeaweedFS, s3_env: None
+) -> None:
+    """More objects due within the window than the brake's `max_due` pause deleting: the
+    run is rescheduled (one alert), nothing of the batch is deleted."""
+    s3 = client(seaweedfs)
+    safety = SafetyConfig.model_validate(
+        {"mass_deletion_brake": {"max_due": 3, "window": "60s"}, "max_deletions_per_second": 100}
+    )
+    lapse = Lapse(lapse_streams, stores(seaweedfs), tuple(CLOCKS), safety)
+    run = job("many", datetime.now(UTC) - timedelta(seconds=10))
+    keys = {f"runs/logs/team-a/many/{run.uid}/{i}.log" for i in range(5)}
+    await plant(s3, *keys)
+    sub = await lapse.due_reader()
+    await lapse.finished(run)
+    produced = await lapse.reaper.handle(await next_due(sub, Target.ARTIFACTS))
+    assert [e.get_type() for e in produced] == [
+        EventType.CLEANUP_FAILED,
+        EventType.CLEANUP_COMPLETED,
+    ]
+    assert "more than 3 objects due" in str(produced[0].get_data())
+    assert parse_payload(produced[1], CleanupCompleted).outcome is Outcome.RESCHEDULED
+    assert keys <= await present(s3)
+    # The run's due event is put again for when the brake lets go.
+    pending = await NatsScheduleStore(lapse_streams, STREAMS).get(Target.ARTIFACTS, run.uid)
+    assert pending is not None and not pending.fired
