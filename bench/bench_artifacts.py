@@ -1,7 +1,7 @@
 """artifact-reaper throughput against a real S3 server (SeaweedFS, built here), beside that
 server's own ceiling.
 
-    .venv/bin/python -m bench.bench_artifacts [--runs 40] [--objects 500] [--concurrency 8]
+    .venv/bin/python -m bench.bench_artifacts [--runs 20] [--objects 100] [--concurrency 4]
 
 - **Ceiling**: a plain client (obstore, no lapse) deletes `runs x objects` keys it already
   knows, in batched DeleteObjects requests of 1,000, `--concurrency` batches in flight:
@@ -101,9 +101,9 @@ def run_of(index: int) -> RunRef:
 
 async def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--runs", type=int, default=40)
-    parser.add_argument("--objects", type=int, default=500, help="objects per run")
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--objects", type=int, default=100, help="objects per run")
+    parser.add_argument("--concurrency", type=int, default=4)
     args = parser.parse_args()
     total = args.runs * args.objects
     with tempfile.TemporaryDirectory() as state:
@@ -114,7 +114,8 @@ async def main() -> int:
             os.environ.update(s3.env())
             plain = S3Store(
                 BUCKET, endpoint=s3.endpoint, region=REGION, access_key_id=s3.access_key,
-                secret_access_key=s3.secret_key, client_options={"allow_http": True},
+                secret_access_key=s3.secret_key,
+                client_options={"allow_http": True, "timeout": "120s"},
             )  # fmt: skip
             keys = [f"ceiling/{i // 1000}/{i}.log" for i in range(total)]
             await plant(plain, keys)
