@@ -45,11 +45,29 @@ class _ReferencedObjects:
         return await self._resources.objects().fetch(api_version, kind, namespace, name)
 
 
+class _Repositories:
+    """Argo's artifact repository ConfigMaps, connected on first use (like the fetcher)."""
+
+    def __init__(self, resources: Resources) -> None:
+        self._resources = resources
+        self._reader: ConfigMapRepositories | None = None
+
+    async def buckets(self, namespace: str, config_map: str, key: str | None) -> dict[str, str]:
+        if self._reader is None:
+            resources = self._resources
+            self._reader = ConfigMapRepositories(resources.kube_client(), resources.kube_executor())
+        return await self._reader.buckets(namespace, config_map, key)
+
+
 async def _ttl_planner(resources: Resources) -> Handler:
     fetcher = _ReferencedObjects(resources)
     stores = resources.config.artifacts
     artifacts = (
-        ArtifactPlanning(stores, await _captures(resources), ConfigMapRepositories(fetcher))
+        ArtifactPlanning(
+            stores,
+            await _captures(resources),
+            _Repositories(resources),
+        )
         if stores.stores
         else None
     )
