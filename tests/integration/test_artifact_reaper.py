@@ -372,3 +372,30 @@ async def test_the_brake_counts_objects(
     # The run's due event is put again for when the brake lets go.
     pending = await NatsScheduleStore(lapse_streams, STREAMS).get(Target.ARTIFACTS, run.uid)
     assert pending is not None and not pending.fired
+
+
+async def test_a_store_that_refuses_the_credentials_is_a_loud_failure(
+    lapse_streams: JetStreamContext,
+    seaweedfs: EmbeddedSeaweedFS,
+    s3_env: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Wrong credentials are not an outage: the due event ends in a `cleanup.failed` naming
+    the store (misconfigured credentials must be loud), nothing is deleted, and the capture
+    stays for the replay once they are fixed."""
+    s3 = client(seaweedfs)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    lapse = Lapse(lapse_streams, stores(seaweedfs), tuple(CLOCKS))
+    run = job("denied", datetime.now(UTC) - timedelta(seconds=10))
+    keys = {f"runs/logs/team-a/denied/{run.uid}/0.log"}
+    await plant(s3, *keys)
+    sub = await lapse.due_reader()
+    await lapse.finished(run)
+    event = await next_due(sub, Target.ARTIFACTS)
+    (failed,) = await lapse.reaper.handle(event)
+    assert failed.get_type() == EventType.CLEANUP_FAILED
+    reason = str(failed.get_data())
+    assert "the object store refused: art:" in reason
+    assert "not-the-secret" not in reason
+    assert keys <= await present(s3)
+    assert await NatsCaptures(lapse_streams).get(run.uid) is not None

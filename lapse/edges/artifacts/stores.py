@@ -39,7 +39,16 @@ TIMEOUT: Final = timedelta(seconds=60)
 CONNECT_TIMEOUT: Final = timedelta(seconds=3)
 RETRIES: Final = 2
 LIST_PAGE: Final = 1000
-_REFUSALS: Final = ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+# What a refusal says: the S3 error codes, and the HTTP statuses obstore reports in its
+# generic errors (a listing's 403 is not a PermissionDeniedError).
+_REFUSALS: Final = (
+    "NoSuchBucket",
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "401 Unauthorized",
+    "403 Forbidden",
+)
 
 
 class ObstoreStores:
@@ -119,11 +128,12 @@ class _judged:
             return
         if isinstance(exc, StoreRefused | StoreUnavailable):
             return
-        text = " ".join(str(exc).split())[:300]
-        if isinstance(exc, FileNotFoundError) and "NoSuchBucket" not in text:
+        full = " ".join(str(exc).split())
+        text = full[:300]
+        if isinstance(exc, FileNotFoundError) and "NoSuchBucket" not in full:
             return  # the caller's to read: nothing there
         if isinstance(exc, PermissionDeniedError | UnauthenticatedError) or any(
-            word in text for word in _REFUSALS
+            word in full for word in _REFUSALS
         ):
             raise StoreRefused(f"{self._store}: {text}") from exc
         raise StoreUnavailable(f"{self._store}: {text}") from exc
