@@ -355,7 +355,7 @@ async def world(
             for victim in victims:
                 if victim.running:
                     continue
-                targets = [Target.DATABASE] if victim.kind is None else list(Target)
+                targets = [Target.DATABASE] if victim.kind is None else list(PLANNED)
                 if victim.kfp_run_id is None:
                     targets = [Target.KUBERNETES]
                 for target in targets:
@@ -682,7 +682,7 @@ async def test_forged_pushes_to_the_ingress_delete_nothing(world: World) -> None
     examples = generate(
         st.one_of(
             forged_run_events(world.victims, kfp),
-            forged_dues(world.victims, targets=list(Target), kfp_ids=kfp),
+            forged_dues(world.victims, targets=list(PLANNED), kfp_ids=kfp),
         )
     )
     events = [fresh(e) for e in examples]
@@ -826,7 +826,7 @@ async def test_forged_messages_on_the_nats_subjects_delete_nothing(world: World)
         if way == "events":
             event = draw(forged_run_events(world.victims, kfp))
             return event_subject(str(event.get_type())), event
-        target = draw(st.sampled_from(list(Target)))
+        target = draw(st.sampled_from(list(PLANNED)))
         if target is Target.DATABASE:
             victims, ids = database_victims, database_kfp
         else:
