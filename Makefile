@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 .DEFAULT_GOAL := help
 # What `make cluster` installs on Kubernetes after the node: "eventing serving" or "eventing".
 CLUSTER_KNATIVE ?= eventing serving
-.PHONY: help install lock databases mlmd-venv kube observability stack test test-unit lint format run demo functions images kubectl bench bench-quick cluster cluster-stop test-cluster clean
+.PHONY: help install lock databases mlmd-venv kube observability seaweedfs stack test test-unit lint format run demo functions images kubectl bench bench-quick cluster cluster-stop test-cluster clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -37,7 +37,10 @@ kube: ## Build etcd + kube-apiserver from the Go module proxy (cached by version
 observability: ## Build Prometheus, an OpenTelemetry Collector and Jaeger from the Go module proxy (cached)
 	bash scripts/build-observability.sh >/dev/null
 
-stack: databases kube kubectl observability images mlmd-venv ## Everything the integration tests need (NATS is started by the tests)
+seaweedfs: ## Build SeaweedFS (an S3 server, for the artifacts target's tests) from the Go module proxy (cached)
+	bash scripts/build-seaweedfs.sh >/dev/null
+
+stack: databases kube kubectl observability seaweedfs images mlmd-venv ## Everything the integration tests need (NATS is started by the tests)
 
 test: install stack ## Run the whole test suite against real servers, then on the real cluster
 	$(BIN)/pytest
@@ -62,9 +65,10 @@ run: install ## Run lapse (lapse up) on embedded defaults where nothing is confi
 demo: install ## A self-contained tour on embedded servers (about a minute)
 	$(BIN)/lapse demo
 
-bench: install databases kube ## Benchmarks (printed figures; see bench/), ending with bench-quick's full-size run
+bench: install databases kube seaweedfs ## Benchmarks (printed figures; see bench/), ending with bench-quick's full-size run
 	$(BIN)/python bench/bench_planner.py
 	$(BIN)/python bench/bench_row_reaper.py
+	$(BIN)/python -m bench.bench_artifacts
 	$(BIN)/python -m bench.bench_pending
 	$(BIN)/python -m bench.compare
 

@@ -12,6 +12,7 @@ from typing import Annotated, Final, TypeAlias
 
 from pydantic import AwareDatetime, BeforeValidator, Field
 
+from events.artifacts import RunArtifacts
 from events.run import ContractModel, RunRef, Target
 from events.types import EventType, Outcome
 
@@ -42,6 +43,9 @@ MAX_ORIGINAL_DATA_CHARS: Final = 8192
 
 class RunFinished(ContractModel):
     run: RunRef
+    # Where the run's artifacts went, as the object said when it finished (Argo): the
+    # planner keeps them for the artifacts target (events/artifacts.py).
+    artifacts: RunArtifacts | None = None
 
 
 class RunDeleted(ContractModel):

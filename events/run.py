@@ -26,10 +26,12 @@ class Engine(StrEnum):
 
 
 class Target(StrEnum):
-    """What a deadline deletes: the Kubernetes object, or the run's database rows."""
+    """What a deadline deletes: the Kubernetes object, the run's database rows, or its
+    artifacts and logs in object storage (each on its own clock)."""
 
     KUBERNETES = "kubernetes"
     DATABASE = "database"
+    ARTIFACTS = "artifacts"
 
 
 class ContractModel(BaseModel):

@@ -13,6 +13,10 @@ Kubernetes object (`Target.KUBERNETES`):
   5. the first configured policy that matches the run and has a clock for its phase.
   6. the built-in default: 24h after the run finished.
 
+Artifacts in object storage (`Target.ARTIFACTS`): the first policy with an `artifacts`
+clock, else the database clock (artifacts and rows are the run's record: by default they
+go together).
+
 Database rows (`Target.DATABASE`): only 5 and 6 (built-in default: never). The people who
 run the database decide how long rows live, so annotations never set a database TTL and
 `keep` does not apply by itself; a policy can still match on `lapse.dev/keep` through its
@@ -157,6 +161,12 @@ class DatabaseClock(_Model):
     ttl: TtlField
 
 
+class ArtifactsClock(_Model):
+    """The TTL of a run's artifacts and logs in object storage (one clock, like rows')."""
+
+    ttl: TtlField
+
+
 def _policy_name(name: str) -> str:
     # It ends up in `Decision.policy` ("policy:<name>") and the audit trail: keep it plain.
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", name):
@@ -172,12 +182,14 @@ class Policy(_Model):
     kubernetes: KubernetesClock | None = None
     database: DatabaseClock | None = None
     keep_last: KeepLast | None = None
+    artifacts: ArtifactsClock | None = None
 
     @model_validator(mode="after")
     def _some_target(self) -> Policy:
-        if self.kubernetes is None and self.database is None and self.keep_last is None:
+        clocks = (self.kubernetes, self.database, self.artifacts, self.keep_last)
+        if all(clock is None for clock in clocks):
             raise ValueError(
-                f"policy {self.name!r} sets none of kubernetes, database and keep_last"
+                f"policy {self.name!r} sets none of kubernetes, database, artifacts and keep_last"
             )
         return self
 
@@ -185,7 +197,8 @@ class Policy(_Model):
         """(key, ttl) this policy sets for `target` on a run in `phase`, or None."""
         if target is Target.KUBERNETES:
             return self.kubernetes.for_phase(phase) if self.kubernetes else None
-        return ("ttl", self.database.ttl) if self.database else None
+        section = self.database if target is Target.DATABASE else self.artifacts
+        return ("ttl", section.ttl) if section else None
 
 
 def check_policies(policies: tuple[Policy, ...]) -> tuple[Policy, ...]:
@@ -202,6 +215,7 @@ def check_policies(policies: tuple[Policy, ...]) -> tuple[Policy, ...]:
         for target, section in (
             (Target.KUBERNETES, policy.kubernetes),
             (Target.DATABASE, policy.database),
+            (Target.ARTIFACTS, policy.artifacts),
         ):
             if section is None:
                 continue
@@ -272,13 +286,31 @@ def decide(run: RunRef, target: Target, policies: Sequence[Policy], now: datetim
                 f"policy:{policy.name}",
                 f"policy {policy.name!r} {target}.{key}",
             )
+    if target is Target.ARTIFACTS:
+        return _on_database_clock(decide(run, Target.DATABASE, policies, now))
     default = DEFAULT_KUBERNETES_TTL if target is Target.KUBERNETES else DEFAULT_DATABASE_TTL
     return _after(target, run, now, default, "default", f"built-in default for {target}")
 
 
-def plan(run: RunRef, policies: Sequence[Policy], now: datetime) -> dict[Target, Decision]:
-    """The decision for every target."""
-    return {target: decide(run, target, policies, now) for target in Target}
+def _on_database_clock(database: Decision) -> Decision:
+    """The artifacts' decision when no policy sets their clock: the rows' one."""
+    return Decision(
+        Target.ARTIFACTS,
+        database.action,
+        database.deadline,
+        database.policy,
+        f"the database clock: {database.reason}",
+    )
+
+
+def plan(
+    run: RunRef,
+    policies: Sequence[Policy],
+    now: datetime,
+    targets: Sequence[Target] = tuple(Target),
+) -> dict[Target, Decision]:
+    """The decision for every target (of `targets`)."""
+    return {target: decide(run, target, policies, now) for target in targets}
 
 
 # --- keep the last N (functions/keep_last.py counts) -------------------------------------

@@ -24,6 +24,7 @@ from lapse.edges import nats, streams
 from lapse.edges.kubernetes import Workflows, load_api_client
 from lapse.embedded.kube import EmbeddedKube, run_kind_crds
 from lapse.embedded.nats import EmbeddedNats
+from lapse.embedded.seaweedfs import EmbeddedSeaweedFS
 from tests.stack import Database, scratch_database
 
 
@@ -39,6 +40,19 @@ def own_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
     """A nats-server of the test's own: for a `lapse up` (it creates the default streams,
     which other tests also use) or a test that owns every stream's contents."""
     server = EmbeddedNats(tmp_path / "nats").start()
+    yield server
+    server.stop()
+
+
+ARTIFACT_BUCKET = "lapse-artifacts"
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedSeaweedFS]:
+    """A SeaweedFS S3 server (`make seaweedfs` builds it) with one bucket."""
+    server = EmbeddedSeaweedFS(
+        tmp_path_factory.mktemp("seaweedfs"), buckets=(ARTIFACT_BUCKET,)
+    ).start()
     yield server
     server.stop()
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from events.adapters.argo_artifacts import argo_artifacts
 from events.adapters.kube import (
     as_object,
     check_type,
@@ -28,7 +29,7 @@ from events.adapters.result import Ignored
 from events.errors import InvalidEvent, describe_validation_error
 from events.kinds import CONDITION, ByPhase, EngineTTL, KindSpec
 from events.models import RunDeleted, RunFinished
-from events.run import ArgoTTLStrategy, RunRef
+from events.run import ArgoTTLStrategy, Engine, RunRef
 
 RUNNING = "Running"
 _ARGO_TTL_FIELDS = ("secondsAfterCompletion", "secondsAfterSuccess", "secondsAfterFailure")
@@ -45,7 +46,8 @@ def adapt(obj: object, spec: KindSpec, deleted: bool = False) -> RunFinished | R
         return Ignored(
             f"{spec.kind} {run.subject} is controlled by {controller}: it is left to its owner"
         )
-    return RunFinished(run=run)
+    artifacts = argo_artifacts(as_object(obj, spec.kind)) if spec.engine is Engine.ARGO else None
+    return RunFinished(run=run, artifacts=artifacts)
 
 
 def read_run(obj: object, spec: KindSpec) -> tuple[RunRef, str | None]:

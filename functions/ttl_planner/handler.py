@@ -26,6 +26,7 @@ from typing import Any
 from cloudevents.core.base import BaseCloudEvent
 
 from events.adapters import AdapterResult, Ignored, NeedsFetch, adapt_cloudevent, adapt_object
+from events.artifacts import RunArtifacts
 from events.builder import build_event, parse_payload
 from events.errors import InvalidEvent
 from events.kinds import DEFAULT_KINDS, KindSet, UnknownKind
@@ -75,8 +76,11 @@ from functions.tracing import (
     step_span,
 )
 from functions.trust import Trust
+from functions.ttl_planner.artifacts import ArtifactPlanning
 
 SOURCE = "/lapse/ttl-planner"
+# Without object stores configured, the artifacts target has nothing to delete.
+_TARGETS = (Target.KUBERNETES, Target.DATABASE)
 STAGE = "planner"
 
 
@@ -94,6 +98,8 @@ class Planner:
     # Lists a keep_last group; without it no run is counted out (only TTLs apply).
     lister: ObjectLister | None = None
     clock: Callable[[], datetime] = field(default=_utcnow)
+    # The artifacts target: planned only where object stores are configured.
+    artifacts: ArtifactPlanning | None = None
 
     async def handle(
         self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
@@ -122,7 +128,9 @@ class Planner:
                 return await emit_all(self.emitter, [cancelled] if cancelled else [])
             self._check_kind(change.payload.run)
             run, first_seen = _with_reference_time(change.payload.run, self.clock())
-            decisions = plan(run, self.policies, self.clock())
+            targets = _TARGETS if self.artifacts is None else tuple(Target)
+            decisions = plan(run, self.policies, self.clock(), targets)
+            recorded = change.payload.artifacts
             counted, others, gone = await self._count(run)
             k8s = Target.KUBERNETES
             decisions[k8s] = with_count(decisions[k8s], counted.get(run.uid))
@@ -133,7 +141,9 @@ class Planner:
                     k8s, Action.CANCEL, None, decisions[k8s].policy, "the run object is gone"
                 )
             produced = [
-                await self._apply(run, d, keep_pending=first_seen, observed=change.observed)
+                await self._apply(
+                    run, d, keep_pending=first_seen, observed=change.observed, recorded=recorded
+                )
                 for d in decisions.values()
             ]
             return await emit_all(self.emitter, [e for e in produced + others if e is not None])
@@ -269,9 +279,19 @@ class Planner:
         return result
 
     async def _apply(
-        self, run: RunRef, decision: Decision, *, keep_pending: bool = False, observed: bool = False
+        self,
+        run: RunRef,
+        decision: Decision,
+        *,
+        keep_pending: bool = False,
+        observed: bool = False,
+        recorded: RunArtifacts | None = None,
     ) -> BaseCloudEvent | None:
         if decision.action is Action.CANCEL:
+            if decision.target is Target.ARTIFACTS and self.artifacts is not None:
+                # A kept run's artifacts stay referenced: another run that shares one (a
+                # cached output) never takes it (functions/artifact_reaper/verdict.py).
+                await self.artifacts.keep(run, recorded, self.kinds)
             return await self._cancel(run, decision.target, decision.reason)
         if decision.action is Action.INVALID:
             # The pending schedule (if any) stays: the reaper re-decides from the fresh
@@ -288,6 +308,7 @@ class Planner:
             decision.policy,
             keep_pending=keep_pending,
             observed=observed,
+            recorded=recorded,
         )
 
     async def _schedule(
@@ -299,6 +320,7 @@ class Planner:
         *,
         keep_pending: bool = False,
         observed: bool = False,
+        recorded: RunArtifacts | None = None,
     ) -> BaseCloudEvent | None:
         attributes = {**_run_attributes(run, target), DEADLINE: format_rfc3339(deadline)}
         with step_span(f"schedule {target.value}", {**attributes, POLICY: policy}) as span:
@@ -310,6 +332,10 @@ class Planner:
                 run=run, target=target, deadline=deadline, policy=policy, scheduled_at=self.clock()
             )
             event = _event(EventType.CLEANUP_DUE, due)
+            if target is Target.ARTIFACTS and self.artifacts is not None:
+                # Captured now: the object is gone by the time its artifacts are due. The
+                # capture is stored first, so a fired schedule always finds it.
+                await self.artifacts.capture(run, recorded, self.kinds)
             await self.schedules.put(target, run.uid, deadline, event, observed=observed)
             span.set_attribute(SCHEDULE_ACTION, "replaced" if pending is not None else "created")
             scheduled = CleanupScheduled(

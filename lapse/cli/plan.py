@@ -183,6 +183,10 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
     policies: tuple[Policy, ...] = tuple(resources.config.policies)
     result = Preview()
     wanted = kinds_of(args, resources.config.kinds)
+    # The artifacts target is planned only where object stores are configured.
+    targets = tuple(
+        t for t in Target if t is not Target.ARTIFACTS or resources.config.artifacts.stores
+    )
     for kind in resources.config.kinds:
         if wanted and kind.name not in wanted:
             continue
@@ -200,7 +204,7 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
         # shows only some (then the count would be wrong, and is not previewed).
         counted = {} if args.selector else counted_out(listed, policies, now)
         for run in listed:
-            decisions = plan(run, policies, now)
+            decisions = plan(run, policies, now, targets)
             k8s = Target.KUBERNETES
             decisions[k8s] = with_count(decisions[k8s], counted.get(run.uid))
             if args.target:

@@ -24,6 +24,7 @@ from pydantic import (
 from sqlalchemy.engine import make_url
 
 from events.kinds import DEFAULT_KIND_NAMES, KindSet, KindSpec, resolve_kinds
+from functions.artifact_reaper.stores import ArtifactsConfig
 from functions.durations import PositiveDuration
 from functions.policy import Policies
 from functions.safety import SafetyConfig
@@ -351,3 +352,5 @@ class LapseConfig(_Section):
     safety: SafetyConfig = SafetyConfig()
     ingress: IngressConfig = IngressConfig()
     kinds: Kinds = Field(default_factory=lambda: resolve_kinds(DEFAULT_KIND_NAMES))
+    # The object stores of the artifacts target (functions/artifact_reaper/stores.py).
+    artifacts: ArtifactsConfig = ArtifactsConfig()

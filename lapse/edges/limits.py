@@ -24,8 +24,9 @@ what it leaves unused is lost, which errs on the safe side (slower, a brake soon
 Keys outlive their window by the bucket's max age only (history 1): the bucket stays small.
 
 Each target has its own limits with the same settings: the objects' keys are as above (as
-they always were), the database rows' are the same keys under `rows.` (`ROWS`), so a run's
-object and its rows never count twice against one limit.
+they always were), the database rows' are the same keys under `rows.` (`ROWS`), the
+artifacts' under `artifacts.` (`ARTIFACTS`, counting objects in object storage), so a run's
+object, rows and artifacts never count against one another's limit.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ ENGAGED: Final = "brake.engaged"
 # The scopes: the object reapers' limits, and the row-reapers'.
 OBJECTS: Final = ""
 ROWS: Final = "rows"
-SCOPES: Final = {"kubernetes": OBJECTS, "database": ROWS}
+ARTIFACTS: Final = "artifacts"  # counted in objects, not runs
+SCOPES: Final = {"kubernetes": OBJECTS, "database": ROWS, "artifacts": ARTIFACTS}
 
 
 def _scoped(scope: str, key: str) -> str:

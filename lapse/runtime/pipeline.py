@@ -130,7 +130,11 @@ class Pipeline:
             health = _report_health(js, dispatcher, self.config.nats.replicas)
             cancelled.append(asyncio.create_task(health, name="health"))
             if telemetry.metrics_enabled():
-                poll = _poll_backlog(js, streams, self._backlog_interval)
+                # The artifacts target has schedules only where object stores are set.
+                targets = [
+                    t for t in Target if t is not Target.ARTIFACTS or self.config.artifacts.stores
+                ]
+                poll = _poll_backlog(js, streams, targets, self._backlog_interval)
                 cancelled.append(asyncio.create_task(poll, name="backlog"))
             if self._listen and ingress is not None:
                 serve = _serve_ingress(ingress, self._listen, stop)
@@ -225,7 +229,9 @@ async def _report_health(js: JetStreamContext, dispatcher: Dispatcher, replicas:
             log.debug("health report failed: %s", exc)
 
 
-async def _poll_backlog(js: JetStreamContext, streams: Streams, interval: float) -> None:
+async def _poll_backlog(
+    js: JetStreamContext, streams: Streams, targets: list[Target], interval: float
+) -> None:
     """Feed the stream-backed gauges; counted by the server, no message is read."""
     while True:
         try:
@@ -233,7 +239,7 @@ async def _poll_backlog(js: JetStreamContext, streams: Streams, interval: float)
                 target.value: await count_messages(
                     js, streams.schedule, f"{SCHEDULE_PREFIX}.{target.value}.>"
                 )
-                for target in Target
+                for target in targets
             }
             dlq = (await js.stream_info(streams.dlq)).state.messages
             telemetry.observe_backlog(pending, dlq)

@@ -14,13 +14,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from events.kinds import KindSpec
+from functions.artifact_reaper import ArtifactReaper
 from functions.object_reaper import ObjectReaper
 from functions.object_reaper.failures import DEFAULT_RETRY_DELAY, TRANSIENT_STATUSES
 from functions.ports import Handler, RetryLater
 from functions.row_reaper import RowReaper, targets_for
 from functions.ttl_planner import Planner
+from functions.ttl_planner.artifacts import ArtifactPlanning
+from lapse.edges.artifacts import ConfigMapRepositories, NatsCaptures, ObstoreStores
 from lapse.edges.kubernetes import KubeEvents, api_failure
-from lapse.edges.limits import OBJECTS, ROWS, NatsBrake, NatsRateLimit, limits_bucket
+from lapse.edges.limits import ARTIFACTS, OBJECTS, ROWS, NatsBrake, NatsRateLimit, limits_bucket
 from lapse.edges.rows import DatabaseUnavailable, SqlRowStore, open_row_store
 from lapse.runtime.outages import Backoff
 from lapse.runtime.resources import Resources
@@ -71,8 +74,32 @@ class _ReferencedObjects:
             raise
 
 
+class _Repositories:
+    """Argo's artifact repository ConfigMaps, connected on first use (like the fetcher)."""
+
+    def __init__(self, resources: Resources) -> None:
+        self._resources = resources
+        self._reader: ConfigMapRepositories | None = None
+
+    async def buckets(self, namespace: str, config_map: str, key: str | None) -> dict[str, str]:
+        if self._reader is None:
+            resources = self._resources
+            self._reader = ConfigMapRepositories(resources.kube_client(), resources.kube_executor())
+        return await self._reader.buckets(namespace, config_map, key)
+
+
 async def _ttl_planner(resources: Resources) -> Handler:
     objects = _ReferencedObjects(resources)
+    stores = resources.config.artifacts
+    artifacts = (
+        ArtifactPlanning(
+            stores,
+            await _captures(resources),
+            _Repositories(resources),
+        )
+        if stores.stores
+        else None
+    )
     return Planner(
         schedules=await resources.schedules(),
         emitter=await resources.emitter(),
@@ -80,6 +107,29 @@ async def _ttl_planner(resources: Resources) -> Handler:
         kinds=resources.config.kinds,
         fetcher=objects,
         lister=objects,
+        artifacts=artifacts,
+    )
+
+
+async def _captures(resources: Resources) -> NatsCaptures:
+    return NatsCaptures(await resources.jetstream(), replicas=resources.config.nats.replicas)
+
+
+async def _artifact_reaper(resources: Resources) -> Handler | None:
+    config = resources.config.artifacts
+    if not config.stores:
+        return None
+    # The artifacts' own limits, counting objects, shared by every artifact-reaper process.
+    rate_limit, brake = await _limits(resources, ARTIFACTS)
+    return ArtifactReaper(
+        stores=ObstoreStores(config),
+        captures=await _captures(resources),
+        schedules=await resources.schedules(),
+        emitter=await resources.emitter(),
+        config=config,
+        safety=resources.config.safety,
+        rate_limit=rate_limit,
+        brake=brake,
     )
 
 
@@ -159,6 +209,7 @@ FUNCTIONS: dict[str, Factory] = {
     "ttl-planner": _ttl_planner,
     "object-reaper": _object_reaper,
     "row-reaper": _row_reaper,
+    "artifact-reaper": _artifact_reaper,
 }
 # Former names, still accepted (`lapse serve workflow-reaper`) with a deprecation warning.
 RENAMED: dict[str, str] = {"workflow-reaper": "object-reaper"}

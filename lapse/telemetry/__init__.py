@@ -11,6 +11,7 @@
 from lapse.telemetry.handling import (
     HandledOutcome,
     InstrumentedHandler,
+    count_artifacts_deleted,
     count_database_statement,
     count_kubernetes_request,
     handled_outcome,
@@ -56,6 +57,7 @@ __all__ = [
     "TelemetryError",
     "client_span",
     "configure",
+    "count_artifacts_deleted",
     "count_database_statement",
     "count_kubernetes_request",
     "delivery_parent",

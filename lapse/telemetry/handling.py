@@ -50,6 +50,15 @@ def count_database_statement(operation: str) -> None:
     instruments().database_statements.add(1, {names.DB_OPERATION: operation})
 
 
+def count_artifacts_deleted(store: str, objects: int, size: int) -> None:
+    """Objects deleted from one store and the bytes they held."""
+    if not metrics_enabled():
+        return
+    attributes = {names.ARTIFACT_STORE: store}
+    instruments().artifacts_deleted.add(objects, attributes)
+    instruments().artifacts_freed.add(size, attributes)
+
+
 @dataclass(frozen=True)
 class HandledOutcome:
     target: str

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Observation
 
 from lapse.telemetry.names import (
+    ARTIFACTS_DELETED,
+    ARTIFACTS_FREED,
     DATABASE_STATEMENTS,
     DELETION_CALLS,
     DELETIONS,
@@ -88,6 +90,8 @@ class Instruments:
         self.deletion_calls = histogram(DELETION_CALLS)
         self.kubernetes_requests = counter(KUBERNETES_REQUESTS)
         self.database_statements = counter(DATABASE_STATEMENTS)
+        self.artifacts_deleted = counter(ARTIFACTS_DELETED)
+        self.artifacts_freed = counter(ARTIFACTS_FREED)
         self.handler_duration = histogram(HANDLER_DURATION)
         self.ingress_rejections = counter(INGRESS_REJECTIONS)
         meter.create_observable_gauge(PENDING.name, [_pending], PENDING.unit, PENDING.description)

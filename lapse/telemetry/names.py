@@ -68,6 +68,7 @@ TARGET: Final = handler_names.TARGET
 DEADLINE: Final = handler_names.DEADLINE
 POLICY: Final = handler_names.POLICY
 SCHEDULE_ACTION: Final = handler_names.SCHEDULE_ACTION
+ARTIFACT_STORE: Final = "lapse.artifact.store"
 FUNCTION: Final = "lapse.function"
 OUTCOME: Final = "lapse.outcome"  # a cleanup.completed outcome, or "failed"
 LATENESS: Final = "lapse.lateness_seconds"  # completed - deadline
@@ -140,6 +141,16 @@ DATABASE_STATEMENTS: Final = MetricSpec(
     "Database statements executed, by operation",
     (DB_OPERATION,),
 )  # fmt: skip
+ARTIFACTS_DELETED: Final = MetricSpec(
+    "lapse.artifacts.deleted", "counter", "{object}",
+    "Objects the artifact reaper deleted in object storage, by store",
+    (ARTIFACT_STORE,),
+)  # fmt: skip
+ARTIFACTS_FREED: Final = MetricSpec(
+    "lapse.artifacts.freed", "counter", "By",
+    "Bytes the artifact reaper freed in object storage (the deleted objects' sizes), by store",
+    (ARTIFACT_STORE,),
+)  # fmt: skip
 HANDLER_DURATION: Final = MetricSpec(
     "lapse.handler.duration", "histogram", "s",
     "Time one handler call took, by function, event type and result (ok, retry, error)",
@@ -175,6 +186,8 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     DELETION_CALLS,
     KUBERNETES_REQUESTS,
     DATABASE_STATEMENTS,
+    ARTIFACTS_DELETED,
+    ARTIFACTS_FREED,
     HANDLER_DURATION,
     WAITING,
     OUTAGE_SECONDS,

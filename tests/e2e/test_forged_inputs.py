@@ -98,6 +98,8 @@ pytestmark = [pytest.mark.kube, pytest.mark.nats, pytest.mark.db]
 
 EXAMPLES = int(os.environ.get("LAPSE_FORGED_EXAMPLES", "120"))
 STREAMS = Streams()
+# The targets this world plans: no artifacts stores are configured here.
+PLANNED = (Target.KUBERNETES, Target.DATABASE)
 FULL_ROWS = {"run_details": 1, "run_metrics": 2, "tasks": 2, "resource_references": 2}
 # What a forged or replayed due event may end in: nothing here is due.
 HARMLESS = {"refused", "rescheduled", "kept", "skipped", "already_gone", "replaced"}
@@ -353,7 +355,7 @@ async def world(
             for victim in victims:
                 if victim.running:
                     continue
-                targets = [Target.DATABASE] if victim.kind is None else list(Target)
+                targets = [Target.DATABASE] if victim.kind is None else list(PLANNED)
                 if victim.kfp_run_id is None:
                     targets = [Target.KUBERNETES]
                 for target in targets:
@@ -680,7 +682,7 @@ async def test_forged_pushes_to_the_ingress_delete_nothing(world: World) -> None
     examples = generate(
         st.one_of(
             forged_run_events(world.victims, kfp),
-            forged_dues(world.victims, targets=list(Target), kfp_ids=kfp),
+            forged_dues(world.victims, targets=list(PLANNED), kfp_ids=kfp),
         )
     )
     events = [fresh(e) for e in examples]
@@ -824,7 +826,7 @@ async def test_forged_messages_on_the_nats_subjects_delete_nothing(world: World)
         if way == "events":
             event = draw(forged_run_events(world.victims, kfp))
             return event_subject(str(event.get_type())), event
-        target = draw(st.sampled_from(list(Target)))
+        target = draw(st.sampled_from(list(PLANNED)))
         if target is Target.DATABASE:
             victims, ids = database_victims, database_kfp
         else:
@@ -899,7 +901,7 @@ async def moved_later(world: World, name: str) -> dict[Target, BaseCloudEvent]:
     async def fired() -> dict[Target, BaseCloudEvent] | None:
         captured = {}
         records = await audit(js)
-        for target in Target:
+        for target in PLANNED:
             try:
                 msg = await js.get_last_msg(STREAMS.schedule, due_subject(target, uid))
             except NotFoundError:
@@ -930,7 +932,7 @@ async def moved_later(world: World, name: str) -> dict[Target, BaseCloudEvent]:
     store = NatsScheduleStore(js, STREAMS)
 
     async def moved() -> bool:
-        for target in Target:
+        for target in PLANNED:
             pending = await store.get(target, uid)
             if pending is None or pending.fired:
                 return False
@@ -938,7 +940,7 @@ async def moved_later(world: World, name: str) -> dict[Target, BaseCloudEvent]:
         return True
 
     await wait_for(moved, timeout=30, interval=0.2)
-    assert min(world.stored[(t, uid)] for t in Target) > datetime.now(UTC) + timedelta(minutes=50)
+    assert min(world.stored[(t, uid)] for t in PLANNED) > datetime.now(UTC) + timedelta(minutes=50)
     world.victims.append(Victim(ARGO_WORKFLOW, ns, name, uid, run_id, False, kept))
 
     return captured

@@ -6,8 +6,9 @@ sends traces to Jaeger v2 and serves metrics to Prometheus; Prometheus also scra
 lapse's own /metrics (LAPSE_PROMETHEUS_PORT). Real NATS, kube-apiserver and PostgreSQL
 underneath.
 
-Two waves of Workflows (each with a KFP run and its rows) are deleted; in the second, a
-row lock held by the test makes the row-reaper retry twice. Then:
+Two waves of Workflows (each with a KFP run, its rows and its artifacts in a SeaweedFS S3
+server) are deleted; in the second, a row lock held by the test makes the row-reaper retry
+twice. Then:
 - Jaeger's query API returns the first KFP run's planner trace and both reaper traces,
   linked as in tests/e2e/test_observability.py (in-memory exporters);
 - every Prometheus panel query of infra/otel/grafana-dashboard.json runs through
@@ -45,8 +46,10 @@ import infra
 from lapse.edges.database import create_engine
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
-from tests.conftest import KubeStack, kube_stack
+from lapse.embedded.seaweedfs import REGION, EmbeddedSeaweedFS
+from tests.conftest import ARTIFACT_BUCKET, KubeStack, kube_stack
 from tests.e2e.test_lapse_up import LapseUp, finished_workflow, lapse_json, write_config
+from tests.integration.test_artifact_reaper import client, plant, present
 from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_counts, run_details
 from tests.observability import Binaries, Collector, Jaeger, Prometheus, binaries, loopback
 from tests.stack import Database, scratch_database, wait_for
@@ -58,6 +61,7 @@ DASHBOARD = json.loads(infra.read_text("otel/grafana-dashboard.json"))
 VIA_COLLECTOR = "lapse"  # OTLP -> Collector -> its Prometheus exporter (job = service.name)
 SCRAPED = "lapse-scrape"  # Prometheus scrapes lapse's own /metrics
 JOBS = (VIA_COLLECTOR, SCRAPED)
+ARTIFACTS_PER_RUN = 3
 LATENESS_BUCKETS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
@@ -303,11 +307,23 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
     kube: KubeStack,
     kfp_database: Database,
     backends: Backends,
+    seaweedfs: EmbeddedSeaweedFS,
 ) -> None:
     prometheus, jaeger, collector = backends.prometheus, backends.jaeger, backends.collector
     config = write_config(tmp_path / "lapse.yaml", own_nats.url, kube, kfp_database)
+    # The KFP runs' artifacts too, on the database clock (the policy's 6 s): a declared
+    # prefix per run in the S3 server.
+    prefix = f"otel-{uuid.uuid4().hex[:6]}"
+    with config.open("a") as out:
+        out.write(
+            "artifacts:\n  stores:\n"
+            f"    - {{name: otel, url: 's3://{ARTIFACT_BUCKET}/{prefix}/', "
+            f"endpoint: '{seaweedfs.endpoint}', region: {REGION}, "
+            "capture: {argo-workflow: ['{namespace}/{name}/']}}\n"
+        )
     env = {
         **os.environ,
+        **seaweedfs.env(),
         # OTLP over HTTP/protobuf (the default) or gRPC: the Collector's two receivers.
         "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://"
@@ -327,7 +343,14 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
     ns = kube.namespace(f"otel-{uuid.uuid4().hex[:6]}")
     kfp_uids: dict[str, str] = {}
 
+    s3 = client(seaweedfs)
+    artifact_bytes = 0
+
     async def create_wave(plain: list[tuple[str, int]], kfp_name: str, run_id: str) -> None:
+        nonlocal artifact_bytes
+        keys = [f"{prefix}/{ns}/{kfp_name}/{i}.log" for i in range(ARTIFACTS_PER_RUN)]
+        await plant(s3, *keys)
+        artifact_bytes += sum(len(f"content of {key}") for key in keys)
         for name, ttl in plain:
             await wfs.create(ns, finished_workflow(name, annotations={"lapse.dev/ttl": f"{ttl}s"}))
         labels = {"pipeline/runid": run_id, "pipeline/persistedFinalState": "true"}
@@ -336,6 +359,12 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
 
     async def objects_gone() -> bool:
         return not (await wfs.list(ns))["items"]
+
+    def artifacts_gone(kfp_name: str) -> Any:
+        async def gone() -> bool:
+            return not await present(s3, f"{prefix}/{ns}/{kfp_name}/")
+
+        return gone
 
     def rows_gone(run_id: str) -> Any:
         async def gone() -> bool:
@@ -377,8 +406,9 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
         await refuse_a_push()
         await wait_for(objects_gone, timeout=60, interval=0.5)
         await wait_for(rows_gone(run_1), timeout=60, interval=0.5)
+        await wait_for(artifacts_gone("kfp-1"), timeout=60, interval=0.5)
         deletions = 'sum(lapse_deletions_total{job="JOB"})'
-        await wait_for(prometheus_sees(deletions, 3), timeout=60, interval=0.5)
+        await wait_for(prometheus_sees(deletions, 4), timeout=60, interval=0.5)
 
         # Wave 2, with the second run's main row locked: its deletion fails on the lock
         # and is retried until the lock goes.
@@ -399,7 +429,8 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
             await wait_for(prometheus_sees(retried, 2), timeout=30, interval=0.5)
             await lock.rollback()
         await wait_for(rows_gone(run_2), timeout=60, interval=0.5)
-        await wait_for(prometheus_sees(deletions, 7), timeout=60, interval=0.5)
+        await wait_for(artifacts_gone("kfp-2"), timeout=60, interval=0.5)
+        await wait_for(prometheus_sees(deletions, 9), timeout=60, interval=0.5)
 
         # A second refused push (the first came with wave 1): a counter's rate needs two.
         await refuse_a_push()
@@ -409,7 +440,7 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
         async def drained() -> bool:
             for job in JOBS:
                 pending = prometheus.query(f'lapse_schedule_pending{{job="{job}"}}')
-                if len(pending) != 2 or any(float(p["value"][1]) for p in pending):
+                if len(pending) != 3 or any(float(p["value"][1]) for p in pending):
                     return False
             return True
 
@@ -424,10 +455,14 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
 
     # --- ground truth -------------------------------------------------------------------
     outcomes = Counter((r["target"], r["outcome"]) for r in history if r["outcome"])
-    assert outcomes == {("kubernetes", "deleted"): 5, ("database", "deleted"): 2}
+    assert outcomes == {
+        ("kubernetes", "deleted"): 5,
+        ("database", "deleted"): 2,
+        ("artifacts", "deleted"): 2,
+    }
     lateness = {
         target: [r["latencySeconds"] for r in history if r["outcome"] and r["target"] == target]
-        for target in ("kubernetes", "database")
+        for target in ("kubernetes", "database", "artifacts")
     }
     scheduled = Counter(r["target"] for r in history if r["event"] == "cleanup.scheduled")
     assert status["deadLetters"] == 2  # the ingress's records of the refused pushes
@@ -500,7 +535,7 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
     # --- every dashboard panel query (Prometheus) ------------------------------------------
     window = f"{math.ceil(finished - started) + 30}s"
     queries = panel_queries()
-    assert len(queries) == 14
+    assert len(queries) == 16
     returned: dict[tuple[str, str, str], dict[tuple[str, ...], float]] = {}
     for job in JOBS:
         for title, ref, expr in queries:
@@ -523,6 +558,7 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
                     "status": status, "retries": retries,
                     "statements_per_run": statements_per_run,
                     "delete_statements": delete_statements,
+                    "artifacts": (2 * ARTIFACTS_PER_RUN, artifact_bytes),
                 },
             )  # fmt: skip
         # The lateness histogram itself: one observation per deletion, summing to the
@@ -562,7 +598,11 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
         for exemplar in series["exemplars"]
     ]
     assert exemplars, "no exemplar on the lateness histogram"
-    reapers = {s.span_id: s for s in picture.spans if s.name in {"object-reaper", "row-reaper"}}
+    reapers = {
+        s.span_id: s
+        for s in picture.spans
+        if s.name in {"object-reaper", "row-reaper", "artifact-reaper"}
+    }
     for labels, value in exemplars:
         reaper = reapers[labels["span_id"]]
         assert reaper.trace_id == labels["trace_id"]
@@ -601,10 +641,11 @@ def check_panel(
         for (target,), seconds in values.items():
             observed = truth["lateness"][target]
             assert 0 <= seconds <= bucket_bound(max(observed)), (target, seconds, observed)
-        assert {key for key in values} == {("kubernetes",), ("database",)}
+        assert {key for key in values} == {("kubernetes",), ("database",), ("artifacts",)}
     elif title == "Pending schedules":
         pending = {(t,): float(p["count"]) for t, p in truth["status"]["pending"].items()}
-        assert values == pending == {("kubernetes",): 0.0, ("database",): 0.0}
+        assert values == pending
+        assert pending == {("kubernetes",): 0.0, ("database",): 0.0, ("artifacts",): 0.0}
     elif title == "Dead-letter depth":
         # The ingress's records of the refused pushes; no deletion was given up on.
         assert values == {(): float(truth["status"]["deadLetters"])} == {(): 2.0}
@@ -619,7 +660,12 @@ def check_panel(
         assert set(values) == {("created",)} and values[("created",)] > 0
         assert total == {("created",): float(sum(truth["scheduled"].values()))}
     elif title == "Handler duration p99":
-        assert set(values) == {("ttl-planner",), ("object-reaper",), ("row-reaper",)}
+        assert set(values) == {
+            ("ttl-planner",),
+            ("object-reaper",),
+            ("row-reaper",),
+            ("artifact-reaper",),
+        }
         assert all(0 < v <= 30 for v in values.values())
     elif title == "Kubernetes requests per second":
         assert values[("DELETE", "200")] > 0
@@ -628,6 +674,10 @@ def check_panel(
     elif title == "Database statements per second":
         assert values[("DELETE",)] > 0
         assert total[("DELETE",)] == float(truth["delete_statements"])
+    elif title == "Artifacts deleted per second":
+        objects, size = truth["artifacts"]
+        assert set(values) == {("otel",)} and all(v > 0 for v in values.values())
+        assert total == {("otel",): float(objects if ref == "A" else size)}
     elif title == "Waiting out an outage":
         # The row-reaper waited out the lock (its retries), and waits no more.
         assert values == {("row-reaper",): 0.0}, (ref, values)

@@ -1,0 +1,31 @@
+"""artifact-reaper: deletes a finished run's artifacts and logs in object storage, on the
+artifacts clock, from what lapse captured when it planned the run."""
+
+from functions.artifact_reaper.capture import CapturedItem, RunCapture, capture, render
+from functions.artifact_reaper.handler import SOURCE, ArtifactReaper
+from functions.artifact_reaper.ports import (
+    Captures,
+    ObjectStores,
+    RepositoryReader,
+    StoredObject,
+    StoreRefused,
+    StoreUnavailable,
+)
+from functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
+
+__all__ = [
+    "SOURCE",
+    "ArtifactReaper",
+    "ArtifactStore",
+    "ArtifactsConfig",
+    "CapturedItem",
+    "Captures",
+    "ObjectStores",
+    "RepositoryReader",
+    "RunCapture",
+    "StoreRefused",
+    "StoreUnavailable",
+    "StoredObject",
+    "capture",
+    "render",
+]

@@ -1,0 +1,372 @@
+"""The artifact reaper: `cleanup.due` (target artifacts) in, at most one pass of deletes in
+object storage and one outcome event out, with the row-reaper's safety sequence shape.
+
+The run object is gone by the time its artifacts are due, so nothing a due event says is
+believed (docs/architecture.md, "How a deletion is made safe"; docs/security.md):
+
+1. **Proof.** The schedule lapse stored for this (artifacts, uid) says which run and which
+   deadline (`verdict.prove`). Nothing stored: `refused`. Later: `rescheduled`.
+2. **Scope.** Outside `safety.namespaces`: `skipped`, nothing read.
+3. **Capture.** What lapse captured when it planned the run (kept beside the schedule).
+   None: `already_gone`. Artifacts Argo collects itself (its artifactGC): `skipped`, left
+   to Argo, whose finalizer lapse never touches.
+4. **Judgement**, per item, against the configuration this reaper runs with: configured
+   store, under its prefix root, at least `min_prefix_depth` deep, no other run's capture
+   holds it (`shared`, kept). Refused items are said in the outcome, never deleted.
+5. **List** what is under each item; only objects that belong to it (`verdict.belongs`).
+6. **Dry run** counts them. Otherwise the **brake and the rate limit count objects**, a
+   batch at a time (the brake engaged: `rescheduled`, the rest waits).
+7. **Delete** in batches; then the capture is forgotten. An object already gone is no
+   error, so a second delivery deletes what is left and nothing twice.
+8. **Outcome**, with an id derived from the due event's: one due event, one outcome.
+
+A store that does not answer (timeouts, 5xx, throttling) raises `RetryLater`: waited out
+like the API server, never dead-lettered. A store that refuses (403, no such bucket) is a
+`cleanup.failed` naming the store: misconfigured credentials must be loud.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Final, TypeAlias, assert_never
+
+from cloudevents.core.base import BaseCloudEvent
+
+from events.builder import as_outcome_of, build_event, parse_payload
+from events.errors import InvalidEvent
+from events.models import CleanupDue, OriginalEvent, clip
+from events.original import capture_event
+from events.run import RunRef, Target
+from events.subjects import InvalidSubjectToken
+from events.types import EventType, Outcome
+from functions.artifact_reaper.capture import CapturedItem, RunCapture
+from functions.artifact_reaper.ports import (
+    Captures,
+    ObjectStores,
+    StoredObject,
+    StoreRefused,
+    StoreUnavailable,
+)
+from functions.artifact_reaper.stores import ArtifactsConfig
+from functions.artifact_reaper.verdict import (
+    Allowed,
+    NotYet,
+    Proven,
+    Refused,
+    Shared,
+    Unbacked,
+    belongs,
+    judge,
+    prove,
+)
+from functions.object_reaper.gates import out_of_scope
+from functions.outcomes import Outcomes
+from functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
+from functions.ratelimit import Brake, RateLimit, local_limits
+from functions.safety import SafetyConfig
+from functions.tracing import creation_context
+from functions.trust import Trust
+
+SOURCE: Final = "/lapse/artifact-reaper"
+STAGE: Final = "artifact-reaper"
+BRAKE_STAGE: Final = "brake"
+# What one DeleteObjects request takes (S3's limit); the brake and rate limit count a
+# batch at a time.
+BATCH: Final = 1000
+# The first wait for a store that does not answer; the runtime's back-off takes it from
+# there (lapse/runtime/outages.py: doubling to 60 s).
+RETRY_DELAY: Final = 1.0
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """What one pass found and did."""
+
+    objects: int = 0
+    bytes: int = 0
+    refused: tuple[Refused, ...] = ()
+    shared: tuple[Shared, ...] = ()
+    outside: tuple[str, ...] = ()
+    unrendered: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Done:
+    due: CleanupDue
+    tally: Tally
+
+
+@dataclass(frozen=True, slots=True)
+class _Ended:
+    """Nothing deleted, by design: the outcome and its reason are the record."""
+
+    run: RunRef
+    outcome: Outcome
+    deadline: datetime
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    run: RunRef
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    due: CleanupDue
+    until: datetime
+    tripped: bool
+    deleted: int
+
+
+_End: TypeAlias = _Done | _Ended | _Failed | _Held
+
+
+@dataclass(frozen=True)
+class ArtifactReaper:
+    """Constructed once per process. `rate_limit` and `brake` are shared with the
+    deployment's other artifact-reaper processes when given (they count objects)."""
+
+    stores: ObjectStores
+    captures: Captures
+    schedules: ScheduleStore
+    emitter: Emitter
+    config: ArtifactsConfig
+    safety: SafetyConfig = field(default_factory=SafetyConfig)
+    clock: Callable[[], datetime] = field(default=_utcnow)
+    rate_limit: RateLimit | None = field(default=None, repr=False, compare=False)
+    brake: Brake | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        rate_limit, brake = local_limits(self.safety, self.clock().timestamp())
+        if self.rate_limit is None:
+            object.__setattr__(self, "rate_limit", rate_limit)
+        if self.brake is None:
+            object.__setattr__(self, "brake", brake)
+
+    @property
+    def dry_run(self) -> bool:
+        return self.safety.dry_run
+
+    @functools.cached_property
+    def _outcomes(self) -> Outcomes:
+        return Outcomes(SOURCE, Target.ARTIFACTS, STAGE, self.clock)
+
+    async def handle(
+        self, event: BaseCloudEvent, trust: Trust = Trust.CLAIM
+    ) -> list[BaseCloudEvent]:
+        """Handle one due event; returns the events it emitted. May raise `RetryLater`.
+        `trust` changes nothing: the reaper acts on what lapse stored, whoever delivered."""
+        produced = await self._outcome_of(event)
+        return await emit_all(self.emitter, [as_outcome_of(event, e) for e in produced])
+
+    async def _outcome_of(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
+        original = capture_event(event)
+        try:
+            claim = parse_payload(event, CleanupDue)
+        except InvalidEvent as exc:
+            return [self._outcomes.failed(None, exc.reason, original)]
+        if claim.target is not Target.ARTIFACTS:
+            return []
+        try:
+            end = await self._reap(claim)
+            return await self._conclude(claim, end, original)
+        except InvalidSubjectToken as exc:
+            return [self._outcomes.failed(claim.run, f"cannot reschedule: {exc}", original)]
+
+    async def _reap(self, claim: CleanupDue) -> _End:
+        """The safety sequence, top to bottom (the module's docstring)."""
+        # 1. Proof: what lapse stored for this (artifacts, uid), never the event's word.
+        stored = await self.schedules.get(Target.ARTIFACTS, claim.run.uid)
+        match prove(claim, stored, self.clock()):
+            case Unbacked(reason=reason):
+                reason = f"{reason}; nothing was deleted"
+                return _Ended(claim.run, Outcome.REFUSED, claim.deadline, reason)
+            case NotYet(reason=reason):
+                return _Ended(claim.run, Outcome.RESCHEDULED, claim.deadline, reason)
+            case Proven(due=due):
+                pass
+        run = due.run
+        # 2. Scope.
+        if (outside := out_of_scope(run.namespace, self.safety.namespaces)) is not None:
+            return _Ended(run, Outcome.SKIPPED, due.deadline, f"{outside}; nothing read")
+        # 3. The capture lapse stored when it planned the run.
+        capture = await self.captures.get(run.uid)
+        if capture is None:
+            why = "no capture is stored for this run (its artifacts were handled already)"
+            return _Ended(run, Outcome.ALREADY_GONE, due.deadline, why)
+        if capture.collected_by_engine is not None:
+            await self.captures.forget(capture)
+            why = f"left to Argo's artifactGC ({capture.collected_by_engine}); lapse deletes none"
+            return _Ended(run, Outcome.SKIPPED, due.deadline, why)
+        # 4. Judgement, per item, against this reaper's configuration.
+        allowed: list[CapturedItem] = []
+        refused: list[Refused] = []
+        shared: list[Shared] = []
+        for item in capture.items:
+            match judge(item, self.config, await self.captures.sharers(item, run.uid)):
+                case Allowed():
+                    allowed.append(item)
+                case Refused() as no:
+                    refused.append(no)
+                case Shared() as kept:
+                    shared.append(kept)
+        tally = Tally(
+            refused=tuple(refused),
+            shared=tuple(shared),
+            outside=capture.outside,
+            unrendered=capture.unrendered,
+        )
+        try:
+            # 5. What lies under each allowed item.
+            found = await self._listed(allowed)
+            if self.dry_run:
+                return _Done(due, _counted(tally, found))
+            # 6-7. Counted by the brake and the rate limit, deleted a batch at a time.
+            return await self._delete(due, capture, tally, found)
+        except StoreUnavailable as exc:
+            raise RetryLater(f"object store unavailable: {exc}", RETRY_DELAY) from exc
+        except StoreRefused as exc:
+            return _Failed(run, f"the object store refused: {exc}; nothing more was deleted")
+
+    async def _listed(self, items: Sequence[CapturedItem]) -> dict[str, list[StoredObject]]:
+        """Objects per store, each once, that belong to an allowed item."""
+        found: dict[str, dict[str, StoredObject]] = {}
+        for item in items:
+            listed = await self.stores.list(item.store, item.key)
+            if not item.tree and (own := await self.stores.head(item.store, item.key)):
+                listed.append(own)
+            for obj in listed:
+                if belongs(item, obj.path):
+                    found.setdefault(item.store, {})[obj.path] = obj
+        return {store: list(objects.values()) for store, objects in found.items()}
+
+    async def _delete(
+        self,
+        due: CleanupDue,
+        capture: RunCapture,
+        tally: Tally,
+        found: dict[str, list[StoredObject]],
+    ) -> _End:
+        deleted: list[StoredObject] = []
+        for store, objects in found.items():
+            for start in range(0, len(objects), BATCH):
+                batch = objects[start : start + BATCH]
+                if (held := await self._admit(due, len(batch), len(deleted))) is not None:
+                    return held
+                await self.stores.delete(store, batch)
+                deleted.extend(batch)
+        await self.captures.forget(capture)
+        return _Done(due, _counted(tally, {"": deleted}))
+
+    async def _admit(self, due: CleanupDue, count: int, deleted: int) -> _Held | None:
+        """The brake and the rate limit, each counting `count` objects."""
+        assert self.brake is not None and self.rate_limit is not None  # set in __post_init__
+        wait = 0.0
+        for _ in range(count):
+            now = self.clock().timestamp()
+            decision = await self.brake.admit(now)
+            if not decision.admitted:
+                assert decision.until is not None
+                until = datetime.fromtimestamp(decision.until, UTC)
+                return _Held(due, until, decision.tripped, deleted)
+            wait = await self.rate_limit.reserve(now)  # the last place is the longest wait
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return None
+
+    async def _conclude(
+        self, claim: CleanupDue, end: _End, original: OriginalEvent
+    ) -> list[BaseCloudEvent]:
+        match end:
+            case _Done(due=due, tally=tally):
+                if self.dry_run:
+                    outcome = Outcome.DRY_RUN
+                elif tally.objects > 0:
+                    outcome = Outcome.DELETED
+                elif tally.refused:
+                    outcome = Outcome.REFUSED  # nothing deleted, and not because it was gone
+                else:
+                    outcome = Outcome.ALREADY_GONE
+                detail = describe(tally, dry_run=self.dry_run)
+                return [
+                    self._outcomes.completed(
+                        due.run, outcome, due.deadline, detail, dry_run=self.dry_run
+                    )
+                ]
+            case _Ended(run=run, outcome=outcome, deadline=deadline, reason=reason):
+                return [self._outcomes.completed(run, outcome, deadline, reason)]
+            case _Failed(run=run, reason=reason):
+                return [self._outcomes.failed(run, reason, original)]
+            case _Held(due=due, until=until, tripped=tripped, deleted=deleted):
+                await self._put(due, fire_at=until)
+                produced = []
+                if tripped:
+                    settings = self.safety.mass_deletion_brake
+                    window = int(settings.window.total_seconds())
+                    produced.append(
+                        self._outcomes.failed(
+                            due.run,
+                            f"mass-deletion brake engaged for artifacts: more than "
+                            f"{settings.max_due} objects due within {window}s; deleting "
+                            f"artifacts is paused until {until.isoformat()} and due runs are "
+                            "rescheduled (check the policies; raise "
+                            "safety.mass_deletion_brake.max_due if this volume is expected)",
+                            stage=BRAKE_STAGE,
+                        )
+                    )
+                detail = (
+                    f"mass-deletion brake engaged after {deleted} objects: the rest is "
+                    f"rescheduled for {until.isoformat()}"
+                )
+                produced.append(
+                    self._outcomes.completed(due.run, Outcome.RESCHEDULED, due.deadline, detail)
+                )
+                return produced
+            case _:
+                assert_never(end)
+
+    async def _put(self, due: CleanupDue, *, fire_at: datetime) -> None:
+        """The stored run's due event again, delivered at `fire_at` (its deadline stays)."""
+        moved = due.model_copy(update={"scheduled_at": self.clock()})
+        event = build_event(EventType.CLEANUP_DUE, source=SOURCE, data=moved, **creation_context())
+        await self.schedules.put(Target.ARTIFACTS, due.run.uid, fire_at, event)
+
+
+def _counted(tally: Tally, found: dict[str, list[StoredObject]]) -> Tally:
+    objects = [obj for listed in found.values() for obj in listed]
+    return Tally(
+        objects=len(objects),
+        bytes=sum(obj.size for obj in objects),
+        refused=tally.refused,
+        shared=tally.shared,
+        outside=tally.outside,
+        unrendered=tally.unrendered,
+    )
+
+
+def describe(tally: Tally, *, dry_run: bool = False) -> str:
+    """`12 objects, 3456 bytes; shared (kept): ...; refused: ...` (bounded)."""
+    verb = "would delete" if dry_run else "deleted"
+    parts = [f"{verb} {tally.objects} objects, {tally.bytes} bytes"]
+    if tally.shared:
+        kept = ", ".join(
+            f"{s.item.store}:{s.item.key} (by {', '.join(s.by[:3])})" for s in tally.shared
+        )
+        parts.append(f"shared, kept: {kept}")
+    if tally.refused:
+        parts.append("refused: " + "; ".join(r.reason for r in tally.refused))
+    if tally.outside:
+        parts.append(f"outside the configured stores, not touched: {', '.join(tally.outside)}")
+    if tally.unrendered:
+        parts.append(f"templates without a value: {', '.join(tally.unrendered)}")
+    return clip("; ".join(parts))

@@ -1,0 +1,98 @@
+"""The artifact reaper's judgements (pure): which captured items may be deleted now, and
+which listed objects belong to an item.
+
+The reaper cannot read the run object (it is gone by the time its artifacts are due), so
+it believes nothing a due event says: the deadline and the run are the stored schedule's
+(`prove`, the row-reaper's proof, reused), the items are the capture lapse stored when it
+planned the run, and every item is judged again here, before any delete, against the
+configuration the reaper runs with:
+
+- its store is configured (a store removed since is not deleted in);
+- its key is a clean path (no empty, '.' or '..' parts, no leading '/') under the store's
+  prefix root;
+- it has at least the store's `min_prefix_depth` parts (`logs/a/` has 2);
+- no other run still references it (`shared`: another pending run captured the same item;
+  ML Metadata's attributions would say so for KFP's cached outputs).
+
+An object listed under an item is deleted only if it is the item's own key or lies under
+it (`belongs`): a listing of `runs/a` also returns `runs/ab`, which is another run's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from functions.artifact_reaper.capture import CapturedItem
+from functions.artifact_reaper.stores import ArtifactsConfig
+from functions.row_reaper.verdict import NotYet, Proof, Proven, Unbacked, prove
+
+__all__ = [
+    "Allowed",
+    "NotYet",
+    "Proof",
+    "Proven",
+    "Refused",
+    "Shared",
+    "Unbacked",
+    "belongs",
+    "depth",
+    "judge",
+    "prove",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Allowed:
+    item: CapturedItem
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    item: CapturedItem
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    item: CapturedItem
+    by: tuple[str, ...]  # the other runs' uids
+
+
+Judgement: TypeAlias = Allowed | Refused | Shared
+
+
+def depth(key: str) -> int:
+    """How many '/'-separated parts a key or prefix has (`logs/a/` and `logs/a` have 2)."""
+    return len([part for part in key.split("/") if part])
+
+
+def judge(item: CapturedItem, config: ArtifactsConfig, sharers: tuple[str, ...]) -> Judgement:
+    """May `item` be deleted now? `sharers`: other runs whose capture holds the same item."""
+    store = config.store(item.store)
+    if store is None:
+        return Refused(item, f"store {item.store!r} is not configured (artifacts.stores)")
+    parts = item.key.split("/")
+    inner = parts[:-1] if item.tree else parts
+    if item.key.startswith("/") or any(part in ("", ".", "..") for part in inner):
+        return Refused(item, f"{item.key!r} is not a clean key (empty, '.' or '..' parts)")
+    if item.tree and not item.key.endswith("/"):
+        return Refused(item, f"prefix {item.key!r} does not end in '/'")
+    if not item.key.startswith(store.root):
+        return Refused(item, f"{item.key!r} is outside the store's root {store.url}")
+    if depth(item.key) < store.min_prefix_depth:
+        return Refused(
+            item,
+            f"{item.key!r} has {depth(item.key)} parts, fewer than the store's "
+            f"min_prefix_depth {store.min_prefix_depth}",
+        )
+    if sharers:
+        return Shared(item, sharers)
+    return Allowed(item)
+
+
+def belongs(item: CapturedItem, path: str) -> bool:
+    """Whether a listed object is the item's: under the prefix, or the key or under `key/`."""
+    if item.tree:
+        return path.startswith(item.key)
+    return path == item.key or path.startswith(item.key + "/")

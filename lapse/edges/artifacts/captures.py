@@ -1,0 +1,127 @@
+"""Each run's artifact capture, kept beside its artifacts schedule: the NATS key-value
+bucket `LAPSE_ARTIFACTS` (`functions.artifact_reaper.ports.Captures`).
+
+A capture can be long (every output artifact of a large Workflow), so it is not put in the
+schedule message; the reaper reads it by the run's uid when the schedule fires.
+
+- `run.<uid>`: the run's capture (JSON, `RunCapture`).
+- `ref.<digest>.<uid>`: "run <uid> captured the item with this digest" (sha256 of store and
+  key). An item whose digest another pending run also holds is `shared`: kept.
+
+Written by the planner before the schedule is put (a fired schedule always finds its
+capture); removed by the artifact reaper once the run's artifacts are done. A run whose
+artifacts are kept (keep, a TTL of never) keeps its capture, so what it shares stays
+referenced. History 1, no age limit: an entry goes when its run's artifacts go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator
+from typing import Final
+
+from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError
+from nats.js.kv import KeyValue
+from pydantic import ValidationError
+
+from functions.artifact_reaper.capture import CapturedItem, RunCapture
+from functions.ports import RetryLater
+
+BUCKET: Final = "LAPSE_ARTIFACTS"
+
+
+def digest(item: CapturedItem) -> str:
+    return hashlib.sha256(f"{item.store}\0{item.key}".encode()).hexdigest()[:40]
+
+
+@contextlib.asynccontextmanager
+async def _unavailable_is_transient() -> AsyncIterator[None]:
+    try:
+        yield
+    except (NatsError, TimeoutError) as exc:
+        raise RetryLater(f"artifact captures (NATS bucket {BUCKET}) unavailable: {exc}") from exc
+
+
+class NatsCaptures:
+    def __init__(self, js: JetStreamContext, *, replicas: int = 1) -> None:
+        self._js = js
+        self._replicas = replicas
+        self._kv: KeyValue | None = None
+
+    async def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            try:
+                self._kv = await self._js.key_value(BUCKET)
+            except BucketNotFoundError:
+                config = KeyValueConfig(
+                    bucket=BUCKET,
+                    description="lapse: each run's artifacts, captured when it was planned",
+                    history=1,
+                    storage=StorageType.FILE,
+                    replicas=self._replicas,
+                )
+                try:
+                    self._kv = await self._js.create_key_value(config=config)
+                except APIError:  # another process created it first
+                    self._kv = await self._js.key_value(BUCKET)
+        return self._kv
+
+    async def put(self, capture: RunCapture) -> None:
+        async with _unavailable_is_transient():
+            kv = await self._bucket()
+            earlier = await self._get(kv, capture.uid)
+            for item in capture.items:
+                await kv.put(f"ref.{digest(item)}.{capture.uid}", b"")
+            if earlier is not None:
+                for item in set(earlier.items) - set(capture.items):
+                    await _purge(kv, f"ref.{digest(item)}.{capture.uid}")
+            await kv.put(f"run.{capture.uid}", capture.model_dump_json().encode())
+
+    async def get(self, uid: str) -> RunCapture | None:
+        async with _unavailable_is_transient():
+            return await self._get(await self._bucket(), uid)
+
+    async def sharers(self, item: CapturedItem, uid: str) -> tuple[str, ...]:
+        async with _unavailable_is_transient():
+            kv = await self._bucket()
+            prefix = f"ref.{digest(item)}."
+            # A watch on the subject filter (the server selects; nats-py's `keys(filters)`
+            # reads every key and matches substrings), ended by its "no more" marker.
+            watcher = await kv.watch(f"{prefix}*", ignore_deletes=True, meta_only=True)
+            found: list[str] = []
+            try:
+                async for entry in watcher:
+                    if entry is None:
+                        break
+                    if entry.key != f"{prefix}{uid}":
+                        found.append(entry.key[len(prefix) :])
+            finally:
+                await watcher.stop()  # type: ignore[no-untyped-call]
+            return tuple(found)
+
+    async def forget(self, capture: RunCapture) -> None:
+        async with _unavailable_is_transient():
+            kv = await self._bucket()
+            for item in capture.items:
+                await _purge(kv, f"ref.{digest(item)}.{capture.uid}")
+            await _purge(kv, f"run.{capture.uid}")
+
+    @staticmethod
+    async def _get(kv: KeyValue, uid: str) -> RunCapture | None:
+        try:
+            entry = await kv.get(f"run.{uid}")
+        except KeyNotFoundError:
+            return None
+        try:
+            return RunCapture.model_validate_json(entry.value or b"")
+        except ValidationError:
+            return None  # not lapse's writing: nothing is deleted on it
+
+
+async def _purge(kv: KeyValue, key: str) -> None:
+    with contextlib.suppress(KeyNotFoundError):
+        await kv.purge(key)

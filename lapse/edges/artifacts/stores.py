@@ -1,0 +1,139 @@
+"""The configured object stores, through obstore: S3 (and S3-compatible servers), GCS and
+Azure behind one async API, with batched deletes (S3 DeleteObjects, 1,000 keys a request;
+Azure's blob batch).
+
+Why obstore: it is made for exactly this (async, one API for the three clouds, bulk
+delete, listing in pages), it is a thin binding of the Rust `object_store` crate (no
+boto3/botocore stack, no fsspec layer), and it finds credentials where each cloud's users
+keep them: AWS_* variables, web identity tokens (EKS IRSA / pod identity), ECS and EC2
+instance metadata; GOOGLE_* and workload identity on GKE; AZURE_* and managed identity.
+lapse.yaml names stores, never credentials.
+
+Failures are judged here, once: a refusal retrying will not change (403, 401, no such
+bucket) is `StoreRefused`; everything else (timeouts, refused connections, 5xx, 429) is
+`StoreUnavailable`, an outage the reaper waits out. obstore's own retries are kept short,
+so an outage reaches the runtime's back-off (lapse/runtime/outages.py) and shows in
+`lapse status`, instead of hiding inside one call for minutes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Final
+
+import obstore
+from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
+from obstore.store import AzureStore, GCSStore, S3Store
+
+from functions.artifact_reaper.ports import StoredObject, StoreRefused, StoreUnavailable
+from functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
+from lapse import telemetry
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, ObjectStore, RetryConfig
+
+# Short on purpose (see the module docstring), yet room for a DeleteObjects of 1,000 keys
+# on a slow server (SeaweedFS on 2 busy cores took up to 4 s): a call gives up within 60 s.
+TIMEOUT: Final = timedelta(seconds=60)
+CONNECT_TIMEOUT: Final = timedelta(seconds=3)
+RETRIES: Final = 2
+LIST_PAGE: Final = 1000
+# What a refusal says: the S3 error codes, and the HTTP statuses obstore reports in its
+# generic errors (a listing's 403 is not a PermissionDeniedError).
+_REFUSALS: Final = (
+    "NoSuchBucket",
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "401 Unauthorized",
+    "403 Forbidden",
+)
+
+
+class ObstoreStores:
+    """`functions.artifact_reaper.ports.ObjectStores` over the configured stores."""
+
+    def __init__(self, config: ArtifactsConfig) -> None:
+        self._config = config
+        self._open: dict[str, ObjectStore] = {}
+
+    def _store(self, name: str) -> ObjectStore:
+        if name not in self._open:
+            spec = self._config.store(name)
+            if spec is None:
+                raise StoreRefused(f"store {name!r} is not configured")
+            self._open[name] = open_store(spec)
+        return self._open[name]
+
+    async def list(self, store: str, prefix: str) -> list[StoredObject]:
+        found: list[StoredObject] = []
+        with _judged(store):
+            stream = obstore.list(self._store(store), prefix, chunk_size=LIST_PAGE)
+            try:
+                async for page in stream:
+                    found += [StoredObject(meta["path"], meta["size"]) for meta in page]
+            except FileNotFoundError as exc:  # nothing under the prefix, unless the bucket is gone
+                if "NoSuchBucket" in str(exc):
+                    raise
+        return found
+
+    async def head(self, store: str, key: str) -> StoredObject | None:
+        with _judged(store):
+            try:
+                meta = await obstore.head_async(self._store(store), key)
+            except FileNotFoundError:
+                return None
+        return StoredObject(meta["path"], meta["size"])
+
+    async def delete(self, store: str, objects: Sequence[StoredObject]) -> None:
+        if not objects:
+            return
+        with _judged(store):
+            await obstore.delete_async(self._store(store), [obj.path for obj in objects])
+        telemetry.count_artifacts_deleted(store, len(objects), sum(obj.size for obj in objects))
+
+
+def open_store(spec: ArtifactStore) -> ObjectStore:
+    """A client for one configured store, rooted at its bucket (keys are whole keys)."""
+    client: ClientConfig = {"timeout": TIMEOUT, "connect_timeout": CONNECT_TIMEOUT}
+    if spec.endpoint and spec.endpoint.startswith("http://"):
+        client["allow_http"] = True
+    retry: RetryConfig = {"max_retries": RETRIES, "retry_timeout": TIMEOUT}
+    options: dict[str, Any] = {"client_options": client, "retry_config": retry}
+    if spec.provider == "s3":
+        s3: dict[str, str] = {}
+        if spec.endpoint:
+            s3["endpoint"] = spec.endpoint
+        if spec.region:
+            s3["region"] = spec.region
+        return S3Store(spec.bucket, config=s3, **options)  # type: ignore[arg-type]
+    if spec.provider == "gcs":
+        return GCSStore(spec.bucket, **options)
+    azure = {"endpoint": spec.endpoint} if spec.endpoint else {}
+    return AzureStore(spec.bucket, config=azure, **options)  # type: ignore[arg-type]
+
+
+class _judged:
+    """obstore's errors as the port's: refused, or unavailable (an outage)."""
+
+    def __init__(self, store: str) -> None:
+        self._store = store
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: Any) -> None:
+        if exc is None or not isinstance(exc, Exception):
+            return
+        if isinstance(exc, StoreRefused | StoreUnavailable):
+            return
+        full = " ".join(str(exc).split())
+        text = full[:300]
+        if isinstance(exc, FileNotFoundError) and "NoSuchBucket" not in full:
+            return  # the caller's to read: nothing there
+        if isinstance(exc, PermissionDeniedError | UnauthenticatedError) or any(
+            word in full for word in _REFUSALS
+        ):
+            raise StoreRefused(f"{self._store}: {text}") from exc
+        raise StoreUnavailable(f"{self._store}: {text}") from exc

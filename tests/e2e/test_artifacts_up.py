@@ -1,0 +1,126 @@
+"""`lapse up` (a subprocess, as users run it) deleting a Workflow's artifacts in a real S3
+server (SeaweedFS, built here), on the artifacts clock, after the object went on its own,
+through an S3 outage.
+
+The Workflow says where its outputs went as Argo writes it: `status.nodes[*].outputs.
+artifacts[*].s3.key`, including the archived `main-logs`, in the repository named inline
+in `status.artifactRepositoryRef`. lapse's watcher reads it, the planner captures the keys,
+and the artifact-reaper deletes them when the NATS scheduler fires the artifacts deadline.
+SeaweedFS is stopped from before that deadline until after it: the artifacts go once it is
+back, with nothing dead-lettered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lapse.embedded.nats import EmbeddedNats
+from lapse.embedded.seaweedfs import REGION, EmbeddedSeaweedFS
+from tests.conftest import ARTIFACT_BUCKET, KubeStack, kube_stack
+from tests.e2e.test_lapse_up import LapseUp, lapse_json
+from tests.integration.test_artifact_reaper import client, plant, present
+from tests.stack import wait_for
+
+pytestmark = [pytest.mark.kube, pytest.mark.nats]
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeStack]:
+    with kube_stack(tmp_path_factory.mktemp("kube-artifacts")) as stack:
+        yield stack
+
+
+def workflow_with_outputs(name: str, keys: list[str]) -> dict[str, Any]:
+    now = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    artifacts = [{"name": key.rsplit("/", 1)[-1], "s3": {"key": key}} for key in keys]
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": name, "labels": {"workflows.argoproj.io/completed": "true"}},
+        "spec": {"entrypoint": "main"},
+        "status": {
+            "phase": "Succeeded", "startedAt": now, "finishedAt": now,
+            "artifactRepositoryRef": {
+                "default": True,
+                "artifactRepository": {
+                    "archiveLogs": True, "s3": {"bucket": ARTIFACT_BUCKET},
+                },
+            },
+            "nodes": {f"{name}-1": {"outputs": {"artifacts": artifacts}}},
+        },
+    }  # fmt: skip
+
+
+async def test_up_deletes_a_workflows_artifacts_on_their_clock_through_an_s3_outage(
+    tmp_path: Path,
+    own_nats: EmbeddedNats,
+    kube: KubeStack,
+    seaweedfs: EmbeddedSeaweedFS,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for key, value in seaweedfs.env().items():  # `lapse up` finds them where S3 users keep them
+        monkeypatch.setenv(key, value)
+    config = tmp_path / "lapse.yaml"
+    config.write_text(
+        f"nats: {{url: '{own_nats.url}'}}\n"
+        f"kubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n"
+        "policies:\n"
+        "  - name: clocks\n"
+        "    kubernetes: {ttl: 2s}\n"
+        "    artifacts: {ttl: 12s}\n"
+        "safety: {max_deletions_per_second: 1000, namespaces: {include: ['*']}}\n"
+        "artifacts:\n"
+        "  stores:\n"
+        f"    - {{name: argo, url: 's3://{ARTIFACT_BUCKET}/e2e/', endpoint: "
+        f"'{seaweedfs.endpoint}', region: {REGION}, min_prefix_depth: 3}}\n"
+    )
+    ns = kube.namespace(f"art-{uuid.uuid4().hex[:6]}")
+    base = f"e2e/{ns}/wf"
+    outputs = [f"{base}/wf-1/main.log", f"{base}/wf-1/model.tgz"]
+    beside = [f"{base}/wf-1/main.log.1", f"{base}/wf-2/main.log", f"other/{base}/wf-1/main.log"]
+    s3 = client(seaweedfs)
+    await plant(s3, *outputs, *beside)
+
+    up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
+    await up.start()
+    try:
+        await kube.workflows.create(ns, workflow_with_outputs("wf", outputs))
+
+        async def object_gone() -> bool:
+            return not (await kube.workflows.list(ns))["items"]
+
+        await wait_for(object_gone, timeout=60, interval=0.3)
+        assert set(outputs) <= await present(s3), "artifacts went with the object"
+        # The S3 server goes away before the artifacts deadline and stays away past it.
+        seaweedfs.stop()
+        await asyncio.sleep(15)  # the outage itself (12 s clock + 3 s), not a readiness wait
+        seaweedfs.start()
+
+        async def artifacts_gone() -> bool:
+            return not set(outputs) & await present(client(seaweedfs))
+
+        await wait_for(artifacts_gone, timeout=90, interval=0.5)
+        assert set(beside) <= await present(client(seaweedfs))
+
+        async def recorded() -> list[dict[str, Any]]:
+            rows = lapse_json("history", "-n", ns, config=config)
+            return rows if any(r["target"] == "artifacts" for r in rows) else []
+
+        history = await wait_for(recorded, timeout=30, interval=0.5)
+        outcomes = Counter((row["target"], row["outcome"]) for row in history)
+        assert outcomes == {("kubernetes", "deleted"): 1, ("artifacts", "deleted"): 1}
+        status = lapse_json("status", config=config)
+        assert status["deadLetters"] == 0
+        assert "waiting out a transient failure" in (tmp_path / "up.log").read_text()
+    finally:
+        if seaweedfs.process is None:
+            seaweedfs.start()
+        assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
