@@ -71,8 +71,10 @@ bench-quick: install kube ## lapse vs Argo's controller vs a janitor sweep, scal
 functions: install ## Prepare functions/*/ for `func build` (vendors lapse, writes pyproject.toml)
 	$(BIN)/python scripts/package-functions.py
 
-images: install ## Build every image lapse deploys, without Docker (mmdebstrap, umoci, skopeo; cached by inputs)
-	bash scripts/debian-packages.sh mmdebstrap umoci skopeo
+# buildah builds the Containerfile; the image tests unpack with umoci and push to a local
+# docker-registry (images/README.md).
+images: install ## Build every image from the Containerfile with buildah, no daemon (cached by inputs)
+	bash scripts/debian-packages.sh mmdebstrap buildah skopeo umoci docker-registry
 	nice -n 19 $(BIN)/python scripts/build-images.py >/dev/null
 
 kubectl: ## Build kubectl (for `kubectl kustomize` of infra/) from the Go module proxy (cached by version)
