@@ -5,8 +5,8 @@ a read-only root filesystem and a fresh writable /tmp (securityContext runAsNonR
 readOnlyRootFilesystem, an emptyDir at /tmp), in a mount namespace and chroot of its own.
 
 The first run on a machine builds them (the base with mmdebstrap, then every Containerfile
-target; docs/releasing.md has the times); later runs reuse the cache in
-~/.cache/lapse/images/ keyed by the inputs' hash (a few seconds)."""
+target: minutes, docs/install.md has the times; `make images` does it before pytest in
+CI); later runs reuse the cache in ~/.cache/lapse/images/ keyed by the inputs' hash."""
 
 from __future__ import annotations
 
