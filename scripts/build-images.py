@@ -225,12 +225,10 @@ def build(out: Path, version: str, base: str) -> dict[str, Any]:
     shutil.rmtree(partial, ignore_errors=True)
     (partial / "archives").mkdir(parents=True)
     images: dict[str, dict[str, Any]] = {}
-    built: list[str] = []
     try:
         for name, how in targets().items():
             step = time.monotonic()
             reference = build_one(name, how, base, version)
-            built.append(reference)
             digest_file = partial / f"{name}.digest"
             buildah(
                 "push", "--quiet", "--format", "oci", "--digestfile", digest_file,
