@@ -78,8 +78,10 @@ bench-quick: install kube ## lapse vs Argo's controller vs a janitor sweep, scal
 functions: install ## Prepare functions/*/ for `func build` (vendors lapse, writes pyproject.toml)
 	$(BIN)/python scripts/package-functions.py
 
-images: install ## Build every image lapse deploys, without Docker (mmdebstrap, umoci, skopeo; cached by inputs)
-	bash scripts/debian-packages.sh mmdebstrap umoci skopeo
+# buildah builds the Containerfile; the image tests unpack with umoci and push to a local
+# docker-registry (images/README.md).
+images: install ## Build every image from the Containerfile with buildah, no daemon (cached by inputs)
+	bash scripts/debian-packages.sh mmdebstrap buildah skopeo umoci docker-registry
 	nice -n 19 $(BIN)/python scripts/build-images.py >/dev/null
 
 kubectl: ## Build kubectl (for `kubectl kustomize` of infra/) from the Go module proxy (cached by version)
@@ -92,7 +94,7 @@ cluster: ## Start a single-node Kubernetes with Knative Eventing + Serving here 
 cluster-stop: ## Stop that cluster and restore the host (processes, mounts, iptables, cgroups, sysctls)
 	bash scripts/cluster/stop.sh
 
-test-cluster: install databases observability cluster ## The tests on the real cluster (started here, stopped after, pass or fail)
+test-cluster: install databases observability images cluster ## The tests on the real cluster (started here, stopped after, pass or fail)
 	$(BIN)/pytest -p no:cacheprovider -rP tests/cluster; status=$$?; \
 	  bash scripts/cluster/stop.sh; exit $$status
 
