@@ -88,7 +88,7 @@ cluster: ## Start a single-node Kubernetes with Knative Eventing + Serving here 
 cluster-stop: ## Stop that cluster and restore the host (processes, mounts, iptables, cgroups, sysctls)
 	bash scripts/cluster/stop.sh
 
-test-cluster: install databases observability cluster ## The tests on the real cluster (started here, stopped after, pass or fail)
+test-cluster: install databases observability helm cluster ## The tests on the real cluster (started here, stopped after, pass or fail)
 	$(BIN)/pytest -p no:cacheprovider -rP tests/cluster; status=$$?; \
 	  bash scripts/cluster/stop.sh; exit $$status
 
