@@ -1,0 +1,202 @@
+"""The Helm chart (charts/lapse) on the real cluster, as a user runs it: `helm install`
+(single-process shape, the chart's own NATS, its own namespace and a scratch namespace to
+clean), lapse deletes a finished Workflow when its TTL is up, `helm upgrade` with a changed
+value rolls lapse and it still deletes, and `helm uninstall` leaves nothing of lapse's
+behind but what docs/helm.md says it keeps (the generated Secret lapse-nats-users) and the
+Secret the user made (lapse-ingress).
+
+Independent of the kustomize deployment the other tests share (the `lapse` fixture): other
+namespaces, and cluster-scoped names that carry the release namespace."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from lapse.embedded.kube import run_kind_crds
+from tests.cluster.conftest import Cluster, poll
+from tests.cluster.lapse_on_cluster import DeletionWatch, finished_workflow, push_images
+from tests.helm_chart import CHART, helm
+
+RELEASE = "lapse"
+NAMESPACE = "lapse-helm"
+TIMEOUT = "6m"
+# What `helm uninstall` leaves in the release namespace, by design: the NATS passwords the
+# chart's Job generated (not the release's: docs/helm.md), the Secret the user created, and
+# what Kubernetes puts in every namespace.
+KEPT = {
+    "Secret/lapse-nats-users",
+    "Secret/lapse-ingress",
+    "ConfigMap/kube-root-ca.crt",
+    "ServiceAccount/default",
+}
+NAMESPACED = (
+    "deployments,replicasets,pods,services,configmaps,secrets,serviceaccounts,jobs,roles,"
+    "rolebindings,networkpolicies,poddisruptionbudgets,endpointslices"
+)
+
+
+class Helm:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run(
+            [str(helm()), "--kubeconfig", self.cluster.kubeconfig, "--namespace", NAMESPACE,
+             *args],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        if check and out.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)}: {out.stderr[-3000:]}\n{self.diagnosis()}")
+        return out
+
+    def diagnosis(self) -> str:
+        k = self.cluster.kubectl
+        return "\n".join(
+            [
+                k("-n", NAMESPACE, "get", "all,jobs,secrets", "-o", "wide", check=False),
+                k("-n", NAMESPACE, "get", "events", "--sort-by=.lastTimestamp", check=False)[
+                    -3000:
+                ],
+                k("-n", NAMESPACE, "logs", "deploy/lapse", "--tail=40", check=False),
+            ]
+        )
+
+
+@pytest.fixture
+def release(cluster: Cluster) -> Iterator[Helm]:
+    run = Helm(cluster)
+    run("uninstall", RELEASE, "--wait", check=False)  # a run that failed half-way
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true")
+    cluster.kubectl("create", "namespace", NAMESPACE)
+    try:
+        yield run
+    finally:
+        run("uninstall", RELEASE, "--wait", check=False)
+        cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
+def image_values(images: dict[str, str]) -> dict[str, Any]:
+    """The pushed lapse image as the chart's values (registry, repository, tag)."""
+    registry, rest = images["dev.local/lapse/lapse"].split("/", 1)
+    repository, tag = rest.rsplit(":", 1)
+    return {"registry": registry, "lapse": {"repository": repository, "tag": tag}}
+
+
+def deleted_when_due(cluster: Cluster, namespace: str, prefix: str, ttl: int = 5) -> float:
+    """A finished Workflow with lapse.dev/ttl, deleted by lapse no earlier than its
+    deadline: returns how late (seconds)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    watch = DeletionWatch(cluster, namespace, name)
+    try:
+        time.sleep(1)  # the watch is established (its first list comes back empty)
+        finished_at = datetime.now(UTC).replace(microsecond=0)
+        workflow = finished_workflow(name, finished_at, f"{ttl}s")
+        created = json.loads(
+            cluster.kubectl(
+                "-n", namespace, "create", "-o", "json", "-f", "-", stdin=json.dumps(workflow)
+            )
+        )
+        watch.added()
+        deadline = (finished_at + timedelta(seconds=ttl)).timestamp()
+        deleted_at = watch.deleted_at(created["metadata"]["uid"], timeout=ttl + 120)
+    finally:
+        watch.stop()
+    assert deleted_at >= deadline, f"{name} deleted {deadline - deleted_at:.2f} s early"
+    return deleted_at - deadline
+
+
+def lapse_pod(cluster: Cluster) -> str:
+    out = cluster.kubectl("-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/name=lapse",
+                          "-o", "json")  # fmt: skip
+    pods = json.loads(out)["items"]
+    running = [p for p in pods if "deletionTimestamp" not in p["metadata"]]
+    assert len(running) == 1, [p["metadata"]["name"] for p in pods]
+    uid: str = running[0]["metadata"]["uid"]
+    return uid
+
+
+def leftovers(cluster: Cluster, namespace: str) -> set[str]:
+    out = cluster.kubectl("-n", namespace, "get", NAMESPACED, "-o", "json")
+    items = json.loads(out)["items"]
+    return {f"{i['kind']}/{i['metadata']['name']}" for i in items}
+
+
+def test_install_delete_upgrade_uninstall(
+    cluster: Cluster, release: Helm, namespace: str, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    images = push_images()
+    crds = {"apiVersion": "v1", "kind": "List", "items": list(run_kind_crds())}
+    cluster.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps(crds))
+    cluster.kubectl(
+        "wait", "crd/workflows.argoproj.io", "--for=condition=Established", "--timeout=60s"
+    )
+    # The Secret docs/deploy.md asks for: without it lapse up does not start.
+    cluster.kubectl(
+        "-n", NAMESPACE, "create", "secret", "generic", "lapse-ingress",
+        f"--from-literal=token={secrets.token_hex(32)}",
+    )  # fmt: skip
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "shape": "singleProcess",
+                "namespaces": [namespace],
+                "images": image_values(images),
+                "config": {"safety": {"max_deletions_per_second": 5}},
+            }
+        )
+    )
+
+    release("install", RELEASE, str(CHART), "--values", str(values), "--wait",
+            "--timeout", TIMEOUT)  # fmt: skip
+    installed = time.monotonic() - started
+    first = deleted_when_due(cluster, namespace, "helm-install")
+    before = lapse_pod(cluster)
+
+    release("upgrade", RELEASE, str(CHART), "--reuse-values",
+            "--set", "config.safety.max_deletions_per_second=7", "--wait",
+            "--timeout", TIMEOUT)  # fmt: skip
+    config = yaml.safe_load(cluster.get(NAMESPACE, "configmap/lapse")["data"]["lapse.yaml"])
+    assert config["safety"]["max_deletions_per_second"] == 7
+    # The changed lapse.yaml rolled lapse (the pod template's checksum/config).
+    assert lapse_pod(cluster) != before
+    second = deleted_when_due(cluster, namespace, "helm-upgrade")
+    history = json.loads(release("history", RELEASE, "-o", "json").stdout)
+    assert [h["status"] for h in history] == ["superseded", "deployed"]
+
+    release("uninstall", RELEASE, "--wait", "--timeout", TIMEOUT)
+    # Pods go after their Deployment (the garbage collector): wait for them too.
+    poll(
+        "nothing of the release left in its namespace but what it keeps",
+        lambda: leftovers(cluster, NAMESPACE) <= KEPT,
+        timeout=120,
+    )
+    assert leftovers(cluster, NAMESPACE) == KEPT
+    # Nothing in the cleaned namespace (its Roles, RoleBinding) or cluster-wide.
+    assert not {o for o in leftovers(cluster, namespace) if o.split("/")[1].startswith("lapse")}, (
+        leftovers(cluster, namespace)
+    )
+    cluster_wide = cluster.kubectl(
+        "get", "clusterroles,clusterrolebindings", "-l", "app.kubernetes.io/instance=lapse",
+        "-o", "name",
+    )  # fmt: skip
+    assert f"{NAMESPACE}-lapse-watch" not in cluster_wide
+    assert not [
+        line for line in cluster_wide.splitlines() if line.split("/")[1].startswith(NAMESPACE)
+    ]
+    print(
+        f"\nhelm: installed and Ready in {installed:.0f} s (images pushed); deletions "
+        f"{first:.1f} s and {second:.1f} s after their deadlines (install, upgrade)"
+    )
