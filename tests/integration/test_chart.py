@@ -18,6 +18,7 @@ import copy
 import difflib
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,17 @@ import pytest
 import yaml
 
 from lapse.config.schema import LapseConfig
+from tests.conftest import KubeStack
 from tests.helm_chart import CHART, CI_VALUES, run_helm, template, template_text
-from tests.infra_package import OVERLAYS, rendered_text
+from tests.infra_package import (
+    OVERLAYS,
+    install_crds,
+    knative_crds,
+    kubectl,
+    rendered_text,
+    schema_of,
+    unknown_fields,
+)
 
 HELM_LABELS = frozenset(
     {
@@ -354,3 +364,58 @@ def test_the_rendered_text_names_no_other_namespace() -> None:
     assert "lapse-system" not in template_text(namespace="lapse-helm")
     assert "lapse-system" not in template_text("--set", "shape=singleProcess",
                                                namespace="lapse-helm")  # fmt: skip
+
+
+def full_render(tmp_path: Path) -> str:
+    """The knative shape with most values away from their defaults, in another namespace."""
+    values = tmp_path / "full.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "namespaces": ["ml", "ci"],
+                "nats": {"url": "tls://nats.nats.svc:4222", "server": {"enabled": False},
+                         "tls": {"enabled": True, "clientCertificate": True}},
+                "images": {"registry": "registry.example.com", "pullPolicy": "IfNotPresent"},
+                "imagePullSecrets": [{"name": "pull"}],
+                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                "knative": {"functions": {"maxScale": 5,
+                                          "annotations": {"autoscaling.knative.dev/window": "6s"}},
+                            "bridge": {"replicas": 2}, "podDisruptionBudgets": True},
+                "otel": {"endpoint": "http://collector:4318",
+                         "env": {"OTEL_BSP_SCHEDULE_DELAY": 500}},
+                "metrics": {"port": 9464},
+            }
+        )
+    )  # fmt: skip
+    return template_text("--values", str(values), namespace="lapse-helm")
+
+
+@pytest.mark.kube
+def test_a_full_render_passes_a_strict_server_side_dry_run(kube: KubeStack, tmp_path: Path) -> None:
+    install_crds(kube.api_client, knative_crds())
+    text = full_render(tmp_path)
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    for namespace in {d["metadata"].get("namespace") for d in docs} - {None}:
+        kube.namespace(namespace)
+    out = subprocess.run(
+        [
+            str(kubectl()), "--kubeconfig", str(kube.kubeconfig), "apply", "--server-side",
+            "--field-manager=lapse-test", "--dry-run=server", "--validate=strict", "-f", "-",
+        ],
+        input=text, capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    accepted = [line for line in out.stdout.splitlines() if line.endswith("(server dry run)")]
+    assert len(accepted) == len(docs), out.stdout
+
+
+def test_knative_objects_of_a_full_render_declare_only_schema_fields(tmp_path: Path) -> None:
+    crds = {(c["spec"]["group"], c["spec"]["names"]["kind"]): c for c in knative_crds()}
+    checked = 0
+    for doc in yaml.safe_load_all(full_render(tmp_path)):
+        group, _, version = doc["apiVersion"].rpartition("/")
+        if (group, doc["kind"]) in crds:
+            schema = schema_of(crds[(group, doc["kind"])], version)
+            assert unknown_fields(doc, schema) == [], f"{doc['kind']} {doc['metadata']['name']}"
+            checked += 1
+    assert checked >= 20  # Broker, 15 Triggers, ApiServerSource, SinkBinding, 3 Services
