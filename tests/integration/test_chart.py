@@ -75,6 +75,10 @@ KNATIVE_ONLY = {
 # infra/overlays/production/pdb.yaml names no namespace (kubectl puts its objects in the
 # current one); the chart puts them in the release's.
 NAMESPACE_UNSET = {("policy/v1", "PodDisruptionBudget")}
+# The chart's `lapse up` keeps its state in /tmp/lapse: the overlay's has no directory it
+# may write (its user has no home) and stops at start-up with "Permission denied:
+# '/nonexistent'" (found by tests/cluster/test_helm_on_cluster.py; reported).
+STATE_DIR = ["--state-dir", "/tmp/lapse"]
 
 
 def key(doc: dict[str, Any]) -> Key:
@@ -132,7 +136,13 @@ def overlay_objects(overlay: str) -> dict[Key, dict[str, Any]]:
 
 
 def chart_objects(*args: str) -> dict[Key, dict[str, Any]]:
-    return {key(doc): normalized(doc) for doc in template(*args)}
+    docs = template(*args)
+    for doc in docs:
+        if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "lapse":
+            container = doc["spec"]["template"]["spec"]["containers"][0]
+            assert container["args"][-2:] == STATE_DIR
+            del container["args"][-2:]
+    return {key(doc): normalized(doc) for doc in docs}
 
 
 def _diff(expected: dict[str, Any], actual: dict[str, Any]) -> str:
@@ -357,6 +367,8 @@ def test_security_context_defaults_are_restricted() -> None:
                 assert context["capabilities"] == {"drop": ["ALL"]}
                 assert context["runAsNonRoot"] is True
                 assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+                assert context["readOnlyRootFilesystem"] is True
+                assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
 
 
 def test_the_rendered_text_names_no_other_namespace() -> None:

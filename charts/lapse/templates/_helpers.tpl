@@ -98,6 +98,7 @@ password from the users Secret, the only key mounted. `lapse.natsIdentity.env`,
 {{- end }}
 
 {{- define "lapse.configMounts" -}}
+{{- include "lapse.tmpMount" . }}
 - {name: config, mountPath: /etc/lapse, readOnly: true}
 - {name: nats-password, mountPath: /etc/lapse-nats, readOnly: true}
 {{- if .Values.nats.tls.enabled }}
@@ -116,6 +117,24 @@ password from the users Secret, the only key mounted. `lapse.natsIdentity.env`,
     secretName: {{ .ctx.Values.nats.auth.usersSecret }}
     items: [{key: {{ .user }}, path: password}]
 {{- include "lapse.natsTlsVolume" .ctx }}
+{{- include "lapse.tmpVolume" .ctx }}
+{{- end }}
+
+{{/* With a read-only root filesystem, /tmp is an emptyDir of the pod's own. */}}
+{{- define "lapse.readOnlyRoot" -}}
+{{- if and .Values.securityContext .Values.securityContext.readOnlyRootFilesystem }}true{{ end -}}
+{{- end }}
+
+{{- define "lapse.tmpMount" -}}
+{{- if include "lapse.readOnlyRoot" . }}
+- {name: tmp, mountPath: /tmp}
+{{- end }}
+{{- end }}
+
+{{- define "lapse.tmpVolume" -}}
+{{- if include "lapse.readOnlyRoot" . }}
+- {name: tmp, emptyDir: {sizeLimit: 64Mi}}
+{{- end }}
 {{- end }}
 
 {{/*
