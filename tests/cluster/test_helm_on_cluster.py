@@ -1,9 +1,10 @@
-"""The Helm chart (charts/lapse) on the real cluster, as a user runs it: `helm install`
-(single-process shape, the chart's own NATS, its own namespace and a scratch namespace to
-clean), lapse deletes a finished Workflow when its TTL is up, `helm upgrade` with a changed
-value rolls lapse and it still deletes, and `helm uninstall` leaves nothing of lapse's
-behind but what docs/helm.md says it keeps (the generated Secret lapse-nats-users) and the
-Secret the user made (lapse-ingress).
+"""The Helm chart (charts/lapse) on the real cluster, as a user runs it, in each shape
+(`knative`: the functions behind the Broker, with Knative's OIDC on; `singleProcess`):
+`helm install` (the chart's own NATS, its own namespace and a scratch namespace to clean),
+lapse deletes a finished Workflow when its TTL is up, `helm upgrade` with a changed value
+rolls lapse and it still deletes, and `helm uninstall` leaves nothing of lapse's behind but
+what docs/helm.md says it keeps (the generated Secret lapse-nats-users) and the Secret the
+user made (lapse-ingress).
 
 Independent of the kustomize deployment the other tests share (the `lapse` fixture): other
 namespaces, and cluster-scoped names that carry the release namespace."""
@@ -68,7 +69,23 @@ class Helm:
                 k("-n", NAMESPACE, "get", "events", "--sort-by=.lastTimestamp", check=False)[
                     -3000:
                 ],
-                k("-n", NAMESPACE, "logs", "deploy/lapse", "--tail=40", check=False),
+                k(
+                    "-n",
+                    NAMESPACE,
+                    "get",
+                    "ksvc,broker,trigger,apiserversource,sinkbinding",
+                    check=False,
+                ),
+                k(
+                    "-n",
+                    NAMESPACE,
+                    "logs",
+                    "-l",
+                    "app.kubernetes.io/part-of=lapse",
+                    "--all-containers",
+                    "--tail=20",
+                    check=False,
+                ),
             ]
         )
 
@@ -86,11 +103,33 @@ def release(cluster: Cluster) -> Iterator[Helm]:
         cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 
 
+IMAGE_VALUES = {
+    "lapse": "lapse",
+    "ttl-planner": "ttlPlanner",
+    "object-reaper": "objectReaper",
+    "row-reaper": "rowReaper",
+}
+# What the knative shape has Ready before a Workflow is written (beyond `helm --wait`,
+# which knows Deployments, not Knative's objects).
+KNATIVE_READY = (
+    "broker/lapse", "sinkbinding/lapse-bridge", "ksvc/lapse-ttl-planner",
+    "ksvc/lapse-object-reaper", "ksvc/lapse-row-reaper", "trigger/ttl-planner-apiserver-add",
+    "trigger/ttl-planner-apiserver-update", "trigger/object-reaper-due",
+    "apiserversource/lapse-workflows", "eventpolicy/lapse-broker",
+)  # fmt: skip
+# The Deployment a changed lapse.yaml must roll, per shape.
+ROLLED = {"singleProcess": "lapse", "knative": "lapse-bridge"}
+
+
 def image_values(images: dict[str, str]) -> dict[str, Any]:
-    """The pushed lapse image as the chart's values (registry, repository, tag)."""
-    registry, rest = images["dev.local/lapse/lapse"].split("/", 1)
-    repository, tag = rest.rsplit(":", 1)
-    return {"registry": registry, "lapse": {"repository": repository, "tag": tag}}
+    """The pushed images as the chart's values (registry, repository, tag)."""
+    values: dict[str, Any] = {}
+    for name, key in IMAGE_VALUES.items():
+        registry, rest = images[f"dev.local/lapse/{name}"].split("/", 1)
+        repository, tag = rest.rsplit(":", 1)
+        values["registry"] = registry
+        values[key] = {"repository": repository, "tag": tag}
+    return values
 
 
 def deleted_when_due(cluster: Cluster, namespace: str, prefix: str, ttl: int = 5) -> float:
@@ -116,9 +155,10 @@ def deleted_when_due(cluster: Cluster, namespace: str, prefix: str, ttl: int = 5
     return deleted_at - deadline
 
 
-def lapse_pod(cluster: Cluster) -> str:
-    out = cluster.kubectl("-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/name=lapse",
-                          "-o", "json")  # fmt: skip
+def pod_of(cluster: Cluster, deployment: str) -> str:
+    """The uid of the one running pod of a Deployment."""
+    out = cluster.kubectl("-n", NAMESPACE, "get", "pods", "-l",
+                          f"app.kubernetes.io/name={deployment}", "-o", "json")  # fmt: skip
     pods = json.loads(out)["items"]
     running = [p for p in pods if "deletionTimestamp" not in p["metadata"]]
     assert len(running) == 1, [p["metadata"]["name"] for p in pods]
@@ -132,8 +172,9 @@ def leftovers(cluster: Cluster, namespace: str) -> set[str]:
     return {f"{i['kind']}/{i['metadata']['name']}" for i in items}
 
 
+@pytest.mark.parametrize("shape", ["singleProcess", "knative"])
 def test_install_delete_upgrade_uninstall(
-    cluster: Cluster, release: Helm, namespace: str, tmp_path: Path
+    cluster: Cluster, release: Helm, namespace: str, tmp_path: Path, shape: str
 ) -> None:
     started = time.monotonic()
     images = push_images()
@@ -151,7 +192,7 @@ def test_install_delete_upgrade_uninstall(
     values.write_text(
         yaml.safe_dump(
             {
-                "shape": "singleProcess",
+                "shape": shape,
                 "namespaces": [namespace],
                 "images": image_values(images),
                 "config": {"safety": {"max_deletions_per_second": 5}},
@@ -159,11 +200,24 @@ def test_install_delete_upgrade_uninstall(
         )
     )
 
+    if shape == "knative":
+        # For the SinkBinding's webhook whichever selection mode the cluster uses.
+        cluster.kubectl("label", "namespace", NAMESPACE, "bindings.knative.dev/include=true")
+
     release("install", RELEASE, str(CHART), "--values", str(values), "--wait",
             "--timeout", TIMEOUT)  # fmt: skip
+    if shape == "knative":
+        for what in KNATIVE_READY:
+            try:
+                cluster.wait_ready(NAMESPACE, what, timeout=240)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{release.diagnosis()}") from None
+        # The SinkBinding gave the bridge its K_SINK: a new rollout.
+        cluster.kubectl("-n", NAMESPACE, "rollout", "status", "deploy/lapse-bridge",
+                        "--timeout=110s")  # fmt: skip
     installed = time.monotonic() - started
     first = deleted_when_due(cluster, namespace, "helm-install")
-    before = lapse_pod(cluster)
+    before = pod_of(cluster, ROLLED[shape])
 
     release("upgrade", RELEASE, str(CHART), "--reuse-values",
             "--set", "config.safety.max_deletions_per_second=7", "--wait",
@@ -171,7 +225,7 @@ def test_install_delete_upgrade_uninstall(
     config = yaml.safe_load(cluster.get(NAMESPACE, "configmap/lapse")["data"]["lapse.yaml"])
     assert config["safety"]["max_deletions_per_second"] == 7
     # The changed lapse.yaml rolled lapse (the pod template's checksum/config).
-    assert lapse_pod(cluster) != before
+    assert pod_of(cluster, ROLLED[shape]) != before
     second = deleted_when_due(cluster, namespace, "helm-upgrade")
     history = json.loads(release("history", RELEASE, "-o", "json").stdout)
     assert [h["status"] for h in history] == ["superseded", "deployed"]
@@ -192,11 +246,10 @@ def test_install_delete_upgrade_uninstall(
         "get", "clusterroles,clusterrolebindings", "-l", "app.kubernetes.io/instance=lapse",
         "-o", "name",
     )  # fmt: skip
-    assert f"{NAMESPACE}-lapse-watch" not in cluster_wide
     assert not [
         line for line in cluster_wide.splitlines() if line.split("/")[1].startswith(NAMESPACE)
     ]
     print(
-        f"\nhelm: installed and Ready in {installed:.0f} s (images pushed); deletions "
+        f"\nhelm, {shape}: installed and Ready in {installed:.0f} s (images pushed); deletions "
         f"{first:.1f} s and {second:.1f} s after their deadlines (install, upgrade)"
     )
