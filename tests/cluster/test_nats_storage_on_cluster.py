@@ -1,0 +1,172 @@
+"""The single-process overlay's NATS keeps its data on a PersistentVolumeClaim
+(infra/overlays/single-process/nats-data.yaml): a pending deletion deadline (a JetStream
+message schedule) survives the NATS pod being deleted. On an emptyDir, as before, the new
+pod started with no streams at all.
+
+The test cluster has no storage provisioner (scripts/cluster/ starts none), so the test
+makes the PersistentVolume a provisioner would: a hostPath folder on the node, bound to the
+overlay's claim. The overlay's NATS objects (its claim, Deployment, Service and
+configuration) run in a scratch namespace that enforces Pod Security `restricted`, beside
+the dev overlay the other tests use; the password Secret is made here."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+import yaml
+
+from lapse.edges.schedules import schedule_headers
+from lapse.embedded.nats_identities import ADMIN, KUBERNETES, USERS_SECRET
+from tests.cluster.conftest import REPO, Cluster, poll
+from tests.cluster.lapse_on_cluster import kubectl_waiting
+from tests.infra_package import rendered
+
+PV_ROOT = Path("/var/lib/lapse-test-volumes")
+UID = 65532
+
+
+@pytest.fixture
+def volume_dir() -> Iterator[Path]:
+    folder = PV_ROOT / uuid.uuid4().hex[:8]
+    folder.mkdir(parents=True)
+    # A provisioner's volume belongs to the pod's fsGroup; a hostPath gets no such change,
+    # so it is made the NATS user's here.
+    os.chown(folder, UID, UID)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def nats_objects(namespace: str) -> list[dict[str, Any]]:
+    """The dev NATS of the single-process overlay, as rendered, moved to `namespace`."""
+    wanted = {("PersistentVolumeClaim", "nats-data"), ("Deployment", "nats"), ("Service", "nats")}
+    objects = []
+    for doc in rendered("single-process"):
+        name = doc["metadata"]["name"]
+        if (doc["kind"], name) in wanted or name.startswith("lapse-nats-conf"):
+            doc["metadata"]["namespace"] = namespace
+            objects.append(doc)
+    assert len(objects) == 4, [o["metadata"]["name"] for o in objects]
+    return objects
+
+
+def nats_pod(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    pods = [
+        p
+        for p in cluster.get(namespace, "pods")["items"]
+        if p["metadata"]["labels"].get("app.kubernetes.io/name") == "nats"
+        and "deletionTimestamp" not in p["metadata"]
+    ]
+    (pod,) = pods
+    found: dict[str, Any] = pod
+    return found
+
+
+async def _schedule(url: str, password: str, subject: str, body: bytes) -> int:
+    client = await nats.connect(url, user=ADMIN.user, password=password)
+    try:
+        # A deadline a day away, with the headers the planner puts (lapse/edges/schedules.py).
+        deadline = datetime.now(UTC) + timedelta(days=1)
+        ack = await client.jetstream().publish(
+            f"lapse.sched.{subject}",
+            body,
+            headers=schedule_headers(deadline, f"lapse.due.{subject}"),
+        )
+        return int(ack.seq)
+    finally:
+        await client.close()
+
+
+async def _stored(url: str, password: str, subject: str) -> bytes | None:
+    client = await nats.connect(url, user=ADMIN.user, password=password)
+    try:
+        msg = await client.jetstream().get_last_msg("LAPSE_SCHED", f"lapse.sched.{subject}")
+        return bytes(msg.data or b"")
+    except nats.js.errors.NotFoundError:
+        return None
+    finally:
+        await client.close()
+
+
+def test_a_pending_schedule_survives_the_nats_pod(
+    cluster: Cluster, namespace: str, volume_dir: Path, tmp_path: Path
+) -> None:
+    cluster.kubectl(
+        "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted"
+    )
+    passwords = {i.user: secrets.token_hex(16) for i in KUBERNETES}
+    secret = {
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": USERS_SECRET, "namespace": namespace}, "stringData": passwords,
+    }  # fmt: skip
+    volume = {
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": f"lapse-nats-{namespace}"},
+        "spec": {
+            "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "",
+            "hostPath": {"path": str(volume_dir), "type": "Directory"},
+            "claimRef": {"namespace": namespace, "name": "nats-data"},
+        },
+    }  # fmt: skip
+    items = [secret, volume, *nats_objects(namespace)]
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                           "items": items}))  # fmt: skip
+    try:
+        kubectl_waiting(cluster, "-n", namespace, "rollout", "status", "deploy/nats",
+                        timeout=180)  # fmt: skip
+        claim = cluster.get(namespace, "pvc/nats-data")
+        assert claim["status"]["phase"] == "Bound", claim["status"]
+        ip = cluster.get(namespace, "service/nats")["spec"]["clusterIP"]
+        url = f"nats://{ip}:4222"
+
+        # The streams, by lapse's own command, as the lapse-streams pod makes them.
+        (tmp_path / "password").write_text(passwords[ADMIN.user])
+        (tmp_path / "lapse.yaml").write_text(yaml.safe_dump({"nats": {"replicas": 1}}))
+        env = {
+            **os.environ, "PYTHONPATH": str(REPO), "LAPSE_CONFIG": str(tmp_path / "lapse.yaml"),
+            "LAPSE_NATS__URL": url, "LAPSE_NATS__USER": ADMIN.user,
+            "LAPSE_NATS__PASSWORD_FILE": str(tmp_path / "password"),
+        }  # fmt: skip
+        applied = subprocess.run(
+            [sys.executable, "-m", "lapse.cli", "infra", "apply"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert applied.returncode == 0, applied.stderr
+        subject = f"test.{uuid.uuid4().hex[:8]}"
+        body = b'{"run": "survives-a-restart"}'
+        seq = asyncio.run(_schedule(url, passwords[ADMIN.user], subject, body))
+        assert asyncio.run(_stored(url, passwords[ADMIN.user], subject)) == body
+
+        first = nats_pod(cluster, namespace)["metadata"]["name"]
+        cluster.kubectl("-n", namespace, "delete", "pod", first, "--wait=true")
+        poll(
+            "a new NATS pod Ready",
+            lambda: (
+                (pod := nats_pod(cluster, namespace))["metadata"]["name"] != first
+                and any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in pod["status"].get("conditions", [])
+                )
+            ),
+            timeout=180,
+        )
+        # Still there, with the sequence it had: the same stream, not a new one.
+        assert asyncio.run(_stored(url, passwords[ADMIN.user], subject)) == body
+        print(f"\nschedule #{seq} survived deleting NATS pod {first} (volume {volume_dir})")
+    finally:
+        cluster.kubectl("-n", namespace, "delete", "deploy", "nats", "--wait=true", check=False)
+        cluster.kubectl("-n", namespace, "delete", "pvc", "nats-data", "--wait=false", check=False)
+        cluster.kubectl("delete", "pv", f"lapse-nats-{namespace}", "--wait=false", check=False)
