@@ -84,17 +84,25 @@ password from the users Secret, the only key mounted. `lapse.natsIdentity.env`,
 - {name: LAPSE_NATS__PASSWORD_FILE, value: /etc/lapse-nats/password}
 {{- end }}
 
-{{/* The environment every lapse container shares: telemetry (after its own variables). */}}
-{{- define "lapse.commonEnv" -}}
-{{- with .Values.otel.endpoint }}
-- {name: OTEL_EXPORTER_OTLP_ENDPOINT, value: {{ . | quote }}}
+{{/*
+What every lapse process (not the chart's NATS server) takes besides its own variables: the
+NATS URL from the ConfigMap `lapse` (the one place it is set), and the telemetry settings
+from the ConfigMap `lapse-telemetry` (telemetry.yaml). Ends a container's `env` list.
+*/}}
+{{- define "lapse.processEnv" -}}
+- name: LAPSE_NATS__URL
+  valueFrom: {configMapKeyRef: {name: lapse, key: nats-url}}
 {{- end }}
-{{- range $name, $value := .Values.otel.env }}
-- {name: {{ $name }}, value: {{ $value | toString | quote }}}
+
+{{- define "lapse.processEnvFrom" -}}
+envFrom:
+  - configMapRef: {name: lapse-telemetry}
 {{- end }}
-{{- with .Values.metrics.port }}
-- {name: LAPSE_PROMETHEUS_PORT, value: {{ . | quote }}}
-{{- end }}
+
+{{/* Annotations that roll a pod when lapse.yaml or the telemetry settings change. */}}
+{{- define "lapse.checksums" -}}
+checksum/config: {{ include "lapse.config" . | sha256sum }}
+checksum/telemetry: {{ include "lapse.telemetry" . | sha256sum }}
 {{- end }}
 
 {{- define "lapse.configMounts" -}}
@@ -169,12 +177,12 @@ nats.tls.* point. lapse needs no key of the servers'.
 
 {{/*
 lapse.yaml: `config`, with what the chart owns set from the values it comes from (the NATS
-URL and TLS files, the cleaned namespaces, policies, kinds).
+TLS files, the cleaned namespaces, policies, kinds). The NATS URL is not in it: every pod
+takes it from the ConfigMap's nats-url (LAPSE_NATS__URL).
 */}}
 {{- define "lapse.config" -}}
 {{- $config := deepCopy (.Values.config | default dict) -}}
 {{- $nats := deepCopy (get $config "nats" | default dict) -}}
-{{- $_ := set $nats "url" (include "lapse.natsUrl" .) -}}
 {{- if .Values.nats.tls.enabled -}}
 {{- $tls := dict "ca_file" "/etc/lapse-nats-tls/ca.crt" -}}
 {{- if .Values.nats.tls.clientCertificate -}}
@@ -243,4 +251,13 @@ URL and TLS files, the cleaned namespaces, policies, kinds).
 {{- with .Values.metrics.port }}
 - {name: metrics, containerPort: {{ . }}}
 {{- end }}
+{{- end }}
+
+{{/* The data of the ConfigMap lapse-telemetry. */}}
+{{- define "lapse.telemetry" -}}
+{{- $data := dict }}
+{{- with .Values.metrics.port }}{{ $_ := set $data "LAPSE_PROMETHEUS_PORT" (toString .) }}{{ end }}
+{{- with .Values.otel.endpoint }}{{ $_ := set $data "OTEL_EXPORTER_OTLP_ENDPOINT" . }}{{ end }}
+{{- range $name, $value := .Values.otel.env }}{{ $_ := set $data $name (toString $value) }}{{ end }}
+{{- toYaml $data }}
 {{- end }}
