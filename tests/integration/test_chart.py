@@ -34,6 +34,7 @@ from tests.infra_package import (
     install_crds,
     knative_crds,
     kubectl,
+    prometheus_operator_crds,
     rendered_text,
     schema_of,
     unknown_fields,
@@ -406,7 +407,9 @@ def full_render(tmp_path: Path) -> str:
                             "bridge": {"replicas": 2}, "podDisruptionBudgets": True},
                 "otel": {"endpoint": "http://collector:4318",
                          "env": {"OTEL_BSP_SCHEDULE_DELAY": 500}},
-                "metrics": {"port": 9464},
+                "metrics": {"port": 9100, "podMonitor": {"enabled": True, "interval": "30s"},
+                            "prometheusRule": {"enabled": True, "labels": {"release": "kps"}},
+                            "grafanaDashboard": {"enabled": True}},
             }
         )
     )  # fmt: skip
@@ -415,7 +418,7 @@ def full_render(tmp_path: Path) -> str:
 
 @pytest.mark.kube
 def test_a_full_render_passes_a_strict_server_side_dry_run(kube: KubeStack, tmp_path: Path) -> None:
-    install_crds(kube.api_client, knative_crds())
+    install_crds(kube.api_client, knative_crds() + prometheus_operator_crds())
     text = full_render(tmp_path)
     docs = [d for d in yaml.safe_load_all(text) if d]
     for namespace in {d["metadata"].get("namespace") for d in docs} - {None}:
