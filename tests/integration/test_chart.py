@@ -390,14 +390,17 @@ def test_the_rendered_text_names_no_other_namespace() -> None:
                                                namespace="lapse-helm")  # fmt: skip
 
 
-def full_render(tmp_path: Path) -> str:
-    """The knative shape with most values away from their defaults, in another namespace."""
+def full_render(tmp_path: Path, shape: str = "knative") -> str:
+    """A shape with most values away from their defaults, in another namespace."""
     values = tmp_path / "full.yaml"
     values.write_text(
         yaml.safe_dump(
             {
+                "shape": shape,
                 "namespaces": ["ml", "ci"],
-                "nats": {"url": "tls://nats.nats.svc:4222", "server": {"enabled": False},
+                "nats": {"url": "tls://nats.nats.svc:4222",
+                         "server": {"enabled": shape == "singleProcess",
+                                    "persistence": {"enabled": True, "size": "2Gi"}},
                          "tls": {"enabled": True, "clientCertificate": True}},
                 "images": {"registry": "registry.example.com", "pullPolicy": "IfNotPresent"},
                 "imagePullSecrets": [{"name": "pull"}],
@@ -417,9 +420,12 @@ def full_render(tmp_path: Path) -> str:
 
 
 @pytest.mark.kube
-def test_a_full_render_passes_a_strict_server_side_dry_run(kube: KubeStack, tmp_path: Path) -> None:
+@pytest.mark.parametrize("shape", ["knative", "singleProcess"])
+def test_a_full_render_passes_a_strict_server_side_dry_run(
+    kube: KubeStack, tmp_path: Path, shape: str
+) -> None:
     install_crds(kube.api_client, knative_crds() + prometheus_operator_crds())
-    text = full_render(tmp_path)
+    text = full_render(tmp_path, shape)
     docs = [d for d in yaml.safe_load_all(text) if d]
     for namespace in {d["metadata"].get("namespace") for d in docs} - {None}:
         kube.namespace(namespace)
