@@ -62,32 +62,25 @@ class Helm:
         return out
 
     def diagnosis(self) -> str:
+        """What an engineer looks at first when something does not happen."""
         k = self.cluster.kubectl
-        return "\n".join(
-            [
-                k("-n", NAMESPACE, "get", "all,jobs,secrets", "-o", "wide", check=False),
-                k("-n", NAMESPACE, "get", "events", "--sort-by=.lastTimestamp", check=False)[
-                    -3000:
-                ],
-                k(
-                    "-n",
-                    NAMESPACE,
-                    "get",
-                    "ksvc,broker,trigger,apiserversource,sinkbinding",
-                    check=False,
-                ),
-                k(
-                    "-n",
-                    NAMESPACE,
-                    "logs",
-                    "-l",
-                    "app.kubernetes.io/part-of=lapse",
-                    "--all-containers",
-                    "--tail=20",
-                    check=False,
-                ),
-            ]
-        )
+        parts = [
+            k("-n", NAMESPACE, "get", "all,jobs,secrets", "-o", "wide", check=False),
+            k("-n", NAMESPACE, "get", "ksvc,broker,trigger,apiserversource,sinkbinding",
+              check=False),
+            k("-n", NAMESPACE, "get", "events", "--sort-by=.lastTimestamp", check=False)[-3000:],
+        ]  # fmt: skip
+        for selector, container in (
+            ("app.kubernetes.io/name=lapse", "lapse"),
+            ("serving.knative.dev/service=lapse-ttl-planner", "function"),
+            ("serving.knative.dev/service=lapse-object-reaper", "function"),
+            ("app.kubernetes.io/name=lapse-bridge", "bridge"),
+            ("sources.knative.dev/apiServerSource=lapse-workflows", ""),
+        ):
+            which = ["-c", container] if container else ["--all-containers"]
+            logs = k("-n", NAMESPACE, "logs", "-l", selector, *which, "--tail=25", check=False)
+            parts.append(f"--- logs {selector}\n{logs}")
+        return "\n".join(parts)
 
 
 @pytest.fixture
@@ -132,7 +125,9 @@ def image_values(images: dict[str, str]) -> dict[str, Any]:
     return values
 
 
-def deleted_when_due(cluster: Cluster, namespace: str, prefix: str, ttl: int = 5) -> float:
+def deleted_when_due(
+    release: Helm, cluster: Cluster, namespace: str, prefix: str, ttl: int = 5
+) -> float:
     """A finished Workflow with lapse.dev/ttl, deleted by lapse no earlier than its
     deadline: returns how late (seconds)."""
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
@@ -148,7 +143,10 @@ def deleted_when_due(cluster: Cluster, namespace: str, prefix: str, ttl: int = 5
         )
         watch.added()
         deadline = (finished_at + timedelta(seconds=ttl)).timestamp()
-        deleted_at = watch.deleted_at(created["metadata"]["uid"], timeout=ttl + 120)
+        try:
+            deleted_at = watch.deleted_at(created["metadata"]["uid"], timeout=ttl + 180)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {name}\n{release.diagnosis()}") from None
     finally:
         watch.stop()
     assert deleted_at >= deadline, f"{name} deleted {deadline - deleted_at:.2f} s early"
@@ -196,6 +194,9 @@ def test_install_delete_upgrade_uninstall(
                 "namespaces": [namespace],
                 "images": image_values(images),
                 "config": {"safety": {"max_deletions_per_second": 5}},
+                # Warm functions: this checks the chart's wiring, not how fast a pod starts
+                # from zero on a loaded machine (test_pipeline_on_knative.py does that).
+                "knative": {"functions": {"minScale": 1}},
             }
         )
     )
@@ -216,7 +217,7 @@ def test_install_delete_upgrade_uninstall(
         cluster.kubectl("-n", NAMESPACE, "rollout", "status", "deploy/lapse-bridge",
                         "--timeout=110s")  # fmt: skip
     installed = time.monotonic() - started
-    first = deleted_when_due(cluster, namespace, "helm-install")
+    first = deleted_when_due(release, cluster, namespace, "helm-install")
     before = pod_of(cluster, ROLLED[shape])
 
     release("upgrade", RELEASE, str(CHART), "--reuse-values",
@@ -226,7 +227,7 @@ def test_install_delete_upgrade_uninstall(
     assert config["safety"]["max_deletions_per_second"] == 7
     # The changed lapse.yaml rolled lapse (the pod template's checksum/config).
     assert pod_of(cluster, ROLLED[shape]) != before
-    second = deleted_when_due(cluster, namespace, "helm-upgrade")
+    second = deleted_when_due(release, cluster, namespace, "helm-upgrade")
     history = json.loads(release("history", RELEASE, "-o", "json").stdout)
     assert [h["status"] for h in history] == ["superseded", "deployed"]
 
