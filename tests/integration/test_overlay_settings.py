@@ -1,18 +1,24 @@
 """Each setting once per overlay (infra/overlays/*): the NATS URL is the ConfigMap's
 nats-url, which every lapse process takes (infra/components/lapse-pods); the image registry
 and tag are lapse/lapse's `images:` entry, from which the functions' images are derived
-(the overlay's replacements). Changing one line changes every pod."""
+(the overlay's replacements). Changing one line changes every pod. And the run kinds the
+ApiServerSource watches are chosen by engine, one Component each."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.infra_package import INFRA, OVERLAYS, rendered
+from events.kinds import BUILTIN_KINDS
+from tests.infra_package import INFRA, OVERLAYS, kubectl, rendered
 
+BUILTIN_KINDS_BY_GVK = {(k.api_version, k.kind): k for k in BUILTIN_KINDS.values()}
 NATS_URL = re.compile(r"\b(?:nats|tls)://[\w.-]+:\d+")
 
 
@@ -62,3 +68,34 @@ def test_the_registry_and_tag_are_written_once(overlay: str) -> None:
         functions = {f"{where}/{name}:{tag}" for name in ("ttl-planner", "object-reaper",
                                                           "row-reaper")}  # fmt: skip
         assert functions <= used
+
+
+def source_kinds(kustomization: dict[str, Any], folder: Path) -> set[tuple[str, str]]:
+    (folder / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    out = subprocess.run(
+        [str(kubectl()), "kustomize", str(folder)], capture_output=True, text=True, check=True
+    )
+    (source,) = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "ApiServerSource"]
+    return {(r["apiVersion"], r["kind"]) for r in source["spec"]["resources"]}
+
+
+def test_one_component_per_engine_adds_exactly_its_kinds(tmp_path: Path) -> None:
+    """infra/components/kinds/<engine>: together with Jobs (always watched) they cover every
+    kind lapse knows (events/kinds.py), each only its engine's, so an overlay watches only
+    kinds whose CRDs the cluster serves."""
+    knative = os.path.relpath(INFRA / "knative", tmp_path)
+    components = sorted((INFRA / "components" / "kinds").iterdir())
+    base = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": [knative]}  # fmt: skip
+    job = ("batch/v1", "Job")
+    assert source_kinds(base, tmp_path) == {job}
+    covered = {job}
+    for component in components:
+        kinds = source_kinds(
+            {**base, "components": [os.path.relpath(component, tmp_path)]}, tmp_path
+        ) - {job}
+        engines = {BUILTIN_KINDS_BY_GVK[k].engine for k in kinds}
+        assert len(engines) == 1 and kinds, (component.name, kinds)
+        assert not kinds & covered, component.name
+        covered |= kinds
+    assert covered == set(BUILTIN_KINDS_BY_GVK)

@@ -1,13 +1,16 @@
-"""The single-process overlay's NATS keeps its data on a PersistentVolumeClaim
-(infra/overlays/single-process/nats-data.yaml): a pending deletion deadline (a JetStream
-message schedule) survives the NATS pod being deleted. On an emptyDir, as before, the new
-pod started with no streams at all.
+"""The single-process overlay on the real cluster: `lapse up` and its NATS admitted under Pod
+Security `restricted` and Ready, as UID 65532 on a read-only root; and the NATS keeps its
+data on a PersistentVolumeClaim (infra/overlays/single-process/nats-data.yaml): a pending
+deletion deadline (a JetStream message schedule) survives the NATS pod being deleted. On
+an emptyDir, as before, the new pod started with no streams at all.
 
 The test cluster has no storage provisioner (scripts/cluster/ starts none), so the test
 makes the PersistentVolume a provisioner would: a hostPath folder on the node, bound to the
 overlay's claim. The overlay's NATS objects (its claim, Deployment, Service and
-configuration) run in a scratch namespace that enforces Pod Security `restricted`, beside
-the dev overlay the other tests use; the password Secret is made here."""
+configuration) and `lapse up` (its Deployment, Service, ServiceAccount and read-only
+cluster-wide watch, renamed for the namespace, cleaning only that namespace) run in a
+scratch namespace that enforces Pod Security `restricted`, beside the dev overlay the other
+tests use; the password and ingress-token Secrets are made here."""
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ import yaml
 from lapse.edges.schedules import schedule_headers
 from lapse.embedded.nats_identities import ADMIN, KUBERNETES, USERS_SECRET
 from tests.cluster.conftest import REPO, Cluster, poll
-from tests.cluster.lapse_on_cluster import kubectl_waiting
+from tests.cluster.lapse_on_cluster import Deployment, kubectl_waiting
 from tests.infra_package import rendered
 
 PV_ROOT = Path("/var/lib/lapse-test-volumes")
@@ -49,16 +52,49 @@ def volume_dir() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def nats_objects(namespace: str) -> list[dict[str, Any]]:
-    """The dev NATS of the single-process overlay, as rendered, moved to `namespace`."""
+def nats_objects(namespace: str, images: dict[str, str]) -> list[dict[str, Any]]:
+    """The dev NATS of the single-process overlay, as rendered, moved to `namespace`, its
+    image the one pushed to the cluster's registry (as `lapse` deployed it)."""
     wanted = {("PersistentVolumeClaim", "nats-data"), ("Deployment", "nats"), ("Service", "nats")}
     objects = []
     for doc in rendered("single-process"):
         name = doc["metadata"]["name"]
         if (doc["kind"], name) in wanted or name.startswith("lapse-nats-conf"):
             doc["metadata"]["namespace"] = namespace
+            if doc["kind"] == "Deployment":
+                for container in doc["spec"]["template"]["spec"]["containers"]:
+                    container["image"] = images[container["image"].rsplit(":", 1)[0]]
             objects.append(doc)
     assert len(objects) == 4, [o["metadata"]["name"] for o in objects]
+    return objects
+
+
+def lapse_up_objects(namespace: str, images: dict[str, str]) -> list[dict[str, Any]]:
+    """`lapse up` of the single-process overlay, as rendered, in `namespace`: its NATS there,
+    cleaning only there, its cluster-scoped watch named for the namespace."""
+    objects = []
+    for doc in rendered("single-process"):
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        if name == "lapse" and kind in ("ServiceAccount", "Deployment", "Service", "ConfigMap"):
+            doc["metadata"]["namespace"] = namespace
+            objects.append(doc)
+        elif name == "lapse-watch" and kind in ("ClusterRole", "ClusterRoleBinding"):
+            doc["metadata"]["name"] = f"lapse-watch-{namespace}"
+            objects.append(doc)
+        else:
+            continue
+        if kind == "ConfigMap":
+            doc["data"]["nats-url"] = f"nats://nats.{namespace}.svc:4222"
+            config = yaml.safe_load(doc["data"]["lapse.yaml"])
+            config["safety"]["namespaces"]["include"] = [namespace]
+            doc["data"]["lapse.yaml"] = yaml.safe_dump(config)
+        elif kind == "Deployment":
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                container["image"] = images[container["image"].rsplit(":", 1)[0]]
+        elif kind == "ClusterRoleBinding":
+            doc["roleRef"]["name"] = f"lapse-watch-{namespace}"
+            doc["subjects"][0]["namespace"] = namespace
+    assert len(objects) == 6, [(o["kind"], o["metadata"]["name"]) for o in objects]
     return objects
 
 
@@ -100,8 +136,8 @@ async def _stored(url: str, password: str, subject: str) -> bytes | None:
         await client.close()
 
 
-def test_a_pending_schedule_survives_the_nats_pod(
-    cluster: Cluster, namespace: str, volume_dir: Path, tmp_path: Path
+def test_lapse_up_runs_restricted_and_a_pending_schedule_survives_the_nats_pod(
+    cluster: Cluster, lapse: Deployment, namespace: str, volume_dir: Path, tmp_path: Path
 ) -> None:
     cluster.kubectl(
         "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted"
@@ -121,7 +157,15 @@ def test_a_pending_schedule_survives_the_nats_pod(
             "claimRef": {"namespace": namespace, "name": "nats-data"},
         },
     }  # fmt: skip
-    items = [secret, volume, *nats_objects(namespace)]
+    ingress = {
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "lapse-ingress", "namespace": namespace},
+        "stringData": {"token": secrets.token_hex(32)},
+    }  # fmt: skip
+    items = [
+        secret, ingress, volume,
+        *nats_objects(namespace, lapse.images), *lapse_up_objects(namespace, lapse.images),
+    ]  # fmt: skip
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
                                                            "items": items}))  # fmt: skip
     try:
@@ -145,6 +189,11 @@ def test_a_pending_schedule_survives_the_nats_pod(
             env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert applied.returncode == 0, applied.stderr
+        # `lapse up`: admitted, Ready (its NATS, its watch and its functions up), as 65532.
+        kubectl_waiting(cluster, "-n", namespace, "rollout", "status", "deploy/lapse",
+                        timeout=240)  # fmt: skip
+        uid = cluster.kubectl("-n", namespace, "exec", "deploy/lapse", "--", "id", "-u")
+        assert uid.strip() == str(UID)
         subject = f"test.{uuid.uuid4().hex[:8]}"
         body = b'{"run": "survives-a-restart"}'
         seq = asyncio.run(_schedule(url, passwords[ADMIN.user], subject, body))
@@ -167,6 +216,9 @@ def test_a_pending_schedule_survives_the_nats_pod(
         assert asyncio.run(_stored(url, passwords[ADMIN.user], subject)) == body
         print(f"\nschedule #{seq} survived deleting NATS pod {first} (volume {volume_dir})")
     finally:
-        cluster.kubectl("-n", namespace, "delete", "deploy", "nats", "--wait=true", check=False)
+        cluster.kubectl("-n", namespace, "delete", "deploy", "nats", "lapse", "--wait=true",
+                        check=False)  # fmt: skip
         cluster.kubectl("-n", namespace, "delete", "pvc", "nats-data", "--wait=false", check=False)
         cluster.kubectl("delete", "pv", f"lapse-nats-{namespace}", "--wait=false", check=False)
+        cluster.kubectl("delete", "clusterrolebinding,clusterrole", f"lapse-watch-{namespace}",
+                        "--wait=false", check=False)  # fmt: skip
