@@ -19,6 +19,9 @@ CI_VALUES = {
     "production": CHART / "ci" / "production-values.yaml",
     "single-process": CHART / "ci" / "single-process-values.yaml",
 }
+# What the cluster serves, for `helm template` (which asks no cluster): the overlays watch
+# Argo's Workflows besides Jobs (infra/components/kinds/argo).
+ARGO_SERVED = ("--api-versions", "argoproj.io/v1alpha1/Workflow")
 
 
 @functools.cache

@@ -9,8 +9,9 @@ version) and its annotations (helm.sh/hook*, checksum/*, which roll pods when la
 changes); the Namespace object (Helm installs into the release namespace, made by
 `--create-namespace`); kustomize's hash suffix on the generated ConfigMap lapse-nats-conf;
 the order of env, volumes and volumeMounts (a patch appends where the chart writes in
-place); whitespace in the alert rules' expressions; and lapse.yaml's text: both are read by
-lapse's own loader and must mean the same.
+place), and of the ApiServerSource's resources; whitespace in the alert rules'
+expressions; and lapse.yaml's text: both are read by lapse's own loader and must mean the
+same.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import yaml
 
 from lapse.config.schema import LapseConfig
 from tests.conftest import KubeStack
-from tests.helm_chart import CHART, CI_VALUES, run_helm, template, template_text
+from tests.helm_chart import ARGO_SERVED, CHART, CI_VALUES, run_helm, template, template_text
 from tests.infra_package import (
     OVERLAYS,
     install_crds,
@@ -77,10 +78,6 @@ KNATIVE_ONLY = {
 # infra/overlays/production/pdb.yaml names no namespace (kubectl puts its objects in the
 # current one); the chart puts them in the release's.
 NAMESPACE_UNSET = {("policy/v1", "PodDisruptionBudget")}
-# The chart's `lapse up` keeps its state in /tmp/lapse: the overlay's has no directory it
-# may write (its user has no home) and stops at start-up with "Permission denied:
-# '/nonexistent'" (found by tests/cluster/test_helm_on_cluster.py; reported).
-STATE_DIR = ["--state-dir", "/tmp/lapse"]
 
 
 def key(doc: dict[str, Any]) -> Key:
@@ -122,6 +119,8 @@ def normalized(doc: dict[str, Any]) -> dict[str, Any]:
         for group in doc["spec"]["groups"]:
             for rule in group["rules"]:
                 rule["expr"] = " ".join(rule["expr"].split())
+    if doc["kind"] == "ApiServerSource":
+        doc["spec"]["resources"].sort(key=lambda r: (r["apiVersion"], r["kind"]))
     if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == "lapse":
         config = LapseConfig.model_validate(yaml.safe_load(doc["data"]["lapse.yaml"]))
         doc["data"]["lapse.yaml"] = config.model_dump(mode="json")
@@ -144,13 +143,7 @@ def overlay_objects(overlay: str) -> dict[Key, dict[str, Any]]:
 
 
 def chart_objects(*args: str) -> dict[Key, dict[str, Any]]:
-    docs = template(*args)
-    for doc in docs:
-        if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "lapse":
-            container = doc["spec"]["template"]["spec"]["containers"][0]
-            assert container["args"][-2:] == STATE_DIR
-            del container["args"][-2:]
-    return {key(doc): normalized(doc) for doc in docs}
+    return {key(doc): normalized(doc) for doc in template(*args)}
 
 
 def _diff(expected: dict[str, Any], actual: dict[str, Any]) -> str:
@@ -167,7 +160,7 @@ def _diff(expected: dict[str, Any], actual: dict[str, Any]) -> str:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_chart_renders_what_the_overlay_renders(overlay: str) -> None:
     expected = overlay_objects(overlay)
-    actual = chart_objects("--values", str(CI_VALUES[overlay]))
+    actual = chart_objects("--values", str(CI_VALUES[overlay]), *ARGO_SERVED)
     assert sorted(actual) == sorted(expected), (
         f"only in the overlay: {sorted(set(expected) - set(actual))}\n"
         f"only in the chart: {sorted(set(actual) - set(expected))}"
@@ -179,7 +172,9 @@ def test_the_chart_renders_what_the_overlay_renders(overlay: str) -> None:
 def test_the_comparison_sees_a_difference() -> None:
     """The same comparison fails for a setting the overlay does not have."""
     expected = overlay_objects("dev")
-    actual = chart_objects("--values", str(CI_VALUES["dev"]), "--set", "knative.bridge.replicas=3")
+    actual = chart_objects(
+        "--values", str(CI_VALUES["dev"]), *ARGO_SERVED, "--set", "knative.bridge.replicas=3"
+    )
     bridge = ("apps/v1", "Deployment", "lapse-system", "lapse-bridge")
     assert expected[bridge] != actual[bridge]
     assert actual[bridge]["spec"]["replicas"] == 3
@@ -231,7 +226,7 @@ def test_each_setting_lands_everywhere_it_is_used(tmp_path: Path) -> None:
         yaml.safe_dump({"namespaces": ["ml", "ci"], "kinds": ["argo-workflow", "job", volcano]})
     )
     docs = template(
-        "--values", str(values),
+        "--values", str(values), *ARGO_SERVED, "--api-versions", "batch.volcano.sh/v1alpha1/Job",
         "--set", "nats.url=tls://nats.example:4222,nats.tls.enabled=true",
         "--set", "nats.tls.clientCertificate=true,nats.server.enabled=false",
         "--set", f"images.ttlPlanner.digest={digest},images.registry=registry.example.com",
@@ -451,3 +446,24 @@ def test_knative_objects_of_a_full_render_declare_only_schema_fields(tmp_path: P
             assert unknown_fields(doc, schema) == [], f"{doc['kind']} {doc['metadata']['name']}"
             checked += 1
     assert checked >= 20  # Broker, 15 Triggers, ApiServerSource, SinkBinding, 3 Services
+
+
+def test_the_source_watches_only_the_kinds_the_cluster_serves() -> None:
+    """Knative's adapter sends nothing at all once one kind is unknown to the API server:
+    the ApiServerSource lists only the kinds of `kinds` the cluster serves (Helm's
+    capabilities; `helm template` knows only the built-in APIs unless told), while
+    lapse.yaml keeps every kind (lapse looks for a missing CRD again by itself)."""
+
+    def watched(*args: str) -> list[str]:
+        docs = template(*args)
+        (source,) = [d for d in docs if d["kind"] == "ApiServerSource"]
+        assert lapse_yaml(docs)["kinds"] == [
+            "argo-workflow", "tekton-pipelinerun", "tekton-taskrun", "job", "trainjob"
+        ]  # fmt: skip
+        return [r["kind"] for r in source["spec"]["resources"]]
+
+    assert watched() == ["Job"]
+    assert watched("--api-versions", "tekton.dev/v1") == ["PipelineRun", "TaskRun", "Job"]
+    assert watched(*ARGO_SERVED, "--api-versions", "trainer.kubeflow.org/v1alpha1") == [
+        "Workflow", "Job", "TrainJob"
+    ]  # fmt: skip
