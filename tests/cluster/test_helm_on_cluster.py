@@ -205,8 +205,10 @@ def test_install_delete_upgrade_uninstall(
         # For the SinkBinding's webhook whichever selection mode the cluster uses.
         cluster.kubectl("label", "namespace", NAMESPACE, "bindings.knative.dev/include=true")
 
-    release("install", RELEASE, str(CHART), "--values", str(values), "--wait",
-            "--timeout", TIMEOUT)  # fmt: skip
+    installed_out = release("install", RELEASE, str(CHART), "--values", str(values), "--wait",
+                            "--timeout", TIMEOUT)  # fmt: skip
+    # The chart's NOTES: what was installed, where, cleaning what.
+    assert f"({shape}) in {NAMESPACE}, cleaning: {namespace}." in installed_out.stdout
     if shape == "knative":
         for what in KNATIVE_READY:
             try:
