@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 .DEFAULT_GOAL := help
 # What `make cluster` installs on Kubernetes after the node: "eventing serving" or "eventing".
 CLUSTER_KNATIVE ?= eventing serving
-.PHONY: help install lock databases kube observability stack test test-unit lint format run demo functions images kubectl helm bench bench-quick cluster cluster-stop test-cluster clean
+.PHONY: help install lock databases kube crds observability stack test test-unit lint format run demo functions images kubectl helm bench bench-quick cluster cluster-stop test-cluster clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -34,7 +34,7 @@ kube: ## Build etcd + kube-apiserver from the Go module proxy (cached by version
 observability: ## Build Prometheus, an OpenTelemetry Collector and Jaeger from the Go module proxy (cached)
 	bash scripts/build-observability.sh >/dev/null
 
-stack: databases kube kubectl helm observability images ## Everything the integration tests need (NATS is started by the tests)
+stack: databases kube kubectl helm crds observability images ## Everything the integration tests need (NATS is started by the tests)
 
 test: install stack ## Run the whole test suite against real servers, then on the real cluster
 	$(BIN)/pytest
@@ -80,6 +80,9 @@ kubectl: ## Build kubectl (for `kubectl kustomize` of infra/) from the Go module
 
 helm: ## Build helm (the chart's tests: lint, template, install on the cluster) from the Go module proxy (cached by version)
 	bash scripts/build-helm.sh >/dev/null
+
+crds: ## Generate the Prometheus Operator's CRDs (for infra/components/monitoring's tests) from its Go module (cached)
+	bash scripts/build-prometheus-operator-crds.sh >/dev/null
 
 cluster: ## Start a single-node Kubernetes with Knative Eventing + Serving here (root; docs/cluster.md)
 	bash scripts/cluster/start.sh >/dev/null

@@ -70,12 +70,15 @@ def nats_objects(namespace: str, images: dict[str, str]) -> list[dict[str, Any]]
 
 
 def lapse_up_objects(namespace: str, images: dict[str, str]) -> list[dict[str, Any]]:
-    """`lapse up` of the single-process overlay, as rendered, in `namespace`: its NATS there,
-    cleaning only there, its cluster-scoped watch named for the namespace."""
+    """`lapse up` of the single-process overlay, as rendered, in `namespace` (with the
+    ConfigMaps it reads): its NATS there, cleaning only there, its cluster-scoped watch
+    named for the namespace."""
     objects = []
     for doc in rendered("single-process"):
         kind, name = doc["kind"], doc["metadata"]["name"]
-        if name == "lapse" and kind in ("ServiceAccount", "Deployment", "Service", "ConfigMap"):
+        if (
+            name == "lapse" and kind in ("ServiceAccount", "Deployment", "Service", "ConfigMap")
+        ) or (name == "lapse-telemetry"):
             doc["metadata"]["namespace"] = namespace
             objects.append(doc)
         elif name == "lapse-watch" and kind in ("ClusterRole", "ClusterRoleBinding"):
@@ -83,7 +86,7 @@ def lapse_up_objects(namespace: str, images: dict[str, str]) -> list[dict[str, A
             objects.append(doc)
         else:
             continue
-        if kind == "ConfigMap":
+        if kind == "ConfigMap" and name == "lapse":
             doc["data"]["nats-url"] = f"nats://nats.{namespace}.svc:4222"
             config = yaml.safe_load(doc["data"]["lapse.yaml"])
             config["safety"]["namespaces"]["include"] = [namespace]
@@ -94,7 +97,7 @@ def lapse_up_objects(namespace: str, images: dict[str, str]) -> list[dict[str, A
         elif kind == "ClusterRoleBinding":
             doc["roleRef"]["name"] = f"lapse-watch-{namespace}"
             doc["subjects"][0]["namespace"] = namespace
-    assert len(objects) == 6, [(o["kind"], o["metadata"]["name"]) for o in objects]
+    assert len(objects) == 7, [(o["kind"], o["metadata"]["name"]) for o in objects]
     return objects
 
 

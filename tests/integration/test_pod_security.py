@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from tests.conftest import KubeStack
-from tests.infra_package import OVERLAYS, kubectl, rendered
+from tests.infra_package import OVERLAYS, ROOT, kubectl, rendered
 
 UID = 65532
 # The volume types `restricted` allows (Pod Security Standards, "Volume Types").
@@ -162,3 +163,14 @@ def test_the_api_servers_pod_security_admission_admits_every_pod(
     refused = dry_run_pods(kube, [broken])
     assert refused.returncode != 0
     assert 'violates PodSecurity "restricted' in refused.stderr, refused.stderr
+
+
+def test_the_example_extension_may_run_beside_lapse() -> None:
+    """examples/notify-on-cleanup deploys into lapse-system, which enforces the profile."""
+    out = subprocess.run(
+        [str(kubectl()), "kustomize", str(ROOT / "examples" / "notify-on-cleanup")],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    (service,) = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "Service"]
+    assert service["metadata"]["namespace"] == SYSTEM
+    assert restricted_violations(service["spec"]["template"]["spec"]) == []
