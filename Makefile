@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 .DEFAULT_GOAL := help
 # What `make cluster` installs on Kubernetes after the node: "eventing serving" or "eventing".
 CLUSTER_KNATIVE ?= eventing serving
-.PHONY: help install lock databases mlmd-venv kube observability seaweedfs stack test test-unit lint format run demo functions images kubectl bench bench-quick cluster cluster-stop test-cluster clean
+.PHONY: help install lock databases mlmd-venv kube crds observability seaweedfs stack test test-unit lint format run demo functions images kubectl helm bench bench-quick cluster cluster-stop test-cluster clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -40,7 +40,7 @@ observability: ## Build Prometheus, an OpenTelemetry Collector and Jaeger from t
 seaweedfs: ## Build SeaweedFS (an S3 server, for the artifacts target's tests) from the Go module proxy (cached)
 	bash scripts/build-seaweedfs.sh >/dev/null
 
-stack: databases kube kubectl observability seaweedfs images mlmd-venv ## Everything the integration tests need (NATS is started by the tests)
+stack: databases kube kubectl helm crds observability seaweedfs images mlmd-venv ## Everything the integration tests need (NATS is started by the tests)
 
 test: install stack ## Run the whole test suite against real servers, then on the real cluster
 	$(BIN)/pytest
@@ -87,6 +87,12 @@ images: install ## Build every image from the Containerfile with buildah, no dae
 kubectl: ## Build kubectl (for `kubectl kustomize` of infra/) from the Go module proxy (cached by version)
 	bash scripts/build-kubectl.sh >/dev/null
 
+helm: ## Build helm (the chart's tests: lint, template, install on the cluster) from the Go module proxy (cached by version)
+	bash scripts/build-helm.sh >/dev/null
+
+crds: ## Generate the Prometheus Operator's CRDs (for infra/components/monitoring's tests) from its Go module (cached)
+	bash scripts/build-prometheus-operator-crds.sh >/dev/null
+
 cluster: ## Start a single-node Kubernetes with Knative Eventing + Serving here (root; docs/cluster.md)
 	bash scripts/cluster/start.sh >/dev/null
 	bash scripts/cluster/knative.sh $(CLUSTER_KNATIVE)
@@ -94,7 +100,7 @@ cluster: ## Start a single-node Kubernetes with Knative Eventing + Serving here 
 cluster-stop: ## Stop that cluster and restore the host (processes, mounts, iptables, cgroups, sysctls)
 	bash scripts/cluster/stop.sh
 
-test-cluster: install databases observability images cluster ## The tests on the real cluster (started here, stopped after, pass or fail)
+test-cluster: install databases observability helm images cluster ## The tests on the real cluster (started here, stopped after, pass or fail)
 	$(BIN)/pytest -p no:cacheprovider -rP tests/cluster; status=$$?; \
 	  bash scripts/cluster/stop.sh; exit $$status
 

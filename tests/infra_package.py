@@ -53,6 +53,25 @@ def kubectl() -> Path:
 
 
 @functools.cache
+def prometheus_operator_crds() -> list[dict[str, Any]]:
+    """The Prometheus Operator's CRDs infra/components/monitoring uses (PodMonitor,
+    PrometheusRule), generated from the operator's API module and cached
+    (scripts/build-prometheus-operator-crds.sh). Fails (never skips) without them."""
+    try:
+        out = subprocess.run(
+            ["bash", str(ROOT / "scripts/build-prometheus-operator-crds.sh")],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+    except subprocess.CalledProcessError as exc:
+        pytest.fail(f"could not make the Prometheus Operator's CRDs: {exc.stderr[-2000:]}")
+    folder = Path(out.stdout.strip().splitlines()[-1])
+    return [
+        yaml.safe_load((folder / f"monitoring.coreos.com_{plural}.yaml").read_text())
+        for plural in ("podmonitors", "servicemonitors", "prometheusrules")
+    ]
+
+
+@functools.cache
 def rendered_text(overlay: str) -> str:
     out = subprocess.run(
         [str(kubectl()), "kustomize", str(INFRA / "overlays" / overlay)],

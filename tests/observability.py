@@ -26,8 +26,18 @@ from lapse.embedded.process import free_port, spawn, stop, wait_until
 REPO = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO / "scripts" / "build-observability.sh"
 COLLECTOR_CONFIG = REPO / "infra" / "otel" / "collector.yaml"
-ALERT_RULES = REPO / "infra" / "otel" / "alerts.yaml"
+# The one source of lapse's alert rules; its `spec` is the plain rules file Prometheus loads.
+PROMETHEUS_RULE = REPO / "infra" / "otel" / "prometheusrule.yaml"
 ALERT_TESTS = REPO / "infra" / "otel" / "alerts_test.yaml"
+
+
+def alert_rules(folder: Path) -> Path:
+    """The rules file a Prometheus without the Operator loads: the PrometheusRule's spec,
+    written to `folder`/alerts.yaml (the name alerts_test.yaml's rule_files gives)."""
+    spec = yaml.safe_load(PROMETHEUS_RULE.read_text())["spec"]
+    path = folder / "alerts.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
 
 
 @dataclass(frozen=True)
@@ -291,7 +301,7 @@ class Prometheus(Server):
     def args(self) -> list[str]:
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(ALERT_RULES)],
+            "rule_files": [str(alert_rules(self.work_dir))],
             "scrape_configs": [
                 {
                     "job_name": job,

@@ -546,9 +546,10 @@ def _install(
     for name, ref in images.items():
         assert name not in rendered.replace(ref, ""), f"{name} left in the rendered overlay"
     # Run again on a running cluster with another build: a Job's template cannot change,
-    # so the streams Job is made anew (it is idempotent: `lapse infra apply`).
+    # so the dev NATS's password Job is made anew (it creates only what is missing). The
+    # streams are a Deployment that an upgrade rolls (infra/base/streams.yaml).
     cluster.kubectl(
-        "-n", SYSTEM, "delete", "job", "lapse-streams", "lapse-nats-users", "--ignore-not-found"
+        "-n", SYSTEM, "delete", "job", "lapse-nats-users", "--ignore-not-found"
     )  # fmt: skip
     kubectl_apply_retrying(cluster, "-k", str(overlay))
     deployment.timings["applied"] = time.monotonic() - started
@@ -559,8 +560,7 @@ def _install(
 
     try:
         kubectl_waiting(
-            cluster, "-n", SYSTEM, "wait", "job/lapse-streams", "--for=condition=Complete",
-            timeout=left(),
+            cluster, "-n", SYSTEM, "rollout", "status", "deploy/lapse-streams", timeout=left()
         )  # fmt: skip
         for ready in ("broker/lapse", "sinkbinding/lapse-bridge", f"ksvc/{PLANNER}",
                       f"ksvc/{REAPER}", f"ksvc/{ROW_REAPER}",

@@ -1,5 +1,7 @@
 """lapse's alert rules through the real promtool: they parse, and each fires (and stays
-quiet) as its unit tests in infra/otel/alerts_test.yaml say."""
+quiet) as its unit tests in infra/otel/alerts_test.yaml say. The rules are the
+PrometheusRule's spec (infra/otel/prometheusrule.yaml, their one source), written out as the
+plain rules file a Prometheus without the Operator loads."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.observability import ALERT_RULES, ALERT_TESTS, Binaries, binaries
+from tests.observability import ALERT_TESTS, Binaries, alert_rules, binaries
 
 pytestmark = pytest.mark.observability
 
@@ -24,24 +26,30 @@ def promtool(tools: Binaries, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_promtool_checks_the_rules(tools: Binaries) -> None:
-    result = promtool(tools, "check", "rules", str(ALERT_RULES))
+@pytest.fixture
+def rules(tmp_path: Path) -> Path:
+    """alerts.yaml and, beside it, alerts_test.yaml (whose rule_files names it)."""
+    (tmp_path / "alerts_test.yaml").write_text(ALERT_TESTS.read_text())
+    return alert_rules(tmp_path)
+
+
+def test_promtool_checks_the_rules(tools: Binaries, rules: Path) -> None:
+    result = promtool(tools, "check", "rules", str(rules))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 5 rules found" in result.stdout + result.stderr
 
 
-def test_the_rules_pass_their_unit_tests(tools: Binaries) -> None:
-    result = promtool(tools, "test", "rules", str(ALERT_TESTS))
+def test_the_rules_pass_their_unit_tests(tools: Binaries, rules: Path) -> None:
+    result = promtool(tools, "test", "rules", str(rules.parent / "alerts_test.yaml"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout + result.stderr
 
 
-def test_promtool_would_catch_a_rule_that_fires_wrongly(tools: Binaries, tmp_path: Path) -> None:
+def test_promtool_would_catch_a_rule_that_fires_wrongly(tools: Binaries, rules: Path) -> None:
     # The unit tests bite: the same tests against a rule with a broken threshold fail.
-    broken = ALERT_RULES.read_text().replace("> 300", "> 3000")
-    assert broken != ALERT_RULES.read_text()
-    (tmp_path / "alerts.yaml").write_text(broken)
-    (tmp_path / "alerts_test.yaml").write_text(ALERT_TESTS.read_text())
-    result = promtool(tools, "test", "rules", str(tmp_path / "alerts_test.yaml"))
+    broken = rules.read_text().replace("> 300", "> 3000")
+    assert broken != rules.read_text()
+    rules.write_text(broken)
+    result = promtool(tools, "test", "rules", str(rules.parent / "alerts_test.yaml"))
     assert result.returncode != 0
     assert "LapseDeletionsLate" in result.stdout + result.stderr

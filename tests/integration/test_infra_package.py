@@ -38,6 +38,7 @@ from tests.infra_package import (
     install_crds,
     knative_crds,
     kubectl,
+    prometheus_operator_crds,
     rendered,
     rendered_text,
     schema_of,
@@ -60,7 +61,7 @@ def names(overlay: str, kind: str) -> set[str]:
 
 def pod_specs(overlay: str) -> Iterator[tuple[str, dict[str, Any]]]:
     for doc in rendered(overlay):
-        if doc["kind"] in ("Deployment", "Job") or (
+        if doc["kind"] in ("Deployment", "StatefulSet", "Job") or (
             doc["kind"] == "Service" and doc["apiVersion"].startswith("serving.knative.dev")
         ):
             yield f"{doc['kind']} {doc['metadata']['name']}", doc["spec"]["template"]["spec"]
@@ -77,7 +78,7 @@ def lapse_yaml(overlay: str) -> dict[str, Any]:
 def test_every_rendered_object_passes_a_strict_server_side_dry_run(
     kube: KubeStack, overlay: str
 ) -> None:
-    install_crds(kube.api_client, knative_crds())
+    install_crds(kube.api_client, knative_crds() + prometheus_operator_crds())
     rendered_objects = rendered(overlay)
     # The namespaces must exist for a dry run of what goes in them (a dry-run Namespace is
     # not stored); the test API server is thrown away after the session.
@@ -180,13 +181,9 @@ def test_the_knative_path_is_complete(overlay: str) -> None:
     assert binding["spec"]["sink"]["ref"]["name"] == broker["metadata"]["name"]
     assert binding["spec"]["subject"]["name"] in names(overlay, "Deployment")
     kinds = {(r["apiVersion"], r["kind"]) for r in source["spec"]["resources"]}
-    assert kinds == {
-        ("argoproj.io/v1alpha1", "Workflow"),
-        ("tekton.dev/v1", "PipelineRun"),
-        ("tekton.dev/v1", "TaskRun"),
-        ("batch/v1", "Job"),
-        ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
-    }
+    # Jobs, and the engines the overlay includes a Component for (infra/components/kinds):
+    # Argo in both; the production overlay's Tekton and Trainer lines are for the user.
+    assert kinds == {("argoproj.io/v1alpha1", "Workflow"), ("batch/v1", "Job")}
     # Every Trigger outlasts an outage and ends in the dead-letter sink, never dropped.
     triggers = objects(overlay, "Trigger")
     assert triggers
@@ -209,7 +206,17 @@ def test_the_knative_path_is_complete(overlay: str) -> None:
         assert {"name": "config", "mountPath": "/etc/lapse", "readOnly": True} in container[
             "volumeMounts"
         ], label
-    assert any(doc["kind"] == "Job" for doc in docs)  # the streams
+    assert "lapse-streams" in names(overlay, "Deployment")  # the streams
+    # Each lapse process takes the NATS URL from the ConfigMap's nats-url, written once.
+    for label, spec in pod_specs(overlay):
+        if label.startswith("Deployment nats") or label == "Job lapse-nats-users":
+            continue
+        env = {e["name"]: e for e in spec["containers"][0]["env"]}
+        assert env["LAPSE_NATS__URL"]["valueFrom"] == {
+            "configMapKeyRef": {"name": "lapse", "key": "nats-url"}
+        }, label
+    assert "url" not in lapse_yaml(overlay)["nats"]
+    assert docs
 
 
 @pytest.mark.parametrize("overlay", KNATIVE_PATH)
@@ -319,7 +326,7 @@ NATS_USERS = {
     "Deployment lapse-bridge": BRIDGE.user,
     "Deployment lapse-dlq-sink": DLQ_SINK.user,
     "Deployment lapse": PROCESS.user,
-    "Job lapse-streams": ADMIN.user,
+    "Deployment lapse-streams": ADMIN.user,
 }
 
 
@@ -375,7 +382,8 @@ def test_the_dev_nats_admits_only_lapses_identities(overlay: str) -> None:
 
 def test_production_talks_tls_to_nats_with_per_identity_users() -> None:
     nats = lapse_yaml("production")["nats"]
-    assert nats["url"].startswith("tls://")
+    (config,) = [c for c in objects("production", "ConfigMap") if c["metadata"]["name"] == "lapse"]
+    assert config["data"]["nats-url"].startswith("tls://")
     assert "user" not in nats and "password" not in nats  # per pod, from the Secret
     ca = Path(nats["tls"]["ca_file"])
     for label, spec in pod_specs("production"):
@@ -387,8 +395,4 @@ def test_production_talks_tls_to_nats_with_per_identity_users() -> None:
             "items": [{"key": ca.name, "path": ca.name}],
         }, label
         env = {e["name"]: e for e in container.get("env", [])}
-        if "LAPSE_NATS__URL" in env:  # the functions: from the ConfigMap's nats-url
-            (config,) = [
-                c for c in objects("production", "ConfigMap") if c["metadata"]["name"] == "lapse"
-            ]
-            assert config["data"]["nats-url"].startswith("tls://")
+        assert env["LAPSE_NATS__URL"]["valueFrom"]["configMapKeyRef"]["key"] == "nats-url"
