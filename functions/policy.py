@@ -171,6 +171,16 @@ class Policy(_Model):
             raise ValueError(f"policy {self.name!r} sets neither kubernetes nor database")
         return self
 
+    @property
+    def label(self) -> str:
+        """How decisions name this policy (`Decision.policy`)."""
+        return f"policy:{self.name}"
+
+    @property
+    def title(self) -> str:
+        """How decision reasons name this policy."""
+        return f"policy {self.name!r}"
+
     def clock(self, target: Target, phase: str) -> tuple[str, Ttl] | None:
         """(key, ttl) this policy sets for `target` on a run in `phase`, or None."""
         if target is Target.KUBERNETES:
@@ -226,7 +236,9 @@ class Decision:
     `policy` names what decided, as the events, the audit trail and `lapse plan` show it:
     `annotation:lapse.dev/keep|expires|ttl`, `argo:ttlStrategy.<field>`, `<kind>:<field>`
     (another engine's own TTL field: `job:spec.ttlSecondsAfterFinished`,
-    `sparkapplication:spec.timeToLiveSeconds`), `policy:<name>` or `default`.
+    `sparkapplication:spec.timeToLiveSeconds`), `policy:<name>`, a policy object
+    (`lapsepolicy:<namespace>/<name>@<generation>`, `clusterlapsepolicy:<name>@<generation>`;
+    functions/policy_objects.py) or `default`.
     `deadline` is set (UTC) exactly when `action` is schedule.
     """
 
@@ -258,8 +270,8 @@ def decide(run: RunRef, target: Target, policies: Sequence[Policy], now: datetim
                 run,
                 now,
                 ttl,
-                f"policy:{policy.name}",
-                f"policy {policy.name!r} {target}.{key}",
+                policy.label,
+                f"{policy.title} {target}.{key}",
             )
     default = DEFAULT_KUBERNETES_TTL if target is Target.KUBERNETES else DEFAULT_DATABASE_TTL
     return _after(target, run, now, default, "default", f"built-in default for {target}")
