@@ -5,22 +5,27 @@ KindSpec); lapse writes only their status subresource."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from events.kinds import KindSpec
 from events.timeutil import format_rfc3339
+from functions.policy import Policy
 from functions.policy_objects import (
     ACCEPTED,
     API_VERSION,
     CLUSTER_LAPSE_POLICY,
     LAPSE_POLICY,
     Verdict,
+    effective,
 )
 from lapse.edges.kubernetes.client import request, server_attributes
+from lapse.edges.kubernetes.objects import KubeObjects, finished_pages
 
 
 def _spec(name: str, kind: str, resource: str) -> KindSpec:
@@ -95,3 +100,32 @@ async def namespace_names(api_client: client.ApiClient, executor: ThreadPoolExec
         token = page.metadata._continue
         if not token:
             return names
+
+
+async def read_policy_objects(
+    objects: KubeObjects,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    """(LapsePolicies, ClusterLapsePolicies, notes) as they are now, for a one-off reader
+    (`lapse plan`); a CRD not installed or not readable is a note, not an error."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    notes: list[str] = []
+    for spec in (LAPSE_POLICIES, CLUSTER_LAPSE_POLICIES):
+        found[spec.kind] = []
+        try:
+            async for page in finished_pages(objects, spec):
+                found[spec.kind] += [{"kind": spec.kind, **item} for item in page.items]
+        except ApiException as exc:
+            if exc.status not in (403, 404):
+                raise
+            why = "not installed" if exc.status == 404 else "not readable"
+            notes.append(f"{spec.describe()} is {why}: only lapse.yaml's policies are used")
+    return found[LAPSE_POLICY], found[CLUSTER_LAPSE_POLICY], notes
+
+
+async def policies_in_effect(
+    objects: KubeObjects, configured: Sequence[Policy]
+) -> tuple[Policy, ...]:
+    """The policy list `lapse up` plans with now (lapse.yaml's and the policy objects'),
+    for a one-off pass that must decide the same (`lapse reconcile`)."""
+    namespaced, clusters, _ = await read_policy_objects(objects)
+    return effective(namespaced, clusters, configured).policies
