@@ -10,7 +10,10 @@ Kubernetes object (`Target.KUBERNETES`):
                                 and `Succeeded` secondsAfterSuccess when set, every phase
                                 otherwise secondsAfterCompletion (so `Error` only ever gets
                                 secondsAfterCompletion).
-  5. the first configured policy that matches the run and has a clock for its phase.
+  5. the first policy that matches the run and has a clock for its phase, in the order
+     the caller gives: in lapse that is the LapsePolicy objects of the run's namespace,
+     the ClusterLapsePolicy objects, then lapse.yaml's `policies` (functions/
+     policy_objects.py builds the list; docs/policies.md).
   6. the built-in default: 24h after the run finished.
 
 Database rows (`Target.DATABASE`): only 5 and 6 (built-in default: never). The people who
