@@ -57,10 +57,12 @@ from events.kinds import engine_ttl_field
 from events.run import ArgoTTLStrategy, Engine, RunRef, Target
 from events.timeutil import parse_rfc3339 as _parse_rfc3339
 from functions.durations import NEVER, DurationError, Ttl, TtlField, format_duration, parse_ttl
+from functions.keep_last import CountedOut, KeepLast, count_out
 
 KEEP_ANNOTATION: Final = "lapse.dev/keep"
 EXPIRES_ANNOTATION: Final = "lapse.dev/expires"
 TTL_ANNOTATION: Final = "lapse.dev/ttl"
+KEEP_LAST_SOURCE: Final = "keep_last"
 
 DEFAULT_KUBERNETES_TTL: Final[Ttl] = timedelta(hours=24)
 DEFAULT_DATABASE_TTL: Final[Ttl] = NEVER
@@ -167,11 +169,14 @@ class Policy(_Model):
     match: Match = Field(default_factory=Match)
     kubernetes: KubernetesClock | None = None
     database: DatabaseClock | None = None
+    keep_last: KeepLast | None = None
 
     @model_validator(mode="after")
     def _some_target(self) -> Policy:
-        if self.kubernetes is None and self.database is None:
-            raise ValueError(f"policy {self.name!r} sets neither kubernetes nor database")
+        if self.kubernetes is None and self.database is None and self.keep_last is None:
+            raise ValueError(
+                f"policy {self.name!r} sets none of kubernetes, database and keep_last"
+            )
         return self
 
     @property
@@ -283,6 +288,94 @@ def decide(run: RunRef, target: Target, policies: Sequence[Policy], now: datetim
 def plan(run: RunRef, policies: Sequence[Policy], now: datetime) -> dict[Target, Decision]:
     """The decision for every target."""
     return {target: decide(run, target, policies, now) for target in Target}
+
+
+# --- keep the last N (functions/keep_last.py counts) -------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Runs counted together: one policy's `keep_last`, in one namespace, of one kind, with
+    one value of the group's label. `selector` lists them from the API server."""
+
+    policy: str
+    namespace: str
+    api_group: str
+    kind: str
+    label: str
+    value: str
+
+    @property
+    def selector(self) -> str:
+        return f"{self.label}={self.value}"
+
+
+def keep_last_group(run: RunRef, policies: Sequence[Policy]) -> tuple[Group, KeepLast] | None:
+    """The group `run` is counted in, with its rule: the first matching policy that has a
+    `keep_last` whose group label the run carries (else the next one is asked, like a
+    clock); None when no policy counts it."""
+    for policy in policies:
+        rule = policy.keep_last
+        if rule is None or not policy.match.matches(run):
+            continue
+        found = rule.group_label(run.labels)
+        if found is None:
+            continue
+        label, value = found
+        api_group = run.api_version.rpartition("/")[0]
+        return Group(policy.name, run.namespace, api_group, run.kind, label, value), rule
+    return None
+
+
+def pinned(run: RunRef, policies: Sequence[Policy], now: datetime) -> bool:
+    """Never counted out, and not counted: `lapse.dev/keep: "true"`, or a malformed
+    `lapse.dev/*` annotation (which never deletes)."""
+    if run.annotations.get(KEEP_ANNOTATION) == "true":
+        return True
+    return decide(run, Target.KUBERNETES, policies, now).action is Action.INVALID
+
+
+Counted = tuple[Group, CountedOut]
+
+
+def counted_out(
+    runs: Sequence[RunRef], policies: Sequence[Policy], now: datetime
+) -> dict[str, Counted]:
+    """Every run counted out of its group, by uid, among `runs`: finished runs as listed
+    from the API server a moment ago (functions/keep_last.py: `listed_runs`). Runs of
+    other groups in `runs` are counted in their own group."""
+    groups: dict[Group, tuple[KeepLast, list[RunRef]]] = {}
+    for run in runs:
+        found = keep_last_group(run, policies)
+        if found is None or pinned(run, policies, now):
+            continue
+        group, rule = found
+        groups.setdefault(group, (rule, []))[1].append(run)
+    return {
+        out.uid: (group, out)
+        for group, (rule, members) in groups.items()
+        for out in count_out(members, rule, now)
+    }
+
+
+def with_count(decision: Decision, counted: Counted | None) -> Decision:
+    """The Kubernetes decision once the count is heard too: whichever comes first, the
+    TTL or the count, deletes. `keep` and a malformed annotation still delete nothing."""
+    if counted is None or decision.action is Action.INVALID:
+        return decision
+    if decision.action is Action.CANCEL and decision.policy == f"annotation:{KEEP_ANNOTATION}":
+        return decision
+    group, out = counted
+    if decision.deadline is not None and decision.deadline <= out.at:
+        return decision
+    return Decision(
+        Target.KUBERNETES,
+        Action.SCHEDULE,
+        out.at,
+        f"{KEEP_LAST_SOURCE}:{group.policy}",
+        f"policy {group.policy!r} keep_last.{out.bucket}={out.limit} for {group.selector}: "
+        f"not among the {out.limit} newest since {out.pushed_out_by} finished",
+    )
 
 
 def _from_annotations(run: RunRef, now: datetime) -> Decision | None:

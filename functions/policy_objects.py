@@ -88,19 +88,19 @@ def ref_of(obj: Mapping[str, Any]) -> ObjectRef:
 
 
 class ObjectPolicy(Policy):
-    """A policy built from an object: named by the object (`source`), not by a lapse.yaml
-    entry name."""
+    """A policy built from an object: its name is the object's label
+    (`lapsepolicy:<namespace>/<name>@<generation>`), so every decision it makes names the
+    object, keep_last's too (`keep_last:<label>`)."""
 
     name: str
-    source: str
 
     @property
     def label(self) -> str:
-        return self.source
+        return self.name
 
     @property
     def title(self) -> str:
-        return self.source
+        return self.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +149,7 @@ _OPTIONAL_FIELDS: Final = (("keepLast", "keep_last"), ("artifacts", "artifacts")
 
 
 def _policy(ref: ObjectRef, spec: Mapping[str, Any], namespace: str | None) -> ObjectPolicy:
-    body: dict[str, Any] = {"name": ref.name, "source": ref.label}
+    body: dict[str, Any] = {"name": ref.label}
     match = _snake(dict(spec.get("match") or {}))
     if namespace is not None:
         # Whatever the object says, a namespaced policy reaches its own namespace only.

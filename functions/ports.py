@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from cloudevents.core.base import BaseCloudEvent
 
+from events.kinds import KindSpec
 from events.models import CleanupDue
 from events.run import Target
 from functions.errors import FunctionError
@@ -81,6 +82,21 @@ class ObjectFetcher(Protocol):
     async def fetch(
         self, api_version: str, kind: str, namespace: str, name: str
     ) -> dict[str, Any] | None: ...
+
+
+class ObjectLister(Protocol):
+    """A fresh list of one kind's objects in one namespace by label selector, paged: the
+    runs of a keep_last group (functions/keep_last.py). Raises `RetryLater` for a transient
+    failure (no response, 408, 429, 5xx)."""
+
+    async def list_items(
+        self,
+        kind: KindSpec,
+        namespace: str,
+        *,
+        label_selector: str,
+        request_timeout: float | None = None,
+    ) -> list[dict[str, Any]]: ...
 
 
 class Handler(Protocol):

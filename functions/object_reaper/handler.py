@@ -64,6 +64,7 @@ from functions.object_reaper.verdict import (
     Wait,
     as_planned,
     classify,
+    counts,
 )
 from functions.outcomes import Outcomes
 from functions.policy import Policy
@@ -314,7 +315,19 @@ class ObjectReaper:
                 )
             except Exception as exc:
                 return self._call_failed(exc, "list", run, TEKTON_TASKRUN)
-        return classify(fresh, due, kind, self.policies, self.safety, self.clock(), children)
+        verdict = classify(fresh, due, kind, self.policies, self.safety, self.clock(), children)
+        selector = counts(verdict, self.policies)
+        if selector is None:
+            return verdict
+        # Not due by its clocks, but in a keep_last group: count the group as it is now
+        # (the DELETE is still held to the version of `fresh` judged here).
+        try:
+            group = await self.objects.list_items(
+                kind, run.namespace, label_selector=selector, request_timeout=self.request_timeout
+            )
+        except Exception as exc:
+            return self._call_failed(exc, "list", run, kind)
+        return classify(fresh, due, kind, self.policies, self.safety, self.clock(), children, group)
 
     async def _delete(self, verdict: Delete, kind: KindSpec) -> _Deleted | _Conflict | Verdict:
         """The guarded DELETE."""

@@ -36,8 +36,17 @@ from events.errors import InvalidEvent
 from events.kinds import Gate, KindSpec
 from events.models import CleanupDue, RunFinished
 from events.run import RunRef, Target
+from functions.keep_last import listed_runs
 from functions.object_reaper.gates import closed_gate, needs_children
-from functions.policy import KEEP_ANNOTATION, Action, Policy, decide
+from functions.policy import (
+    KEEP_ANNOTATION,
+    Action,
+    Policy,
+    counted_out,
+    decide,
+    keep_last_group,
+    with_count,
+)
 from functions.safety import SafetyConfig
 
 
@@ -126,9 +135,12 @@ def classify(
     safety: SafetyConfig,
     now: datetime,
     children: Sequence[Mapping[str, Any]] = (),
+    group: Sequence[Mapping[str, Any]] | None = None,
 ) -> Verdict:
     """The verdict for `due` given `fresh`, the object's current state (None: 404), and,
-    for kinds whose gates need them, its `children` as listed a moment ago."""
+    for kinds whose gates need them, its `children` as listed a moment ago. `group`: the
+    objects of its keep_last group as listed a moment ago (`counts`), None when not
+    listed: then only the clocks decide."""
     ref = due.run
     if fresh is None:
         return AlreadyGone(f"{kind.kind} {ref.subject} no longer exists")
@@ -160,7 +172,16 @@ def classify(
             f"{adapted.reason} (re-run?): not deleted; it is planned again when it finishes",
         )
     assert isinstance(adapted, RunFinished)  # adapt(deleted=False) never says deleted
-    return _judge(adapted.run, due, kind, policies, safety, now, children)
+    return _judge(adapted.run, due, kind, policies, safety, now, children, group)
+
+
+def counts(verdict: Verdict, policies: Sequence[Policy]) -> str | None:
+    """The label selector of the keep_last group to list before judging again, when the
+    clocks say "not yet" and the count might say "now"; None otherwise."""
+    if not isinstance(verdict, Reschedule):
+        return None
+    found = keep_last_group(verdict.run, policies)
+    return None if found is None else found[0].selector
 
 
 def as_planned(
@@ -178,7 +199,7 @@ def as_planned(
     run = due.run
     if run.resource_version is None or needs_children(kind) or safety.dry_run:
         return None
-    verdict = _judge(run, due, kind, policies, safety, now, ())
+    verdict = _judge(run, due, kind, policies, safety, now, (), None)
     return verdict if isinstance(verdict, Delete) else None
 
 
@@ -190,8 +211,10 @@ def _judge(
     safety: SafetyConfig,
     now: datetime,
     children: Sequence[Mapping[str, Any]],
+    group: Sequence[Mapping[str, Any]] | None,
 ) -> Verdict:
-    """Policy, deadline and gates for a finished run, as one object version states them."""
+    """Policy, deadline and gates for a finished run, as one object version states them,
+    and the count of its keep_last group as listed a moment ago (when given)."""
     ref = due.run
     if run.finished_at is None and ref.finished_at is not None:
         # No finishedAt on the object: the clock started when the planner first saw it
@@ -200,6 +223,11 @@ def _judge(
         run = run.model_copy(update={"finished_at": ref.finished_at})
 
     decision = decide(run, Target.KUBERNETES, policies, now)
+    if group is not None:
+        # Counted from the group as it is now: a run already gone is not counted, and a
+        # run only counted out in an older listing is not deleted on that word.
+        counted = counted_out(listed_runs(group, kind), policies, now)
+        decision = with_count(decision, counted.get(run.uid))
     if decision.action is Action.CANCEL:
         return Kept(run, decision.reason)
     if decision.action is Action.INVALID:

@@ -41,8 +41,27 @@ from events.run import ContractModel, RunRef, Target
 from events.subjects import InvalidSubjectToken
 from events.timeutil import format_rfc3339
 from events.types import EventType
-from functions.policy import Action, Decision, Policy, plan
-from functions.ports import Emitter, ObjectFetcher, ScheduleStore, emit_all
+from functions.keep_last import listed_runs
+from functions.policy import (
+    KEEP_LAST_SOURCE,
+    Action,
+    Counted,
+    Decision,
+    Policy,
+    counted_out,
+    decide,
+    keep_last_group,
+    plan,
+    with_count,
+)
+from functions.ports import (
+    Emitter,
+    ObjectFetcher,
+    ObjectLister,
+    RetryLater,
+    ScheduleStore,
+    emit_all,
+)
 from functions.tracing import (
     DEADLINE,
     POLICY,
@@ -71,6 +90,8 @@ class Planner:
     policies: Sequence[Policy] = ()
     kinds: KindSet = DEFAULT_KINDS
     fetcher: ObjectFetcher | None = None
+    # Lists a keep_last group; without it no run is counted out (only TTLs apply).
+    lister: ObjectLister | None = None
     clock: Callable[[], datetime] = field(default=_utcnow)
 
     async def handle(
@@ -101,14 +122,59 @@ class Planner:
             self._check_kind(change.payload.run)
             run, first_seen = _with_reference_time(change.payload.run, self.clock())
             decisions = plan(run, self.policies, self.clock())
+            counted, others = await self._count(run)
+            k8s = Target.KUBERNETES
+            decisions[k8s] = with_count(decisions[k8s], counted.get(run.uid))
             produced = [
                 await self._apply(run, d, keep_pending=first_seen, observed=change.observed)
                 for d in decisions.values()
             ]
-            return await emit_all(self.emitter, [e for e in produced if e is not None])
+            return await emit_all(self.emitter, [e for e in produced + others if e is not None])
         except InvalidEvent as exc:  # also a uid that cannot be a subject token
             failed = CleanupFailed(reason=exc.reason, stage=STAGE, original=capture_event(event))
             return await emit_all(self.emitter, [_event(EventType.CLEANUP_FAILED, failed)])
+
+    async def _count(self, run: RunRef) -> tuple[dict[str, Counted], list[BaseCloudEvent | None]]:
+        """The keep_last count of `run`'s group, from a fresh list of the group: what is
+        counted out (by uid), and the schedules moved for the group's other runs that it
+        counted out now (docs/architecture.md, "Keep the last N"). The reaper counts again
+        from its own fresh list before it deletes one of them."""
+        found = keep_last_group(run, self.policies)
+        if found is None or self.lister is None:
+            return {}, []
+        group, _ = found
+        kind = self.kinds.of(run.api_version, run.kind)
+        now = self.clock()
+        attributes = {RUN_NAMESPACE: run.namespace, RUN_NAME: run.name, RUN_UID: run.uid}
+        with step_span("count keep_last", {**attributes, POLICY: group.policy}):
+            try:
+                objects = await self.lister.list_items(
+                    kind, run.namespace, label_selector=group.selector
+                )
+            except RetryLater:
+                raise
+            except Exception as exc:
+                # The run's own TTLs still stand; the count waits for the group's next
+                # finish, and this says loudly why it did not happen (RBAC, most likely).
+                failed = CleanupFailed(
+                    run=run,
+                    target=Target.KUBERNETES,
+                    reason=f"keep_last: cannot list {kind.kind} {group.selector} in "
+                    f"{run.namespace!r}: {exc}; nothing was counted out",
+                    stage=STAGE,
+                )
+                return {}, [_event(EventType.CLEANUP_FAILED, failed)]
+            members = listed_runs(objects, kind)
+            counted = counted_out(members, self.policies, now)
+            moved: list[BaseCloudEvent | None] = []
+            for member in members:
+                if member.uid == run.uid or member.uid not in counted:
+                    continue
+                own = decide(member, Target.KUBERNETES, self.policies, now)
+                decision = with_count(own, counted[member.uid])
+                if decision.policy.startswith(f"{KEEP_LAST_SOURCE}:"):
+                    moved.append(await self._apply(member, decision, observed=True))
+            return counted, moved
 
     def _check_kind(self, run: RunRef) -> None:
         """Only configured kinds are planned: nothing would delete any other."""

@@ -20,7 +20,7 @@ from events.kinds import KindSpec
 from events.models import RunFinished
 from events.run import RunRef, Target
 from events.timeutil import format_rfc3339, parse_rfc3339
-from functions.policy import Decision, Policy, plan
+from functions.policy import Decision, Policy, counted_out, plan, with_count
 from functions.policy_objects import (
     API_VERSION,
     CLUSTER_LAPSE_POLICY,
@@ -277,21 +277,29 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
         if wanted and kind.name not in wanted:
             continue
         runs = finished_runs(resources.objects(), kind, namespace, pattern, args.selector)
+        listed: list[RunRef] = []
         try:
             async for run in runs:
-                decisions = plan(run, policies, now)
-                if args.policy is not None and not any(
-                    _unversioned(d.policy) in chosen for d in decisions.values()
-                ):
-                    continue
-                if args.target:
-                    decisions = {t: d for t, d in decisions.items() if t.value == args.target}
-                result.runs.append(PlannedRun(run, decisions))
+                listed.append(run)
         except ApiException as exc:
             if exc.status != 404:
                 raise
             # Not installed here (no Tekton, no Trainer): nothing of it to plan.
             result.notes.append(f"{kind.describe()} is not served by this API server")
+        # keep_last counts each group among the runs listed here (with -l, only those the
+        # selector shows; the reaper counts the whole group before it deletes).
+        counted = counted_out(listed, policies, now)
+        for run in listed:
+            decisions = plan(run, policies, now)
+            k8s = Target.KUBERNETES
+            decisions[k8s] = with_count(decisions[k8s], counted.get(run.uid))
+            if args.policy is not None and not any(
+                _unversioned(d.policy) in chosen for d in decisions.values()
+            ):
+                continue
+            if args.target:
+                decisions = {t: d for t, d in decisions.items() if t.value == args.target}
+            result.runs.append(PlannedRun(run, decisions))
     wants_rows = args.target in (None, Target.DATABASE.value) and not args.selector
     kfp_rows = not wanted or "argo-workflow" in wanted
     if wants_rows and kfp_rows and resources.config.database.targets.kfp.enabled:

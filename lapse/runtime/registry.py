@@ -13,11 +13,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from events.kinds import KindSpec
 from functions.object_reaper import ObjectReaper
-from functions.ports import Handler
+from functions.object_reaper.failures import DEFAULT_RETRY_DELAY, TRANSIENT_STATUSES
+from functions.ports import Handler, RetryLater
 from functions.row_reaper import RowReaper, targets_for
 from functions.ttl_planner import Planner
-from lapse.edges.kubernetes import KubeEvents
+from lapse.edges.kubernetes import KubeEvents, api_failure
 from lapse.edges.limits import OBJECTS, ROWS, NatsBrake, NatsRateLimit, limits_bucket
 from lapse.edges.rows import DatabaseUnavailable, SqlRowStore, open_row_store
 from lapse.runtime.outages import Backoff
@@ -30,8 +32,9 @@ log = logging.getLogger(__name__)
 
 
 class _ReferencedObjects:
-    """The planner's ObjectFetcher, connected on first use: only inputs that reference an
-    object (ApiServerSource Reference mode, a Kubernetes Event) need Kubernetes access."""
+    """The planner's ObjectFetcher and ObjectLister, connected on first use: only inputs
+    that reference an object (ApiServerSource Reference mode, a Kubernetes Event) and
+    keep_last groups need Kubernetes access."""
 
     def __init__(self, resources: Resources) -> None:
         self._resources = resources
@@ -41,14 +44,42 @@ class _ReferencedObjects:
     ) -> dict[str, Any] | None:
         return await self._resources.objects().fetch(api_version, kind, namespace, name)
 
+    async def list_items(
+        self,
+        kind: KindSpec,
+        namespace: str,
+        *,
+        label_selector: str,
+        request_timeout: float | None = None,
+    ) -> list[dict[str, Any]]:
+        try:
+            return await self._resources.objects().list_items(
+                kind, namespace, label_selector=label_selector, request_timeout=request_timeout
+            )
+        except Exception as exc:
+            failure = api_failure(exc)
+            status = None if failure is None else failure.status
+            if failure is not None and (
+                status is None or status in TRANSIENT_STATUSES or status >= 500
+            ):
+                delay = failure.retry_after or DEFAULT_RETRY_DELAY
+                raise RetryLater(
+                    f"cannot list {kind.kind} {label_selector} in {namespace!r} yet: "
+                    f"{failure.message}",
+                    delay,
+                ) from exc
+            raise
+
 
 async def _ttl_planner(resources: Resources) -> Handler:
+    objects = _ReferencedObjects(resources)
     return Planner(
         schedules=await resources.schedules(),
         emitter=await resources.emitter(),
         policies=resources.policies(),
         kinds=resources.config.kinds,
-        fetcher=_ReferencedObjects(resources),
+        fetcher=objects,
+        lister=objects,
     )
 
 

@@ -448,7 +448,7 @@ def test_match(match: dict[str, Any], matches: bool) -> None:
 @pytest.mark.parametrize(
     ("fields", "problem"),
     [
-        ({"name": "empty"}, "sets neither kubernetes nor database"),
+        ({"name": "empty"}, "sets none of kubernetes, database and keep_last"),
         ({"name": "k", "kubernetes": {}}, "set at least one of ttl, after_success"),
         ({"name": "bad name", "database": {"ttl": "1d"}}, "is not a policy name"),
         ({"name": "x", "database": {"ttl": "3x"}}, "'3x' is not a duration (unknown unit 'x'"),

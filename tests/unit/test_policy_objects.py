@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from events.run import Engine, RunRef, Target
-from functions.policy import Action, Policy, decide
+from functions.policy import Action, Policy, decide, keep_last_group
 from functions.policy_objects import PolicyBook, effective
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -153,3 +153,23 @@ def test_the_book_is_replaced_whole() -> None:
     book.replace(found.policies)
     assert [p.label for p in book] == ["clusterlapsepolicy:platform@1", "policy:file"]
     assert decide(run("team-a"), Target.KUBERNETES, book, NOW).action is Action.SCHEDULE
+
+
+def test_keep_last_in_an_object_becomes_the_policys_clause_named_by_the_object() -> None:
+    spec = {"keepLast": {"groupBy": "label:app", "succeeded": 3, "failed": 1}}
+    found = effective([lapse_policy("last", "team-a", spec, 2)], [ALLOW_TEAMS])
+    assert found.verdicts[0].accepted, found.verdicts[0]
+    runs = [run("team-a", labels={"app": "train"}).model_copy(update={"uid": f"u{i}"})
+            for i in range(5)]  # fmt: skip
+    grouped = keep_last_group(runs[0], found.policies)
+    assert grouped is not None
+    group, rule = grouped
+    assert (rule.succeeded, rule.failed, group.policy) == (3, 1, "lapsepolicy:team-a/last@2")
+    # Not in another namespace, whatever its labels.
+    assert keep_last_group(run("team-b", labels={"app": "train"}), found.policies) is None
+    # What the model refuses (field: grouping, not supported yet) is a refusal with the
+    # reason, never a policy half applied.
+    field = {"keepLast": {"groupBy": "field:spec.x", "total": 2}}
+    verdict = effective([lapse_policy("f", "team-a", field)], [ALLOW_TEAMS]).verdicts[0]
+    assert (verdict.accepted, verdict.reason) == (False, "Invalid")
+    assert "field:<path> grouping is not supported yet" in verdict.message

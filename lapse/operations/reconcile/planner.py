@@ -75,4 +75,6 @@ async def build_planner(resources: Resources, *, dry_run: bool) -> Planner:
         emitter=DiscardingEmitter() if dry_run else await resources.emitter(),
         # The policy objects too: reconcile must decide what `lapse up` decides.
         policies=await policies_in_effect(resources.objects(), resources.config.policies),
+        kinds=resources.config.kinds,
+        lister=resources.objects(),
     )

@@ -1,0 +1,179 @@
+"""Keep the last N runs of a group: the counting, pure (no I/O, no clock).
+
+A policy's `keep_last` clause (functions/policy.py) names a group (`group_by`: a label, or
+`auto`: the first of the engines' own labels the run carries) and how many of its newest
+finished runs stay: `succeeded` and `failed` apiece, or `total`. Every other run of the
+group is counted out: due at the moment the run that pushed it out finished (so the
+deadline is the same whoever counts, and whenever), or earlier if its TTL says so.
+
+What is counted is what the caller listed from the API server a moment ago: the objects
+that exist now, never runs already deleted. Runs being deleted (`deletionTimestamp`),
+runs that are not finished and pinned runs (`lapse.dev/keep: "true"`, or a malformed
+`lapse.dev/*` annotation, which never deletes) do not count: a pinned run never costs the
+group one of its N, and is never counted out.
+
+Why this is right under concurrency (docs/architecture.md, "Keep the last N"): the runs
+counted out of a listing are exactly those with at least N newer unpinned runs of their
+bucket in it. Deleting such a run never takes one of the N newest, and a newer finish only
+adds newer runs, so a run counted out of any listing made since stays counted out of the
+group as it is now, whoever deletes first, in whatever order: the N newest stay.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from events.adapters import Ignored
+from events.adapters.objects import adapt
+from events.errors import InvalidEvent
+from events.kinds import KindSpec
+from events.models import RunFinished
+from events.run import RunRef
+
+AUTO: Final = "auto"
+# `group_by: auto` groups a run by the first of these labels it carries: the engines' own
+# word for "runs of the same thing". Argo puts the first two on the Workflows a
+# CronWorkflow or a WorkflowTemplate submits, KFP's ScheduledWorkflow controller the third
+# on the runs of a recurring run, Tekton the last on a Pipeline's PipelineRuns.
+WELL_KNOWN_GROUP_LABELS: Final = (
+    "workflows.argoproj.io/cron-workflow",
+    "scheduledworkflows.kubeflow.org/scheduledWorkflowName",
+    "workflows.argoproj.io/workflow-template",
+    "tekton.dev/pipeline",
+)
+SUCCEEDED: Final = "Succeeded"
+
+# A label key as Kubernetes accepts it: an optional DNS-subdomain prefix and a name.
+_LABEL_KEY = re.compile(
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+_NEWEST: Final = datetime.max.replace(tzinfo=UTC)
+
+
+def _group_by(value: str) -> str:
+    if value == AUTO:
+        return value
+    how, sep, key = value.partition(":")
+    if how == "field" and sep:
+        raise ValueError(
+            "field:<path> grouping is not supported yet: the group must be one the API server "
+            "can list by label selector; use label:<key> (or auto)"
+        )
+    if how != "label" or not sep or not _LABEL_KEY.fullmatch(key):
+        raise ValueError(f"{value!r} is not a group (auto, or label:<key> with a label key)")
+    return value
+
+
+Count = Annotated[int, Field(ge=0)]
+
+
+class KeepLast(BaseModel):
+    """How many of a group's newest finished runs stay: `succeeded` and `failed` apiece
+    (a bucket left unset is not counted), or `total` over both."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    group_by: Annotated[str, AfterValidator(_group_by)] = AUTO
+    succeeded: Count | None = None
+    failed: Count | None = None
+    total: Count | None = None
+
+    @model_validator(mode="after")
+    def _some_count(self) -> KeepLast:
+        split = self.succeeded is not None or self.failed is not None
+        if self.total is not None and split:
+            raise ValueError("set total, or succeeded and/or failed, not both")
+        if self.total is None and not split:
+            raise ValueError("set total, or succeeded and/or failed")
+        return self
+
+    def group_label(self, labels: Mapping[str, str]) -> tuple[str, str] | None:
+        """(key, value) of the label that names the run's group, or None (not grouped)."""
+        keys = WELL_KNOWN_GROUP_LABELS if self.group_by == AUTO else (self.group_by[6:],)
+        for key in keys:
+            value = labels.get(key)
+            if value:
+                return key, value
+        return None
+
+    def buckets(self) -> Iterable[tuple[Bucket, int]]:
+        """The buckets counted and how many of each stay."""
+        if self.total is not None:
+            yield "total", self.total
+            return
+        if self.succeeded is not None:
+            yield "succeeded", self.succeeded
+        if self.failed is not None:
+            yield "failed", self.failed
+
+
+Bucket = Literal["total", "succeeded", "failed"]
+
+
+def bucket_of(phase: str, bucket: Bucket) -> bool:
+    """Whether a finished run in `phase` is counted in `bucket` (every phase but
+    Succeeded is a failure: Argo's Failed and Error, Tekton's and Jobs' Failed)."""
+    if bucket == "total":
+        return True
+    return (phase == SUCCEEDED) == (bucket == "succeeded")
+
+
+@dataclass(frozen=True, slots=True)
+class CountedOut:
+    """A run with at least N newer runs of its bucket: due `at` (when the run that pushed it
+    out finished)."""
+
+    uid: str
+    at: datetime
+    bucket: Bucket
+    limit: int
+    pushed_out_by: str  # the name of that run
+
+
+def _newest_first(run: RunRef) -> tuple[datetime, str, str]:
+    # A run without a finish time counts as the newest: it is never the one counted out.
+    return (run.finished_at or _NEWEST, run.name, run.uid)
+
+
+def count_out(members: Sequence[RunRef], rule: KeepLast, now: datetime) -> list[CountedOut]:
+    """The members of one group counted out by `rule`, oldest last. `members` are the
+    group's unpinned finished runs as listed; `now` stands in for a missing finish time."""
+    out: list[CountedOut] = []
+    for bucket, limit in rule.buckets():
+        ranked = sorted(
+            (run for run in members if bucket_of(run.phase, bucket)),
+            key=_newest_first,
+            reverse=True,
+        )
+        for index in range(limit, len(ranked)):
+            pusher = ranked[index - limit]
+            out.append(
+                CountedOut(ranked[index].uid, pusher.finished_at or now, bucket, limit, pusher.name)
+            )
+    return out
+
+
+def listed_runs(objects: Sequence[Mapping[str, Any]], kind: KindSpec) -> list[RunRef]:
+    """The finished runs among objects listed from the API server: not being deleted, not
+    running again, and readable (an unreadable object is left out, never counted out)."""
+    runs: list[RunRef] = []
+    for obj in objects:
+        metadata = obj.get("metadata")
+        if not isinstance(metadata, Mapping) or metadata.get("deletionTimestamp"):
+            continue
+        try:
+            adapted = adapt(dict(obj), kind)
+        except InvalidEvent:
+            continue
+        if isinstance(adapted, Ignored):
+            continue
+        assert isinstance(adapted, RunFinished)
+        runs.append(adapted.run)
+    return runs
