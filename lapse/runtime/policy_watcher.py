@@ -58,12 +58,14 @@ from lapse.edges.kubernetes.policies import (
     says,
     status_of,
 )
+from lapse.runtime.outages import Backoff
 
 log = logging.getLogger(__name__)
 
 SOURCE = "/lapse/policy-watcher"
 PAGE_SIZE = 500
 NOT_SERVED_RETRY = 60.0
+REPLAN_TRIES = 8
 
 Publish = Callable[[BaseCloudEvent], Awaitable[None]]
 Namespaces = Callable[[], Awaitable[list[str]]]
@@ -281,7 +283,7 @@ class PolicyWatcher:
                 in_effect = sum(1 for v in verdicts if v.policy is not None)
                 log.info("policy objects read: %d of %d in effect", in_effect, len(verdicts))
             for old, new in moved:
-                await self._replan(old, new)
+                await self._replan_retrying(old, new)
 
     def _recompute(self) -> list[Verdict]:
         namespaced = [o for k, o in self._held.items() if k[0] == LAPSE_POLICY]
@@ -309,6 +311,28 @@ class PolicyWatcher:
                 held["status"] = wanted
             if verdict.reason != "Accepted":
                 log.warning("%s: %s: %s", ref.label, verdict.reason, verdict.message)
+
+    async def _replan_retrying(
+        self, old: dict[str, Any] | None, new: dict[str, Any] | None
+    ) -> None:
+        """A re-plan that fails (NATS or the API server away) is tried again: what it
+        published already is dropped by id. Given up on after REPLAN_TRIES, said loudly:
+        the book is current, and `lapse reconcile` re-derives what was not re-planned."""
+        backoff = Backoff(first=1.0, cap=30.0)
+        for attempt in range(1, REPLAN_TRIES + 1):
+            try:
+                await self._replan(old, new)
+                return
+            except Exception as exc:
+                if attempt == REPLAN_TRIES:
+                    log.error("%s: re-planning its runs failed %d times (%s): run lapse "
+                              "reconcile", _label(new or old or {}), attempt,
+                              describe_api_error(exc))  # fmt: skip
+                    return
+                delay = backoff.delay(attempt)
+                log.warning("%s: re-planning its runs failed (%s): again in %.0fs",
+                            _label(new or old or {}), describe_api_error(exc), delay)  # fmt: skip
+                await asyncio.sleep(delay)
 
     async def _replan(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         version = new or old
@@ -365,5 +389,7 @@ def _unstated(obj: dict[str, Any]) -> bool:
 
 
 def _label(obj: dict[str, Any]) -> str:
+    if not obj:
+        return "a policy object"
     kind, namespace, name = _key(obj)
     return f"{kind.lower()}:{namespace + '/' if namespace else ''}{name}"

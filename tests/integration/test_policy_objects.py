@@ -166,6 +166,7 @@ async def test_the_watcher_judges_clamps_and_replans_only_the_policys_namespace(
             return condition(kube, team, "short")
 
         first = await wait_for(refused, timeout=15)
+        assert first is not None
         assert (first["status"], first["reason"]) == ("False", "NotAllowed"), first
         assert f"namespace {team}" in first["message"]
         # The bounds arrive: the same object is now in effect, clamped, and says so.
@@ -176,6 +177,7 @@ async def test_the_watcher_judges_clamps_and_replans_only_the_policys_namespace(
             return found if found and found["reason"] == "Clamped" else None
 
         now = await wait_for(clamped, timeout=15)
+        assert now is not None
         assert now["status"] == "True"
         assert "kubernetes.ttl 5m clamped to the minimum 1h" in now["message"]
         assert f"clusterlapsepolicy:bounds-{tag}@1" in now["message"]
@@ -196,6 +198,7 @@ async def test_the_watcher_judges_clamps_and_replans_only_the_policys_namespace(
         assert published.names() >= {f"{team}/done"}
         assert f"{other}/done" not in published.names()
         accepted = await wait_for(refused, timeout=15)
+        assert accepted is not None
         assert accepted["reason"] == "Accepted", accepted
         # Deleted: gone from the book, and its namespace re-planned once more.
         before = len(published.events)
@@ -251,3 +254,42 @@ def test_a_tenant_edits_policies_only_in_its_own_namespace(kube: KubeStack) -> N
     assert may(kube, lapse, "patch", (GROUP, "lapsepolicies/status"), mine)
     assert not may(kube, lapse, "update", policies, mine)
     assert not may(kube, lapse, "delete", (GROUP, "clusterlapsepolicies"), None)
+
+
+class FailingOnce(Published):
+    """Refuses the first publish: a stand-in for NATS being away for a moment (the real
+    outage is provoked in tests/e2e/test_outages.py; here only the retry is the subject)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    async def publish(self, event: BaseCloudEvent) -> None:
+        if not self.refused:
+            self.refused += 1
+            raise ConnectionError("nats: no servers available for connection")
+        await super().publish(event)
+
+
+async def test_a_replan_that_fails_is_tried_again(kube: KubeStack) -> None:
+    tag = uuid.uuid4().hex[:6]
+    team = kube.namespace(f"pol-r-{tag}")
+    await kube.workflows.create(team, finished_workflow("done"))
+    published = FailingOnce()
+    allow = cluster_policy(f"allow-{tag}", {"match": {"namespaces": [team]},
+                                            "namespacedPolicies": {"allowed": True}})  # fmt: skip
+    create(kube, None, allow)
+    try:
+        async with watching(kube, published) as watcher:
+            create(kube, team, lapse_policy("p", {"kubernetes": {"ttl": "2h"}}))
+
+            async def republished() -> bool:
+                return f"{team}/done" in published.names()
+
+            await wait_for(republished, timeout=60)
+            assert published.refused == 1
+            assert watcher.replanned >= 1
+    finally:
+        client.CustomObjectsApi(kube.api_client).delete_cluster_custom_object(
+            GROUP, VERSION, "clusterlapsepolicies", f"allow-{tag}"
+        )
