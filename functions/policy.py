@@ -33,6 +33,11 @@ rule is Argo's: `after_failure` for Failed, `after_success` for Succeeded, when 
 `ttl` otherwise.
 
 Deadlines are `finishedAt + ttl` (`now + ttl` when the run has no finishedAt), in UTC.
+
+Then the count (`keep_last`, functions/keep_last.py; docs/architecture.md, "Keep the last
+N"): `with_count` makes a run counted out of its group due when the run that pushed it out
+finished, if that comes before the deadline above; `keep` and an invalid annotation are
+never overruled.
 """
 
 from __future__ import annotations
@@ -246,7 +251,8 @@ class Decision:
     (another engine's own TTL field: `job:spec.ttlSecondsAfterFinished`,
     `sparkapplication:spec.timeToLiveSeconds`), `policy:<name>`, a policy object
     (`lapsepolicy:<namespace>/<name>@<generation>`, `clusterlapsepolicy:<name>@<generation>`;
-    functions/policy_objects.py) or `default`.
+    functions/policy_objects.py), `default`, or `keep_last:<name>` (counted out of its
+    group by that policy's `keep_last`; a policy object's name is its label).
     `deadline` is set (UTC) exactly when `action` is schedule.
     """
 

@@ -86,8 +86,9 @@ class ObjectFetcher(Protocol):
 
 class ObjectLister(Protocol):
     """A fresh list of one kind's objects in one namespace by label selector, paged: the
-    runs of a keep_last group (functions/keep_last.py). Raises `RetryLater` for a transient
-    failure (no response, 408, 429, 5xx)."""
+    runs of a keep_last group (functions/keep_last.py), a gate's children. The planner's
+    raises `RetryLater` for a transient failure (no response, 408, 429, 5xx); the object
+    reaper's (`ObjectAccess`) has it judged by `failure`."""
 
     async def list_items(
         self,

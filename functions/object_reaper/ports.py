@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from events.kinds import KindSpec
+from functions.ports import ObjectLister
 
 
 class CallFailure(Protocol):
@@ -27,7 +28,9 @@ class CallFailure(Protocol):
     def retry_after(self) -> float | None: ...
 
 
-class ObjectAccess(Protocol):
+class ObjectAccess(ObjectLister, Protocol):
+    """`list_items` (ObjectLister): a gate's children, a keep_last group."""
+
     async def get(
         self, kind: KindSpec, namespace: str, name: str, *, request_timeout: float | None = None
     ) -> dict[str, Any] | None:
@@ -46,17 +49,6 @@ class ObjectAccess(Protocol):
         request_timeout: float | None = None,
     ) -> None:
         """DELETE with uid (and resourceVersion) preconditions."""
-        ...
-
-    async def list_items(
-        self,
-        kind: KindSpec,
-        namespace: str,
-        *,
-        label_selector: str,
-        request_timeout: float | None = None,
-    ) -> list[dict[str, Any]]:
-        """Every object of `kind` in `namespace` matching the selector (a gate's children)."""
         ...
 
     def failure(self, exc: BaseException) -> CallFailure | None:

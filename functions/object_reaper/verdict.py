@@ -177,8 +177,12 @@ def classify(
 
 def counts(verdict: Verdict, policies: Sequence[Policy]) -> str | None:
     """The label selector of the keep_last group to list before judging again, when the
-    clocks say "not yet" and the count might say "now"; None otherwise."""
-    if not isinstance(verdict, Reschedule):
+    clocks say "not yet" (or "never": a TTL of never does not outlast the count) and the
+    count might say "now"; None otherwise (and always for a run marked keep)."""
+    if isinstance(verdict, Kept):
+        if verdict.run.annotations.get(KEEP_ANNOTATION) == "true":
+            return None
+    elif not isinstance(verdict, Reschedule):
         return None
     found = keep_last_group(verdict.run, policies)
     return None if found is None else found[0].selector

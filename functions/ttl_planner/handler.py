@@ -18,9 +18,10 @@ trace, days later, links back to it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from cloudevents.core.base import BaseCloudEvent
 
@@ -122,9 +123,15 @@ class Planner:
             self._check_kind(change.payload.run)
             run, first_seen = _with_reference_time(change.payload.run, self.clock())
             decisions = plan(run, self.policies, self.clock())
-            counted, others = await self._count(run)
+            counted, others, gone = await self._count(run)
             k8s = Target.KUBERNETES
             decisions[k8s] = with_count(decisions[k8s], counted.get(run.uid))
+            if gone:
+                # Counted out and deleted already (another process's count came first):
+                # nothing is left to delete, and a TTL put now would wait for nothing.
+                decisions[k8s] = Decision(
+                    k8s, Action.CANCEL, None, decisions[k8s].policy, "the run object is gone"
+                )
             produced = [
                 await self._apply(run, d, keep_pending=first_seen, observed=change.observed)
                 for d in decisions.values()
@@ -134,14 +141,17 @@ class Planner:
             failed = CleanupFailed(reason=exc.reason, stage=STAGE, original=capture_event(event))
             return await emit_all(self.emitter, [_event(EventType.CLEANUP_FAILED, failed)])
 
-    async def _count(self, run: RunRef) -> tuple[dict[str, Counted], list[BaseCloudEvent | None]]:
+    async def _count(
+        self, run: RunRef
+    ) -> tuple[dict[str, Counted], list[BaseCloudEvent | None], bool]:
         """The keep_last count of `run`'s group, from a fresh list of the group: what is
-        counted out (by uid), and the schedules moved for the group's other runs that it
-        counted out now (docs/architecture.md, "Keep the last N"). The reaper counts again
-        from its own fresh list before it deletes one of them."""
+        counted out (by uid), the schedules moved for the group's other runs that it
+        counted out now (docs/architecture.md, "Keep the last N"), and whether `run` itself
+        is gone (not listed, and a GET agrees). The reaper counts again from its own fresh
+        list before it deletes one of them."""
         found = keep_last_group(run, self.policies)
         if found is None or self.lister is None:
-            return {}, []
+            return {}, [], False
         group, _ = found
         kind = self.kinds.of(run.api_version, run.kind)
         now = self.clock()
@@ -163,7 +173,8 @@ class Planner:
                     f"{run.namespace!r}: {exc}; nothing was counted out",
                     stage=STAGE,
                 )
-                return {}, [_event(EventType.CLEANUP_FAILED, failed)]
+                return {}, [_event(EventType.CLEANUP_FAILED, failed)], False
+            gone = not any(_uid(obj) == run.uid for obj in objects) and await self._gone(run)
             members = listed_runs(objects, kind)
             counted = counted_out(members, self.policies, now)
             moved: list[BaseCloudEvent | None] = []
@@ -174,7 +185,15 @@ class Planner:
                 decision = with_count(own, counted[member.uid])
                 if decision.policy.startswith(f"{KEEP_LAST_SOURCE}:"):
                     moved.append(await self._apply(member, decision, observed=True))
-            return counted, moved
+            return counted, moved, gone
+
+    async def _gone(self, run: RunRef) -> bool:
+        """Whether the API server no longer has `run` (a GET, not the group's list: the
+        run's labels may have changed since)."""
+        if self.fetcher is None:
+            return False
+        obj = await self.fetcher.fetch(run.api_version, run.kind, run.namespace, run.name)
+        return obj is None or _uid(obj) != run.uid
 
     def _check_kind(self, run: RunRef) -> None:
         """Only configured kinds are planned: nothing would delete any other."""
@@ -338,6 +357,11 @@ class _Refused:
 
     run: RunRef
     reason: str
+
+
+def _uid(obj: Mapping[str, Any]) -> object:
+    metadata = obj.get("metadata")
+    return metadata.get("uid") if isinstance(metadata, Mapping) else None
 
 
 def _with_reference_time(run: RunRef, now: datetime) -> tuple[RunRef, bool]:

@@ -231,3 +231,33 @@ async def test_f_previews_a_policy_and_refuses_what_is_not_one(
     wrong = shell("plan", "--kubeconfig", str(kube.kubeconfig), "-f", str(file))
     assert wrong.returncode == 2, wrong.stderr
     assert "only LapsePolicy and ClusterLapsePolicy objects" in wrong.stderr
+
+
+async def test_plan_names_keep_last_when_the_count_sets_the_deadline(
+    shell: Shell, kube: KubeStack, tmp_path: Path
+) -> None:
+    ns = kube.namespace(f"keep-last-{uuid.uuid4().hex[:6]}")
+    cron = {"workflows.argoproj.io/cron-workflow": "nightly"}
+    for i in range(3):  # wf-0 the oldest, wf-2 the newest
+        finished = f"2026-11-20T10:0{i}:00Z"
+        await kube.workflows.create(
+            ns, finished_workflow(f"wf-{i}", "Succeeded", finished, labels=cron)
+        )
+    config = tmp_path / "lapse.yaml"
+    config.write_text(
+        "policies:\n"
+        "  - name: nightly\n"
+        "    kubernetes: {ttl: 3650d}\n"
+        "    keep_last: {succeeded: 1}\n"  # group_by auto: the cron-workflow label
+    )
+    rows = json.loads(_plan(shell, kube, "--config", str(config), "-n", ns, "-o", "json").stdout)
+    by_name = {r["name"]: r["targets"]["kubernetes"] for r in rows}
+    assert by_name["wf-2"]["policy"] == "policy:nightly"  # the newest: its TTL
+    for old in ("wf-0", "wf-1"):
+        assert by_name[old]["policy"] == "keep_last:nightly"
+        # Due when the run that pushed it out (wf-2, wf-1's; wf-1, wf-0's) finished.
+        assert "keep_last.succeeded=1" in by_name[old]["reason"]
+    assert by_name["wf-1"]["deadline"] == "2026-11-20T10:02:00Z"
+    assert by_name["wf-0"]["deadline"] == "2026-11-20T10:01:00Z"
+    table = _plan(shell, kube, "--config", str(config), "-n", ns).stdout
+    assert "keep_last:nightly" in table

@@ -205,10 +205,25 @@ def test_the_reaper_deletes_a_counted_out_run_only_from_the_group_as_listed() ->
     assert isinstance(alone, Reschedule) and alone.policy == "policy:nightly"
 
 
+def test_the_reaper_counts_a_run_whose_ttl_is_never() -> None:
+    forever = Policy.model_validate(
+        {"name": "forever", "kubernetes": {"ttl": "never"}, "keep_last": {"total": 1}}
+    )
+    old, new = run("old", 20), run("new", 10)
+    due = due_for(old, NOW - timedelta(minutes=10), policy="keep_last:forever")
+    first = classify(old, due, ARGO_WORKFLOW, [forever], SafetyConfig(), NOW)
+    assert isinstance(first, Kept)
+    assert counts(first, [forever]) == f"{CRON}=etl"
+    verdict = classify(old, due, ARGO_WORKFLOW, [forever], SafetyConfig(), NOW, (), [old, new])
+    assert isinstance(verdict, Delete) and verdict.policy == "keep_last:forever"
+
+
 def test_the_reaper_keeps_a_pinned_run_whatever_the_count() -> None:
     policies = [nightly(succeeded=0)]
     pinned = run("p", 20, keep=True)
     due = due_for(pinned, NOW, policy="keep_last:nightly")
+    first = classify(pinned, due, ARGO_WORKFLOW, policies, SafetyConfig(), NOW)
+    assert isinstance(first, Kept) and counts(first, policies) is None  # not even listed
     verdict = classify(pinned, due, ARGO_WORKFLOW, policies, SafetyConfig(), NOW, (), [pinned])
     assert isinstance(verdict, Kept)
 
