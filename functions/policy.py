@@ -10,7 +10,10 @@ Kubernetes object (`Target.KUBERNETES`):
                                 and `Succeeded` secondsAfterSuccess when set, every phase
                                 otherwise secondsAfterCompletion (so `Error` only ever gets
                                 secondsAfterCompletion).
-  5. the first configured policy that matches the run and has a clock for its phase.
+  5. the first policy that matches the run and has a clock for its phase, in the order
+     the caller gives: in lapse that is the LapsePolicy objects of the run's namespace,
+     the ClusterLapsePolicy objects, then lapse.yaml's `policies` (functions/
+     policy_objects.py builds the list; docs/policies.md).
   6. the built-in default: 24h after the run finished.
 
 Artifacts in object storage (`Target.ARTIFACTS`): the first policy with an `artifacts`
@@ -193,6 +196,16 @@ class Policy(_Model):
             )
         return self
 
+    @property
+    def label(self) -> str:
+        """How decisions name this policy (`Decision.policy`)."""
+        return f"policy:{self.name}"
+
+    @property
+    def title(self) -> str:
+        """How decision reasons name this policy."""
+        return f"policy {self.name!r}"
+
     def clock(self, target: Target, phase: str) -> tuple[str, Ttl] | None:
         """(key, ttl) this policy sets for `target` on a run in `phase`, or None."""
         if target is Target.KUBERNETES:
@@ -250,8 +263,10 @@ class Decision:
     `policy` names what decided, as the events, the audit trail and `lapse plan` show it:
     `annotation:lapse.dev/keep|expires|ttl`, `argo:ttlStrategy.<field>`, `<kind>:<field>`
     (another engine's own TTL field: `job:spec.ttlSecondsAfterFinished`,
-    `sparkapplication:spec.timeToLiveSeconds`), `policy:<name>`, `default`, or
-    `keep_last:<name>` (counted out of its group by that policy's `keep_last`).
+    `sparkapplication:spec.timeToLiveSeconds`), `policy:<name>`, a policy object
+    (`lapsepolicy:<namespace>/<name>@<generation>`, `clusterlapsepolicy:<name>@<generation>`;
+    functions/policy_objects.py), `default`, or `keep_last:<name>` (counted out of its
+    group by that policy's `keep_last`; a policy object's name is its label).
     `deadline` is set (UTC) exactly when `action` is schedule.
     """
 
@@ -283,8 +298,8 @@ def decide(run: RunRef, target: Target, policies: Sequence[Policy], now: datetim
                 run,
                 now,
                 ttl,
-                f"policy:{policy.name}",
-                f"policy {policy.name!r} {target}.{key}",
+                policy.label,
+                f"{policy.title} {target}.{key}",
             )
     if target is Target.ARTIFACTS:
         return _on_database_clock(decide(run, Target.DATABASE, policies, now))

@@ -22,7 +22,7 @@ from nats.js import JetStreamContext
 from lapse.config import Streams
 from lapse.edges import nats, streams
 from lapse.edges.kubernetes import Workflows, load_api_client
-from lapse.embedded.kube import EmbeddedKube, run_kind_crds
+from lapse.embedded.kube import EmbeddedKube, policy_crds, run_kind_crds
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.seaweedfs import EmbeddedSeaweedFS
 from tests.stack import Database, scratch_database
@@ -111,10 +111,10 @@ def install_crd(api_client: client.ApiClient, crd: dict[str, object]) -> None:
 def kube_stack(work_dir: Path, extra_args: tuple[str, ...] = ()) -> Iterator[KubeStack]:
     """etcd + kube-apiserver with the CRDs of every built-in kind installed (Argo
     Workflows, Tekton PipelineRuns and TaskRuns, TrainJobs, RayJobs, JobSets,
-    SparkApplications), stopped on exit."""
+    SparkApplications) and lapse's own policy CRDs, stopped on exit."""
     server = EmbeddedKube(work_dir, extra_args=extra_args).start()
     api_client = load_api_client(str(server.kubeconfig_path))
-    for crd in run_kind_crds(opt_in=True):
+    for crd in [*run_kind_crds(opt_in=True), *policy_crds()]:
         install_crd(api_client, crd)
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kube-test")
     try:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import yaml
 from cloudevents.core.base import BaseCloudEvent
 from kubernetes.client.exceptions import ApiException
 
@@ -20,9 +21,17 @@ from events.models import RunFinished
 from events.run import RunRef, Target
 from events.timeutil import format_rfc3339, parse_rfc3339
 from functions.policy import Decision, Policy, counted_out, plan, with_count
+from functions.policy_objects import (
+    API_VERSION,
+    CLUSTER_LAPSE_POLICY,
+    LAPSE_POLICY,
+    effective,
+    ref_of,
+)
 from functions.ports import PendingSchedule
 from functions.ttl_planner import Planner
 from lapse.cli.common import (
+    UsageError,
     add_kind,
     add_namespace,
     add_namespace_glob,
@@ -35,6 +44,7 @@ from lapse.cli.common import (
 )
 from lapse.cli.output import Column, Row, add_output, emit, resource_name
 from lapse.edges.kubernetes import KubeObjects, finished_pages
+from lapse.edges.kubernetes.policies import read_policy_objects
 from lapse.operations.reconcile import Options, Reconciler, RowCounts
 from lapse.operations.reconcile.planner import DiscardingEmitter
 from lapse.runtime.resources import Resources
@@ -64,6 +74,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--target",
         choices=[t.value for t in Target],
         help="only this target's deadlines (default: every target)",
+    )
+    parser.add_argument(
+        "-f",
+        "--filename",
+        metavar="FILE",
+        help=(
+            "plan as if the LapsePolicy / ClusterLapsePolicy objects in this YAML file were "
+            "applied (added, or replacing the one of the same name): a preview before "
+            "`kubectl apply`; their verdict (accepted, clamped, refused) is printed on stderr"
+        ),
+    )
+    parser.add_argument(
+        "--policy",
+        nargs="?",
+        const="",
+        metavar="NAME",
+        help=(
+            "only the runs whose deadline a policy object sets: NAME is "
+            "<namespace>/<name> (a LapsePolicy) or <name> (a ClusterLapsePolicy); "
+            "without NAME, the ones in -f"
+        ),
     )
     add_output(parser)
     parser.set_defaults(run=run_plan)
@@ -161,12 +192,15 @@ class Preview:
 
 
 async def orphaned_rows(
-    resources: Resources, namespace: str | None, now: datetime
+    resources: Resources,
+    namespace: str | None,
+    now: datetime,
+    policies: tuple[Policy, ...] | None = None,
 ) -> tuple[list[PlannedRun], list[str]]:
     planner = Planner(
         schedules=_NoSchedules(),
         emitter=DiscardingEmitter(),
-        policies=tuple(resources.config.policies),
+        policies=tuple(resources.config.policies) if policies is None else policies,
     )
     options = Options(namespace=namespace, dry_run=True, runs=False, rows=True)
     rows = _OrphanedRows(resources, planner, options, clock=lambda: now)
@@ -178,10 +212,66 @@ async def orphaned_rows(
     return planned, list(summary.problems)
 
 
+def _objects_in(path: str, namespace: str | None) -> list[dict[str, Any]]:
+    """The policy objects of a YAML file, as the API server would hold them once applied."""
+    try:
+        with open(path) as file:
+            docs = [d for d in yaml.safe_load_all(file) if d]
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"-f {path}: {exc}") from None
+    found = []
+    for doc in docs:
+        if not isinstance(doc, dict) or doc.get("kind") not in (LAPSE_POLICY, CLUSTER_LAPSE_POLICY):
+            raise UsageError(f"-f {path}: only {LAPSE_POLICY} and {CLUSTER_LAPSE_POLICY} objects")
+        if doc.get("apiVersion") != API_VERSION:
+            raise UsageError(f"-f {path}: apiVersion {doc.get('apiVersion')!r}, not {API_VERSION}")
+        metadata = dict(doc.get("metadata") or {})
+        if doc["kind"] == LAPSE_POLICY:
+            metadata["namespace"] = metadata.get("namespace") or namespace or "default"
+        found.append({**doc, "metadata": metadata})
+    return found
+
+
+async def _policies(
+    resources: Resources, args: argparse.Namespace, namespace: str | None, result: Preview
+) -> tuple[tuple[Policy, ...], set[str]]:
+    """The policies in effect (lapse.yaml's and the policy objects), with -f's applied;
+    and the policy objects --policy selects (`kind:namespace/name`, no generation)."""
+    configured = tuple(resources.config.policies)
+    namespaced, clusters, notes = await read_policy_objects(resources.objects())
+    if args.filename is not None or args.policy is not None:
+        result.notes += notes  # otherwise a cluster without the CRDs is nothing to say
+    chosen: set[str] = set()
+    if args.filename is not None:
+        for obj in _objects_in(args.filename, namespace):
+            ref = ref_of(obj)
+            held = namespaced if obj["kind"] == LAPSE_POLICY else clusters
+            current = next((o for o in held if ref_of(o).key == ref.key), None)
+            generation = ref_of(current).generation + 1 if current else 1
+            obj["metadata"]["generation"] = generation
+            held[:] = [o for o in held if ref_of(o).key != ref.key] + [obj]
+            chosen.add(_unversioned(ref_of(obj).label))
+    found = effective(namespaced, clusters, configured)
+    for verdict in found.verdicts:
+        if _unversioned(verdict.ref.label) in chosen:
+            state = "in effect" if verdict.accepted else "REFUSED"
+            result.notes.append(
+                f"{verdict.ref.label} ({state}): {verdict.reason}: {verdict.message}"
+            )
+    if args.policy:
+        kind = LAPSE_POLICY if "/" in args.policy else CLUSTER_LAPSE_POLICY
+        chosen = {f"{kind.lower()}:{args.policy}"}
+    return found.policies, chosen
+
+
+def _unversioned(label: str) -> str:
+    return label.rpartition("@")[0]
+
+
 async def preview(resources: Resources, args: argparse.Namespace, now: datetime) -> Preview:
     namespace, pattern = namespace_of(args)
-    policies: tuple[Policy, ...] = tuple(resources.config.policies)
     result = Preview()
+    policies, chosen = await _policies(resources, args, namespace, result)
     wanted = kinds_of(args, resources.config.kinds)
     # The artifacts target is planned only where object stores are configured.
     targets = tuple(
@@ -207,6 +297,10 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
             decisions = plan(run, policies, now, targets)
             k8s = Target.KUBERNETES
             decisions[k8s] = with_count(decisions[k8s], counted.get(run.uid))
+            if args.policy is not None and not any(
+                _unversioned(d.policy) in chosen for d in decisions.values()
+            ):
+                continue
             if args.target:
                 decisions = {t: d for t, d in decisions.items() if t.value == args.target}
             result.runs.append(PlannedRun(run, decisions))
@@ -217,7 +311,7 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
     wants_rows = args.target in (None, Target.DATABASE.value) and not args.selector
     kfp_rows = not wanted or "argo-workflow" in wanted
     if wants_rows and kfp_rows and resources.config.database.targets.kfp.enabled:
-        gone, result.problems = await orphaned_rows(resources, pattern or namespace, now)
+        gone, result.problems = await orphaned_rows(resources, pattern or namespace, now, policies)
         result.runs.extend(gone)
     return result
 

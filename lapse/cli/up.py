@@ -19,7 +19,7 @@ from lapse.cli.common import settings_from, state_dir_of
 from lapse.config import LapseConfig
 from lapse.config.schema import NATS_AUTH_KEYS
 from lapse.edges.kubernetes import load_api_client
-from lapse.embedded.kube import EmbeddedKube, run_kind_crds
+from lapse.embedded.kube import EmbeddedKube, policy_crds, run_kind_crds
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.nats_identities import (
     EMBEDDED,
@@ -111,7 +111,7 @@ def start_embedded_kube(state_dir: Path) -> EmbeddedKube:
     kube = EmbeddedKube(state_dir / "kube").start()
     api_client = load_api_client(str(kube.kubeconfig_path))
     api = client.ApiextensionsV1Api(api_client)
-    crds = run_kind_crds()
+    crds = [*run_kind_crds(), *policy_crds()]
     for crd in crds:
         try:
             api.create_custom_resource_definition(crd)

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+import infra
 from lapse.embedded.process import ServerStartError, free_port, port_open, spawn, stop, wait_until
 
 KUBE_VERSION = "v1.35.4"
@@ -156,6 +157,14 @@ def run_kind_crds(*, opt_in: bool = False) -> list[dict[str, object]]:
     if opt_in:
         crds += [rayjob_crd(), jobset_crd(), sparkapplication_crd()]
     return crds
+
+
+def policy_crds() -> list[dict[str, object]]:
+    """lapse's own CRDs, LapsePolicy and ClusterLapsePolicy (infra/crds/), as shipped."""
+    return [
+        yaml.safe_load(infra.read_text(f"crds/{name}.yaml"))
+        for name in ("lapsepolicy", "clusterlapsepolicy")
+    ]
 
 
 @dataclass

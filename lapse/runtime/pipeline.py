@@ -25,11 +25,13 @@ from functions.ports import Handler
 from lapse import telemetry
 from lapse.config import LapseConfig, Streams
 from lapse.edges import health
+from lapse.edges.kubernetes.policies import namespace_names
 from lapse.edges.publishing import NatsPublisher
 from lapse.edges.streams import configured_streams, count_messages, ensure_streams
 from lapse.edges.watch_positions import WatchPositions
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.ingress import Ingress, nats_ingress
+from lapse.runtime.policy_watcher import PolicyWatcher
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
 from lapse.runtime.routing import Route, load_routes, pushed_types, relist_lane
@@ -62,6 +64,7 @@ class Pipeline:
         self._backlog_interval = backlog_interval
         self.ready = asyncio.Event()
         self.watchers: list[KindWatcher] = []
+        self.policy_watcher: PolicyWatcher | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         exporting = telemetry.configure()
@@ -92,6 +95,8 @@ class Pipeline:
             ingress = (
                 await nats_ingress(js, self.config, listen=self._listen) if self._listen else None
             )
+            # Policy objects are read before any run is planned (docs/policies.md).
+            policies = await self._watch_policies(resources, js, stop) if self._watch else None
             subscriptions = await self._subscribe(resources)
             if ingress is not None:
                 # What the ingress stores, a handler here reads: the types of the routes
@@ -101,7 +106,7 @@ class Pipeline:
             # The dispatcher and the ingress finish their in-flight work when stopped; the
             # watcher and the gauges' poller are simply cancelled.
             draining = [asyncio.create_task(dispatcher.run(), name="dispatcher")]
-            cancelled: list[asyncio.Task[Any]] = []
+            cancelled: list[asyncio.Task[Any]] = [policies] if policies is not None else []
             streams = self.config.nats.streams
             if self._watch:
                 publish = NatsPublisher(js, streams, observed=True).publish
@@ -152,6 +157,33 @@ class Pipeline:
             if crashed is not None:
                 raise crashed
             log.info("lapse stopped")
+
+    async def _watch_policies(
+        self, resources: Resources, js: JetStreamContext, stop: asyncio.Event
+    ) -> asyncio.Task[None]:
+        """Start the policy watcher and wait until it has read the policy objects."""
+        # Re-planned runs go on the re-list lane: a live finish never waits behind them.
+        publish = NatsPublisher(js, self.config.nats.streams, observed=True, relist=True)
+        watcher = PolicyWatcher(
+            resources.objects(),
+            resources.policies(),
+            self.config.kinds,
+            publish.publish,
+            lambda: namespace_names(resources.kube_client(), resources.kube_executor()),
+            configured=self.config.policies,
+        )
+        self.policy_watcher = watcher
+        task = asyncio.create_task(watcher.run(stop), name="policy watcher")
+        synced = asyncio.create_task(watcher.synced.wait())
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait([task, synced, stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            synced.cancel()
+            stopped.cancel()
+        if task.done():
+            task.result()  # it crashed before reading anything: say why
+        return task
 
     async def _ensure_streams(self, js: JetStreamContext) -> None:
         for line in await ensure_streams(js, configured_streams(self.config.nats)):

@@ -103,7 +103,7 @@ async def _ttl_planner(resources: Resources) -> Handler:
     return Planner(
         schedules=await resources.schedules(),
         emitter=await resources.emitter(),
-        policies=tuple(resources.config.policies),
+        policies=resources.policies(),
         kinds=resources.config.kinds,
         fetcher=objects,
         lister=objects,
@@ -149,7 +149,7 @@ async def _object_reaper(resources: Resources) -> Handler:
         objects=resources.objects(),
         schedules=await resources.schedules(),
         emitter=await resources.emitter(),
-        policies=tuple(resources.config.policies),
+        policies=resources.policies(),
         safety=resources.config.safety,
         kinds=resources.config.kinds,
         propagation_policy=kubernetes.propagation_policy,

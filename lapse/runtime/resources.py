@@ -21,6 +21,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from functions.policy_objects import PolicyBook
 from lapse.config import LapseConfig
 from lapse.edges import database, nats
 from lapse.edges.kubernetes import KubeObjects, OwnDeletions, Workflows, load_api_client
@@ -119,6 +120,7 @@ class Resources:
         self._executor: ThreadPoolExecutor | None = None
         self._engine: AsyncEngine | None = None
         self._own_deletions = OwnDeletions()
+        self._policies: PolicyBook | None = None
 
     async def __aenter__(self) -> Resources:
         return self
@@ -172,6 +174,14 @@ class Resources:
         return KubeObjects(
             self.kube_client(), self.kube_executor(), self.config.kinds, self._own_deletions
         )
+
+    def policies(self) -> PolicyBook:
+        """The policies in effect, shared by the planner and the reaper of this process:
+        lapse.yaml's, and the policy objects once `lapse up`'s policy watcher has read them
+        (lapse/runtime/policy_watcher.py)."""
+        if self._policies is None:
+            self._policies = PolicyBook(tuple(self.config.policies))
+        return self._policies
 
     def database(self) -> AsyncEngine:
         if self._engine is None:

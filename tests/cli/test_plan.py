@@ -200,6 +200,39 @@ def test_context_chooses_the_kubeconfig_context(
     assert "nope" in unknown.stderr and "--context" in unknown.stderr
 
 
+async def test_f_previews_a_policy_and_refuses_what_is_not_one(
+    shell: Shell, kube: KubeStack, tmp_path: Path
+) -> None:
+    a, b = await _two_namespaces(kube)
+    # No ClusterLapsePolicy allows it in this namespace: the preview says it would be
+    # refused, and no run is planned by it.
+    spec = {"match": {"labels": {"team": "red"}}, "kubernetes": {"ttl": "2h"}}
+    policy = {"apiVersion": "lapse.dev/v1alpha1", "kind": "LapsePolicy",
+              "metadata": {"name": "red"}, "spec": spec}  # fmt: skip
+    file = tmp_path / "red.yaml"
+    file.write_text(yaml.safe_dump(policy))
+    refused = _plan(shell, kube, "-n", a, "-f", str(file), "--policy", "-o", "json")
+    assert json.loads(refused.stdout) == []
+    assert f"lapsepolicy:{a}/red@1 (REFUSED): NotAllowed" in refused.stderr
+    # With the bounds in the same file it would be in effect, for the red runs of `a` only.
+    allow = {"match": {"namespaces": [a]}, "namespacedPolicies": {"allowed": True}}
+    bounds = {"apiVersion": "lapse.dev/v1alpha1", "kind": "ClusterLapsePolicy",
+              "metadata": {"name": "preview-bounds"}, "spec": allow}  # fmt: skip
+    # With -A a LapsePolicy names its namespace (without -n there is none to take).
+    policy["metadata"] = {"name": "red", "namespace": a}
+    file.write_text(yaml.safe_dump_all([bounds, policy]))
+    rows = json.loads(_plan(shell, kube, "-A", "-f", str(file), "--policy", f"{a}/red",
+                            "-o", "json").stdout)  # fmt: skip
+    assert {(r["namespace"], r["name"]) for r in rows} == {(a, "wf-red-0")}
+    assert rows[0]["targets"]["kubernetes"]["policy"] == f"lapsepolicy:{a}/red@1"
+    assert b not in {r["namespace"] for r in rows}
+    # Anything else in the file is a usage error, not a guess.
+    file.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap"}))
+    wrong = shell("plan", "--kubeconfig", str(kube.kubeconfig), "-f", str(file))
+    assert wrong.returncode == 2, wrong.stderr
+    assert "only LapsePolicy and ClusterLapsePolicy objects" in wrong.stderr
+
+
 async def test_plan_names_keep_last_when_the_count_sets_the_deadline(
     shell: Shell, kube: KubeStack, tmp_path: Path
 ) -> None:

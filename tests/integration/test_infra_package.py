@@ -280,12 +280,24 @@ def test_nothing_may_delete_cluster_wide(overlay: str) -> None:
                 }
             ]
             continue
+        if role["metadata"]["name"] == "lapse-policy-editor":
+            continue  # the tenants' role, bound per namespace only (checked below)
         for rule in role["rules"]:
+            if role["metadata"]["name"] == "lapse-policy-reader" and rule["verbs"] == ["patch"]:
+                # lapse's verdict on its own policy objects: their status, nothing else.
+                assert rule["resources"] == [
+                    "lapsepolicies/status",
+                    "clusterlapsepolicies/status",
+                ]
+                continue
             assert set(rule["verbs"]) <= {"get", "list", "watch"}, role["metadata"]["name"]
-    bound = {b["metadata"]["name"] for b in objects(overlay, "ClusterRoleBinding")}
-    # Only `lapse up`'s watcher reads cluster-wide; the Knative path binds only the token
-    # review there.
-    assert bound == ({"lapse-watch"} if overlay == "single-process" else {"lapse-tokenreview"})
+    bindings = objects(overlay, "ClusterRoleBinding")
+    bound = {b["metadata"]["name"] for b in bindings}
+    assert all(b["roleRef"]["name"] != "lapse-policy-editor" for b in bindings)
+    # Only `lapse up`'s watchers (runs and policy objects) read cluster-wide; the Knative
+    # path binds only the token review there.
+    single = {"lapse-watch", "lapse-policy-reader"}
+    assert bound == (single if overlay == "single-process" else {"lapse-tokenreview"})
 
 
 def test_production_keeps_what_production_needs() -> None:

@@ -56,14 +56,22 @@ def may(
     verb: str,
     resource: tuple[str, str],
     namespace: str | None,
+    *,
+    account_namespace: str = "lapse-system",
 ) -> bool:
+    """Whether the ServiceAccount may; `resource` is (group, plural[/subresource])."""
     group, plural = resource
+    plural, _, subresource = plural.partition("/")
     review = client.V1SubjectAccessReview(
         spec=client.V1SubjectAccessReviewSpec(
-            user=f"system:serviceaccount:lapse-system:{account}",
-            groups=["system:serviceaccounts", "system:serviceaccounts:lapse-system"],
+            user=f"system:serviceaccount:{account_namespace}:{account}",
+            groups=["system:serviceaccounts", f"system:serviceaccounts:{account_namespace}"],
             resource_attributes=client.V1ResourceAttributes(
-                group=group, resource=plural, verb=verb, namespace=namespace
+                group=group,
+                resource=plural,
+                subresource=subresource or None,
+                verb=verb,
+                namespace=namespace,
             ),
         )
     )

@@ -111,6 +111,26 @@ class KubeObjects:
         )  # fmt: skip
         return result
 
+    async def patch_status(
+        self, kind: KindSpec, namespace: str | None, name: str, status: dict[str, Any]
+    ) -> None:
+        """Merge-patch the status subresource (lapse's own policy objects; `namespace` None
+        for a cluster-scoped one). Raises ApiException (404 once the object is gone)."""
+        body = {"status": status}
+        cluster, _, one = _paths(kind)
+        if namespace is None:
+            await self._call(
+                "PATCH", cluster + "/{name}/status", None,
+                self._api.patch_cluster_custom_object_status_with_http_info,
+                kind.group, kind.version, kind.resource, name, body,
+            )  # fmt: skip
+            return
+        await self._call(
+            "PATCH", one + "/status", namespace,
+            self._api.patch_namespaced_custom_object_status_with_http_info,
+            kind.group, kind.version, namespace, kind.resource, name, body,
+        )  # fmt: skip
+
     async def get(
         self, kind: KindSpec, namespace: str, name: str, *, request_timeout: float | None = None
     ) -> dict[str, Any] | None:

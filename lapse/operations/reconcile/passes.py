@@ -118,7 +118,7 @@ class Reconciler:
         self.options = options
         self.progress: Progress = progress or NoProgress()
         self.clock = clock
-        self.policies: tuple[Policy, ...] = tuple(resources.config.policies)
+        self.policies: tuple[Policy, ...] = tuple(planner.policies)
         self.problems: list[str] = []
 
     async def run(self) -> ReconcileSummary:

@@ -13,6 +13,7 @@ from events.run import Target
 from functions.ports import PendingSchedule, ScheduleStore
 from functions.ttl_planner import Planner
 from lapse.config import Streams
+from lapse.edges.kubernetes.policies import policies_in_effect
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.operations.reconcile.counts import ReconcileError
 from lapse.runtime.resources import Resources
@@ -72,7 +73,8 @@ async def build_planner(resources: Resources, *, dry_run: bool) -> Planner:
     return Planner(
         schedules=store,
         emitter=DiscardingEmitter() if dry_run else await resources.emitter(),
-        policies=tuple(resources.config.policies),
+        # The policy objects too: reconcile must decide what `lapse up` decides.
+        policies=await policies_in_effect(resources.objects(), resources.config.policies),
         kinds=resources.config.kinds,
         lister=resources.objects(),
     )

@@ -1,0 +1,395 @@
+"""The policy watcher: list + watch `LapsePolicy` and `ClusterLapsePolicy` objects, keep the
+process's policy book (functions/policy_objects.py) current, write each object's status,
+and re-plan the runs a change may move (docs/policies.md).
+
+- **Current.** Both kinds are listed once and then watched; every change that moves a
+  generation (or deletes an object) recomputes the policy list from the objects held here
+  (a handful: policies, not runs) and replaces the book whole. The planner and the reaper
+  of `lapse up` read the same book, so a deadline set now is the one the reaper finds at
+  the deadline.
+- **Status.** Each object's `Accepted` condition (accepted, clamped, refused, and why) is
+  written to its status subresource when it says something new; a status-only update
+  (lapse's own write) is not a change.
+- **Re-planned, not re-listed.** A changed policy's runs are listed again only where the
+  old or new policy can reach: a LapsePolicy's own namespace; a ClusterLapsePolicy's
+  namespaces (its globs against the Namespace list; every namespace when it has none);
+  narrowed to the kinds of its engines and, server-side, to its labels when old and new
+  agree on them. Each finished run found is published on the re-list lane with an id of
+  the policy version (`<uid>.<resourceVersion>.<type>.policy.<policy uid>.<policy rv>`:
+  two replicas re-planning the same change publish it once), and the planner moves its
+  deadline either way; a deadline already past fires at once. A run whose deadline did not
+  move costs a lookup.
+- **Restarts.** An object whose generation lapse has not stated in its status (changed
+  while no lapse ran) is re-planned when the list is read. A policy deleted while no
+  lapse ran is not seen: `lapse reconcile` re-derives those deadlines (and the reaper
+  re-decides each at its deadline from the policies in effect then, so it never deletes
+  on a policy that no longer exists).
+- A CRD not installed (404) or not readable (403) leaves lapse.yaml's policies alone in
+  effect, said in the log, and is looked for again every minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from fnmatch import fnmatchcase
+from typing import Any
+
+from cloudevents.core.base import BaseCloudEvent
+from kubernetes.client.exceptions import ApiException
+
+from events.adapters.objects import adapt
+from events.builder import build_event
+from events.errors import InvalidEvent
+from events.kinds import KindSet, KindSpec
+from events.models import RunFinished
+from events.types import EventType
+from functions.policy import Policy
+from functions.policy_objects import LAPSE_POLICY, PolicyBook, Verdict, effective
+from lapse.edges.kubernetes import KubeObjects, finished_pages
+from lapse.edges.kubernetes.client import describe_api_error
+from lapse.edges.kubernetes.policies import (
+    CLUSTER_LAPSE_POLICIES,
+    LAPSE_POLICIES,
+    says,
+    status_of,
+)
+from lapse.runtime.outages import Backoff
+
+log = logging.getLogger(__name__)
+
+SOURCE = "/lapse/policy-watcher"
+PAGE_SIZE = 500
+NOT_SERVED_RETRY = 60.0
+REPLAN_TRIES = 8
+
+Publish = Callable[[BaseCloudEvent], Awaitable[None]]
+Namespaces = Callable[[], Awaitable[list[str]]]
+Key = tuple[str, str | None, str]
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where a policy change can move deadlines."""
+
+    namespaces: tuple[str, ...] | None  # exact names; None: every namespace
+    engines: frozenset[str] | None  # None: every kind
+    selector: str | None  # a label selector both versions require, server-side
+
+
+def _key(obj: dict[str, Any]) -> Key:
+    metadata = obj.get("metadata") or {}
+    return str(obj.get("kind", "")), metadata.get("namespace") or None, str(metadata["name"])
+
+
+def _generation(obj: dict[str, Any] | None) -> Any:
+    return None if obj is None else (obj.get("metadata") or {}).get("generation")
+
+
+def _selector(matches: list[dict[str, Any]]) -> str | None:
+    """The label selector every version's match requires, when they all agree."""
+    shapes = {
+        (tuple(sorted((m.get("labels") or {}).items())), tuple(sorted(m.get("hasLabels") or ())))
+        for m in matches
+    }
+    if len(shapes) != 1:
+        return None
+    equal, present = shapes.pop()
+    parts = [f"{k}={v}" for k, v in equal] + list(present)
+    return ",".join(parts) or None
+
+
+def _engines(matches: list[dict[str, Any]]) -> frozenset[str] | None:
+    if any(not m.get("engines") for m in matches):
+        return None
+    return frozenset(e for m in matches for e in m["engines"])
+
+
+async def scope_of(
+    old: dict[str, Any] | None, new: dict[str, Any] | None, namespaces: Namespaces
+) -> Scope:
+    """Every run the old or the new version of one policy object can reach."""
+    versions = [o for o in (old, new) if o is not None]
+    matches = [dict((o.get("spec") or {}).get("match") or {}) for o in versions]
+    kind, namespace, _ = _key(versions[0])
+    if kind == LAPSE_POLICY:
+        assert namespace is not None
+        return Scope((namespace,), _engines(matches), _selector(matches))
+    # A ClusterLapsePolicy's bounds reach every LapsePolicy of its namespaces, whatever
+    # their match: narrowed by its own match only when neither version sets bounds.
+    bounds = any((o.get("spec") or {}).get("namespacedPolicies") for o in versions)
+    engines = None if bounds else _engines(matches)
+    selector = None if bounds else _selector(matches)
+    globs = [tuple(m.get("namespaces") or ()) for m in matches]
+    if any(not g for g in globs):
+        return Scope(None, engines, selector)
+    names = [n for n in await namespaces() if any(fnmatchcase(n, p) for g in globs for p in g)]
+    return Scope(tuple(names), engines, selector)
+
+
+class PolicyWatcher:
+    def __init__(
+        self,
+        objects: KubeObjects,
+        book: PolicyBook,
+        kinds: KindSet,
+        publish: Publish,
+        namespaces: Namespaces,
+        *,
+        configured: Iterable[Policy] = (),
+        watch_timeout: int = 300,
+        not_served_retry: float = NOT_SERVED_RETRY,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._objects = objects
+        self._book = book
+        self._kinds = kinds
+        self._publish = publish
+        self._namespaces = namespaces
+        self._configured = tuple(configured)
+        self._watch_timeout = watch_timeout
+        self._not_served_retry = not_served_retry
+        self._clock = clock
+        self._held: dict[Key, dict[str, Any]] = {}
+        self._listed: set[str] = set()
+        self._lock = asyncio.Lock()
+        self.synced = asyncio.Event()  # both kinds listed (or found not served)
+        self.replanned = 0  # runs published again because a policy changed
+
+    async def run(self, stop: asyncio.Event) -> None:
+        tasks = [
+            asyncio.create_task(self._watch(spec), name=f"policy watch {spec.name}")
+            for spec in (CLUSTER_LAPSE_POLICIES, LAPSE_POLICIES)
+        ]
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait([*tasks, stopped], return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {stopped}:
+                task.result()  # a crash ends the watcher (and `lapse up` says so)
+        finally:
+            for task in [*tasks, stopped]:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _watch(self, spec: KindSpec) -> None:
+        backoff = 1.0
+        resource_version = await self._list(spec)
+        while True:
+            try:
+                async for change in self._objects.watch(
+                    spec, resource_version=resource_version, timeout_seconds=self._watch_timeout
+                ):
+                    resource_version = change.object["metadata"]["resourceVersion"]
+                    if change.type == "BOOKMARK":
+                        continue
+                    deleted = change.type == "DELETED"
+                    await self._changed([(change.object, deleted)])
+                backoff = 1.0
+            except ApiException as exc:
+                if exc.status == 410:
+                    resource_version = await self._list(spec)
+                    continue
+                log.warning("policy watch failed (%s): retrying in %.0fs",
+                            describe_api_error(exc), backoff)  # fmt: skip
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+            except Exception as exc:
+                log.warning("policy watch failed (%s): retrying in %.0fs",
+                            describe_api_error(exc), backoff)  # fmt: skip
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    async def _list(self, spec: KindSpec) -> str:
+        """Read every object of `spec` (at the start and after 410 Gone); what differs from
+        what is held, or was never stated in its status, is a change."""
+        backoff = 1.0
+        while True:
+            try:
+                items: list[dict[str, Any]] = []
+                version = ""
+                async for page in finished_pages(self._objects, spec, page_size=PAGE_SIZE):
+                    items += page.items
+                    version = page.resource_version
+                break
+            except ApiException as exc:
+                if exc.status not in (403, 404):
+                    log.warning("listing %s failed (%s): retrying in %.0fs",
+                                spec.describe(), describe_api_error(exc), backoff)  # fmt: skip
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
+                    continue
+                why = "not installed" if exc.status == 404 else "not readable (RBAC)"
+                log.warning(
+                    "%s is %s: only lapse.yaml's policies apply; looking again every %.0fs",
+                    spec.describe(), why, self._not_served_retry,
+                )  # fmt: skip
+                self._mark_listed(spec)
+                await self._changed([])  # nothing of it: the other kind may decide alone
+                await asyncio.sleep(self._not_served_retry)
+        kind = spec.kind
+        for obj in items:
+            obj.setdefault("kind", kind)
+        changes: list[tuple[dict[str, Any], bool]] = []
+        seen = {_key(obj) for obj in items}
+        for key, gone in list(self._held.items()):
+            if key[0] == kind and key not in seen:
+                changes.append((gone, True))
+        for obj in items:
+            held = self._held.get(_key(obj))
+            stated = (obj.get("status") or {}).get("observedGeneration")
+            if _generation(held) != _generation(obj) or stated != _generation(obj):
+                changes.append((obj, False))
+            else:
+                self._held[_key(obj)] = obj
+        self._mark_listed(spec)
+        await self._changed(changes)
+        return version
+
+    def _mark_listed(self, spec: KindSpec) -> None:
+        self._listed.add(spec.name)
+
+    async def _changed(self, changes: list[tuple[dict[str, Any], bool]]) -> None:
+        async with self._lock:
+            moved: list[tuple[dict[str, Any] | None, dict[str, Any] | None]] = []
+            for obj, deleted in changes:
+                key = _key(obj)
+                old = self._held.get(key)
+                if deleted:
+                    self._held.pop(key, None)
+                    moved.append((old, None))
+                    continue
+                self._held[key] = obj
+                stated = (obj.get("status") or {}).get("observedGeneration")
+                if _generation(old) == _generation(obj) and stated == _generation(obj):
+                    continue  # a status-only update: lapse's own write
+                moved.append((old, obj))
+            if len(self._listed) < 2:
+                return  # the other kind is not read yet: the first full view decides
+            first = not self.synced.is_set()
+            if first:
+                # At the start only what no lapse has stated yet moved (changed while none
+                # ran): decided before this round writes its statuses.
+                moved = [(None, o) for o in self._held.values() if _unstated(o)]
+            verdicts = self._recompute()
+            await self._write_statuses(verdicts)
+            if first:
+                self.synced.set()
+                in_effect = sum(1 for v in verdicts if v.policy is not None)
+                log.info("policy objects read: %d of %d in effect", in_effect, len(verdicts))
+            for old, new in moved:
+                await self._replan_retrying(old, new)
+
+    def _recompute(self) -> list[Verdict]:
+        namespaced = [o for k, o in self._held.items() if k[0] == LAPSE_POLICY]
+        clusters = [o for k, o in self._held.items() if k[0] != LAPSE_POLICY]
+        found = effective(namespaced, clusters, self._configured)
+        self._book.replace(found.policies)
+        return list(found.verdicts)
+
+    async def _write_statuses(self, verdicts: list[Verdict]) -> None:
+        for verdict in verdicts:
+            ref = verdict.ref
+            held = self._held.get(ref.key)
+            current = (held or {}).get("status")
+            wanted = status_of(verdict, current, self._clock())
+            if says(current, wanted):
+                continue
+            spec = LAPSE_POLICIES if ref.kind == LAPSE_POLICY else CLUSTER_LAPSE_POLICIES
+            try:
+                await self._objects.patch_status(spec, ref.namespace, ref.name, wanted)
+            except Exception as exc:  # gone meanwhile, or no right to write: the log says
+                log.warning("%s: writing its status failed (%s)", ref.label,
+                            describe_api_error(exc))  # fmt: skip
+                continue
+            if held is not None:
+                held["status"] = wanted
+            if verdict.reason != "Accepted":
+                log.warning("%s: %s: %s", ref.label, verdict.reason, verdict.message)
+
+    async def _replan_retrying(
+        self, old: dict[str, Any] | None, new: dict[str, Any] | None
+    ) -> None:
+        """A re-plan that fails (NATS or the API server away) is tried again: what it
+        published already is dropped by id. Given up on after REPLAN_TRIES, said loudly:
+        the book is current, and `lapse reconcile` re-derives what was not re-planned."""
+        backoff = Backoff(first=1.0, cap=30.0)
+        for attempt in range(1, REPLAN_TRIES + 1):
+            try:
+                await self._replan(old, new)
+                return
+            except Exception as exc:
+                if attempt == REPLAN_TRIES:
+                    log.error("%s: re-planning its runs failed %d times (%s): run lapse "
+                              "reconcile", _label(new or old or {}), attempt,
+                              describe_api_error(exc))  # fmt: skip
+                    return
+                delay = backoff.delay(attempt)
+                log.warning("%s: re-planning its runs failed (%s): again in %.0fs",
+                            _label(new or old or {}), describe_api_error(exc), delay)  # fmt: skip
+                await asyncio.sleep(delay)
+
+    async def _replan(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        version = new or old
+        assert version is not None
+        metadata = version.get("metadata") or {}
+        tag = f"policy.{metadata.get('uid', '')}.{metadata.get('resourceVersion', '')}"
+        if new is None:
+            tag += ".deleted"
+        scope = await scope_of(old, new, self._namespaces)
+        kinds = [k for k in self._kinds if scope.engines is None or k.engine.value in scope.engines]
+        count = 0
+        for kind in kinds:
+            for namespace in scope.namespaces if scope.namespaces is not None else (None,):
+                count += await self._publish_runs(kind, namespace, scope.selector, tag)
+        self.replanned += count
+        where = ", ".join(scope.namespaces) if scope.namespaces is not None else "every namespace"
+        log.info("%s changed: %d finished runs re-planned (%s)",
+                 _label(version), count, where)  # fmt: skip
+
+    async def _publish_runs(
+        self, kind: KindSpec, namespace: str | None, selector: str | None, tag: str
+    ) -> int:
+        count = 0
+        try:
+            pages = finished_pages(
+                self._objects, kind, namespace, page_size=PAGE_SIZE, label_selector=selector
+            )
+            async for page in pages:
+                for obj in page.items:
+                    try:
+                        result = adapt(obj, kind)
+                    except InvalidEvent:
+                        continue  # the watcher reports it; nothing to re-plan
+                    if not isinstance(result, RunFinished):
+                        continue
+                    metadata = obj["metadata"]
+                    event_id = (
+                        f"{metadata['uid']}.{metadata.get('resourceVersion', '')}."
+                        f"{EventType.RUN_FINISHED.value}.{tag}"
+                    )
+                    event = build_event(
+                        EventType.RUN_FINISHED, source=SOURCE, data=result, id=event_id
+                    )
+                    await self._publish(event)
+                    count += 1
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        return count
+
+
+def _unstated(obj: dict[str, Any]) -> bool:
+    return bool((obj.get("status") or {}).get("observedGeneration") != _generation(obj))
+
+
+def _label(obj: dict[str, Any]) -> str:
+    if not obj:
+        return "a policy object"
+    kind, namespace, name = _key(obj)
+    return f"{kind.lower()}:{namespace + '/' if namespace else ''}{name}"

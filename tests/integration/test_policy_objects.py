@@ -1,0 +1,295 @@
+"""Policy objects on a real kube-apiserver: the shipped CRDs refuse what their schema and CEL
+rules can say; the policy watcher judges the rest (status conditions: accepted, clamped,
+refused), keeps the book current and re-plans the runs of a changed policy's namespace;
+the tenants' role reaches only its own namespace (SubjectAccessReview)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import yaml
+from cloudevents.core.base import BaseCloudEvent
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+import infra
+from events.builder import parse_payload
+from events.kinds import DEFAULT_KINDS
+from events.models import RunFinished
+from functions.policy_objects import PolicyBook
+from lapse.edges.kubernetes import KubeObjects
+from lapse.edges.kubernetes.policies import namespace_names
+from lapse.runtime.policy_watcher import PolicyWatcher
+from tests.conftest import KubeStack
+from tests.e2e.test_lapse_up import finished_workflow
+from tests.infra_package import kubectl
+from tests.integration.test_rbac import may
+from tests.stack import wait_for
+
+pytestmark = [pytest.mark.kube]
+
+GROUP, VERSION = "lapse.dev", "v1alpha1"
+
+
+def lapse_policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LapsePolicy",
+            "metadata": {"name": name}, "spec": spec}  # fmt: skip
+
+
+def cluster_policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterLapsePolicy",
+            "metadata": {"name": name}, "spec": spec}  # fmt: skip
+
+
+def create(kube: KubeStack, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
+    api = client.CustomObjectsApi(kube.api_client)
+    if namespace is None:
+        created: dict[str, Any] = api.create_cluster_custom_object(
+            GROUP, VERSION, "clusterlapsepolicies", body, field_validation="Strict"
+        )
+    else:
+        created = api.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "lapsepolicies", body, field_validation="Strict"
+        )
+    return created
+
+
+def refusal(kube: KubeStack, namespace: str | None, body: dict[str, Any], status: int = 422) -> str:
+    with pytest.raises(ApiException) as refused:
+        create(kube, namespace, body)
+    assert refused.value.status == status, refused.value.body
+    return str(refused.value.body)
+
+
+def test_the_api_server_refuses_what_the_schema_can_say(kube: KubeStack) -> None:
+    ns = kube.namespace(f"pol-{uuid.uuid4().hex[:6]}")
+    ok = create(kube, ns, lapse_policy("ok", {"kubernetes": {"ttl": "1d12h"}}))
+    assert ok["metadata"]["generation"] == 1
+    # Below the fixed 1m minimum (any spelling of it), malformed durations, no clock.
+    for ttl in ("30s", "0m59s", "0h"):
+        body = refusal(kube, ns, lapse_policy("short", {"kubernetes": {"ttl": ttl}}))
+        assert "at least 1m" in body, body
+    for ttl in ("1.5h", "12", "5x", "-1h", "h"):
+        refusal(kube, ns, lapse_policy("bad", {"database": {"ttl": ttl}}))
+    assert "at least one of" in refusal(kube, ns, lapse_policy("empty", {}))
+    assert "afterSuccess" in refusal(kube, ns, lapse_policy("none", {"kubernetes": {}}))
+    # A LapsePolicy has no way to name another namespace: the field does not exist.
+    smuggled = lapse_policy("other", {"match": {"namespaces": ["*"]}, "kubernetes": {"ttl": "1h"}})
+    assert 'unknown field \\"spec.match.namespaces\\"' in refusal(kube, ns, smuggled, 400)
+    # Without strict field validation (a client that does not ask for it) it is dropped.
+    kept = client.CustomObjectsApi(kube.api_client).create_namespaced_custom_object(
+        GROUP, VERSION, ns, "lapsepolicies", smuggled
+    )
+    assert "namespaces" not in kept["spec"]["match"]
+    keep_both = {"keepLast": {"groupBy": "label:app", "total": 3, "succeeded": 1}}
+    assert "not both" in refusal(kube, ns, lapse_policy("keep", keep_both))
+    # The cluster policy's own bounds must make sense: minTTL above maxTTL is refused.
+    inverted = {
+        "namespacedPolicies": {"allowed": True, "kubernetes": {"minTTL": "2d", "maxTTL": "1d12h"}}
+    }
+    assert "minTTL is longer than maxTTL" in refusal(kube, None, cluster_policy("inv", inverted))
+    fine = {"namespacedPolicies": {"allowed": True, "kubernetes": {"minTTL": "1w", "maxTTL": "8d"}}}
+    created = create(kube, None, cluster_policy(f"fine-{ns}", fine))
+    client.CustomObjectsApi(kube.api_client).delete_cluster_custom_object(
+        GROUP, VERSION, "clusterlapsepolicies", created["metadata"]["name"]
+    )
+
+
+class Published:
+    def __init__(self) -> None:
+        self.events: list[BaseCloudEvent] = []
+
+    async def publish(self, event: BaseCloudEvent) -> None:
+        self.events.append(event)
+
+    def names(self) -> set[str]:
+        names = set()
+        for event in self.events:
+            payload = parse_payload(event)
+            assert isinstance(payload, RunFinished)
+            names.add(f"{payload.run.namespace}/{payload.run.name}")
+        return names
+
+
+@contextlib.asynccontextmanager
+async def watching(kube: KubeStack, published: Published) -> AsyncIterator[PolicyWatcher]:
+    objects = KubeObjects(kube.api_client, kube.executor, DEFAULT_KINDS)
+    watcher = PolicyWatcher(
+        objects, PolicyBook(), DEFAULT_KINDS, published.publish,
+        lambda: namespace_names(kube.api_client, kube.executor),
+    )  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop))
+    await wait_for(watcher.synced.wait, timeout=30)
+    try:
+        yield watcher
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+
+
+def condition(kube: KubeStack, namespace: str, name: str) -> dict[str, Any] | None:
+    obj = client.CustomObjectsApi(kube.api_client).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, "lapsepolicies", name
+    )
+    status = obj.get("status") or {}
+    if status.get("observedGeneration") != obj["metadata"]["generation"]:
+        return None
+    found: dict[str, Any] = status["conditions"][0]
+    return found
+
+
+async def test_the_watcher_judges_clamps_and_replans_only_the_policys_namespace(
+    kube: KubeStack,
+) -> None:
+    tag = uuid.uuid4().hex[:6]
+    team, other = kube.namespace(f"pol-a-{tag}"), kube.namespace(f"pol-b-{tag}")
+    for ns in (team, other):
+        await kube.workflows.create(ns, finished_workflow("done"))
+    published = Published()
+    api = client.CustomObjectsApi(kube.api_client)
+    bounds = cluster_policy(f"bounds-{tag}", {
+        "match": {"namespaces": [f"pol-a-{tag}"]},
+        "namespacedPolicies": {"allowed": True, "kubernetes": {"minTTL": "1h", "maxTTL": "7d"}},
+    })  # fmt: skip
+    async with watching(kube, published) as watcher:
+        # No ClusterLapsePolicy allows it yet: refused, and it says why.
+        create(kube, team, lapse_policy("short", {"kubernetes": {"ttl": "5m"}}))
+
+        async def refused() -> dict[str, Any] | None:
+            return condition(kube, team, "short")
+
+        first = await wait_for(refused, timeout=15)
+        assert first is not None
+        assert (first["status"], first["reason"]) == ("False", "NotAllowed"), first
+        assert f"namespace {team}" in first["message"]
+        # The bounds arrive: the same object is now in effect, clamped, and says so.
+        create(kube, None, bounds)
+
+        async def clamped() -> dict[str, Any] | None:
+            found = condition(kube, team, "short")
+            return found if found and found["reason"] == "Clamped" else None
+
+        now = await wait_for(clamped, timeout=15)
+        assert now is not None
+        assert now["status"] == "True"
+        assert "kubernetes.ttl 5m clamped to the minimum 1h" in now["message"]
+        assert f"clusterlapsepolicy:bounds-{tag}@1" in now["message"]
+        labels = [p.label for p in watcher._book]
+        assert f"lapsepolicy:{team}/short@1" in labels
+        # An edit moves the generation: the book names the new one, and only the policy's
+        # own namespace was re-planned (the other namespace's run never published).
+        before = len(published.events)
+        api.patch_namespaced_custom_object(
+            GROUP, VERSION, team, "lapsepolicies", "short", {"spec": {"kubernetes": {"ttl": "2h"}}}
+        )
+
+        async def edited() -> bool:
+            return f"lapsepolicy:{team}/short@2" in [p.label for p in watcher._book]
+
+        await wait_for(edited, timeout=15)
+        await wait_for(lambda: _more(published, before), timeout=15)
+        assert published.names() >= {f"{team}/done"}
+        assert f"{other}/done" not in published.names()
+        accepted = await wait_for(refused, timeout=15)
+        assert accepted is not None
+        assert accepted["reason"] == "Accepted", accepted
+        # Deleted: gone from the book, and its namespace re-planned once more.
+        before = len(published.events)
+        api.delete_namespaced_custom_object(GROUP, VERSION, team, "lapsepolicies", "short")
+
+        async def removed() -> bool:
+            return all(not p.label.startswith(f"lapsepolicy:{team}/") for p in watcher._book)
+
+        await wait_for(removed, timeout=15)
+        await wait_for(lambda: _more(published, before), timeout=15)
+        assert f"{other}/done" not in published.names()
+    api.delete_cluster_custom_object(GROUP, VERSION, "clusterlapsepolicies", f"bounds-{tag}")
+
+
+async def _more(published: Published, before: int) -> bool:
+    return len(published.events) > before
+
+
+def test_a_tenant_edits_policies_only_in_its_own_namespace(kube: KubeStack) -> None:
+    rbac = yaml.safe_load_all(infra.read_text("crds/rbac.yaml"))
+    out = subprocess.run(
+        [str(kubectl()), "--kubeconfig", str(kube.kubeconfig), "apply", "--server-side",
+         "--field-manager=lapse-test", "-f", "-"],
+        input=yaml.safe_dump_all(list(rbac)), capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    tag = uuid.uuid4().hex[:6]
+    mine, theirs = kube.namespace(f"ten-a-{tag}"), kube.namespace(f"ten-b-{tag}")
+    client.RbacAuthorizationV1Api(kube.api_client).create_namespaced_role_binding(
+        mine,
+        {
+            "metadata": {"name": "lapse-policy-editor"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "lapse-policy-editor"},
+            "subjects": [{"kind": "ServiceAccount", "name": "ci", "namespace": mine}],
+        },
+    )  # fmt: skip
+    policies = (GROUP, "lapsepolicies")
+
+    def tenant(verb: str, resource: tuple[str, str], namespace: str | None) -> bool:
+        return may(kube, "ci", verb, resource, namespace, account_namespace=mine)
+
+    for verb in ("create", "update", "patch", "delete", "get", "list"):
+        assert tenant(verb, policies, mine), verb
+        assert not tenant(verb, policies, theirs), verb
+    assert not tenant("list", policies, None)  # no cluster-wide view of others' policies
+    assert not tenant("patch", (GROUP, "lapsepolicies/status"), mine)  # lapse's verdict
+    for verb in ("create", "update", "delete"):
+        assert not tenant(verb, (GROUP, "clusterlapsepolicies"), None), verb
+    # lapse itself reads every policy and writes only status.
+    lapse = "lapse"
+    assert may(kube, lapse, "watch", policies, None)
+    assert may(kube, lapse, "patch", (GROUP, "lapsepolicies/status"), mine)
+    assert not may(kube, lapse, "update", policies, mine)
+    assert not may(kube, lapse, "delete", (GROUP, "clusterlapsepolicies"), None)
+
+
+class FailingOnce(Published):
+    """Refuses the first publish: a stand-in for NATS being away for a moment (the real
+    outage is provoked in tests/e2e/test_outages.py; here only the retry is the subject)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    async def publish(self, event: BaseCloudEvent) -> None:
+        if not self.refused:
+            self.refused += 1
+            raise ConnectionError("nats: no servers available for connection")
+        await super().publish(event)
+
+
+async def test_a_replan_that_fails_is_tried_again(kube: KubeStack) -> None:
+    tag = uuid.uuid4().hex[:6]
+    team = kube.namespace(f"pol-r-{tag}")
+    await kube.workflows.create(team, finished_workflow("done"))
+    published = FailingOnce()
+    allow = cluster_policy(f"allow-{tag}", {"match": {"namespaces": [team]},
+                                            "namespacedPolicies": {"allowed": True}})  # fmt: skip
+    create(kube, None, allow)
+    try:
+        async with watching(kube, published) as watcher:
+            create(kube, team, lapse_policy("p", {"kubernetes": {"ttl": "2h"}}))
+
+            async def republished() -> bool:
+                return f"{team}/done" in published.names()
+
+            await wait_for(republished, timeout=60)
+            assert published.refused == 1
+            assert watcher.replanned >= 1
+    finally:
+        client.CustomObjectsApi(kube.api_client).delete_cluster_custom_object(
+            GROUP, VERSION, "clusterlapsepolicies", f"allow-{tag}"
+        )
