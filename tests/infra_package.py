@@ -5,6 +5,7 @@ repository), each overlay rendered by it, and the pinned Knative CRDs."""
 from __future__ import annotations
 
 import functools
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -131,3 +132,27 @@ def install_crds(api_client: client.ApiClient, crds: list[dict[str, Any]]) -> No
         except ApiException as exc:  # another test of the session installed it already
             if exc.status != 409:
                 raise
+
+
+def rendered_with_components(
+    overlay: str, components: list[str], where: Path
+) -> list[dict[str, Any]]:
+    """An overlay as a user turns on opt-in Components (infra/components/<name>): its
+    kustomization with them listed first (before lapse-pods, whose patches must reach what
+    they add), rendered from a copy beside links to the rest of infra/."""
+    root = where / "infra"
+    root.mkdir()
+    for child in INFRA.iterdir():
+        if child.name != "overlays":
+            (root / child.name).symlink_to(child)
+    copy = root / "overlays" / overlay
+    shutil.copytree(INFRA / "overlays" / overlay, copy)
+    kustomization = yaml.safe_load((copy / "kustomization.yaml").read_text())
+    added = [f"../../components/{name}" for name in components]
+    kustomization["components"] = added + kustomization.get("components", [])
+    (copy / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    out = subprocess.run(
+        [str(kubectl()), "kustomize", str(copy)], capture_output=True, text=True
+    )  # fmt: skip
+    assert out.returncode == 0, f"kubectl kustomize {overlay} + {components}: {out.stderr}"
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]

@@ -84,6 +84,10 @@ KV: Final = tuple(f"$KV.{bucket}.>" for bucket in KV_BUCKETS)
 # The watcher's positions (lapse/edges/watch_positions.py): only `lapse up` watches.
 WATCH_BUCKET: Final = "LAPSE_WATCH"
 WATCH_KV: Final = f"$KV.{WATCH_BUCKET}.>"
+# Each run's artifact capture (lapse/edges/artifacts/captures.py): written by the planner,
+# read and removed by the artifact-reaper; nobody else's business.
+CAPTURES_BUCKET: Final = "LAPSE_ARTIFACTS"
+CAPTURES_KV: Final = f"$KV.{CAPTURES_BUCKET}.>"
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,7 @@ class Identity:
 PROCESS: Final = Identity(
     user="lapse",
     role="lapse up (watcher, ingress, planner, reapers, dispatcher)",
-    publish=(EVENTS, SCHEDULES, AUDIT, DLQ, *KV, WATCH_KV, *JS_WORK, INBOX),
+    publish=(EVENTS, SCHEDULES, AUDIT, DLQ, *KV, WATCH_KV, CAPTURES_KV, *JS_WORK, INBOX),
     publish_deny=(DUE, *JS_DESTRUCTIVE),
 )
 
@@ -149,8 +153,8 @@ EMBEDDED: Final = (PROCESS, READER, ADMIN)
 _WORKER_DENY: Final = (DUE, *JS_DESTRUCTIVE)
 PLANNER: Final = Identity(
     user="lapse-planner",
-    role="ttl-planner function: puts, replaces and cancels schedules",
-    publish=(SCHEDULES, AUDIT, DLQ, *JS_WORK, INBOX),
+    role="ttl-planner function: puts, replaces and cancels schedules, artifact captures",
+    publish=(SCHEDULES, AUDIT, DLQ, CAPTURES_KV, *JS_WORK, INBOX),
     publish_deny=_WORKER_DENY,
 )
 OBJECT_REAPER: Final = Identity(
@@ -163,6 +167,13 @@ ROW_REAPER: Final = Identity(
     user="lapse-row-reaper",
     role="row-reaper function: outcomes, reschedules, the shared deletion limits",
     publish=(SCHEDULES, AUDIT, DLQ, *KV, *JS_WORK, INBOX),
+    publish_deny=_WORKER_DENY,
+)
+ARTIFACT_REAPER: Final = Identity(
+    user="lapse-artifact-reaper",
+    role="artifact-reaper function (infra/components/artifacts): outcomes, reschedules, "
+    "the shared deletion limits, artifact captures",
+    publish=(SCHEDULES, AUDIT, DLQ, *KV, CAPTURES_KV, *JS_WORK, INBOX),
     publish_deny=_WORKER_DENY,
 )
 # The bridge and the sink schedule nothing, so they may change no stream either.
@@ -179,7 +190,8 @@ DLQ_SINK: Final = Identity(
     publish_deny=(SCHEDULES, EVENTS, *_WORKER_DENY, *JS_STREAM_CHANGES),
 )
 KUBERNETES: Final = (
-    PROCESS, PLANNER, OBJECT_REAPER, ROW_REAPER, BRIDGE, DLQ_SINK, READER, ADMIN,
+    PROCESS, PLANNER, OBJECT_REAPER, ROW_REAPER, ARTIFACT_REAPER, BRIDGE, DLQ_SINK, READER,
+    ADMIN,
 )  # fmt: skip
 # The Secret holding every Kubernetes identity's password, one key per user.
 USERS_SECRET: Final = "lapse-nats-users"

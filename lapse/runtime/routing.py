@@ -1,4 +1,5 @@
-"""Routes read from the Knative Trigger manifests in infra/knative/triggers.yaml."""
+"""Routes read from the Knative Trigger manifests: infra/knative/triggers.yaml and the
+opt-in Components' Triggers (TRIGGER_FILES), so `lapse up` routes what the cluster does."""
 
 from __future__ import annotations
 
@@ -78,9 +79,17 @@ def pushed_types(routes: Iterable[Route]) -> frozenset[str]:
     return frozenset(route.filters["type"] for route in routes if route.takes_pushed)
 
 
+# Every Trigger lapse ships, each in one file: the Knative path's, and those of the opt-in
+# Components (a Trigger there reaches a function a default deployment does not run; `lapse
+# up` routes to it all the same and builds the handler only when configured).
+TRIGGER_FILES = ("knative/triggers.yaml", "components/artifacts/trigger.yaml")
+
+
 def load_routes(text: str | None = None) -> list[Route]:
     documents = yaml.safe_load_all(
-        text if text is not None else infra.read_text("knative/triggers.yaml")
+        text
+        if text is not None
+        else "\n---\n".join(infra.read_text(path) for path in TRIGGER_FILES)
     )
     routes = []
     for doc in documents:

@@ -37,6 +37,7 @@ from tests.infra_package import (
     kubectl,
     prometheus_operator_crds,
     rendered_text,
+    rendered_with_components,
     schema_of,
     unknown_fields,
 )
@@ -127,8 +128,8 @@ def normalized(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def overlay_objects(overlay: str) -> dict[Key, dict[str, Any]]:
-    text = KUSTOMIZE_HASH.sub(r"\1", rendered_text(overlay))
+def overlay_objects(overlay: str, text: str | None = None) -> dict[Key, dict[str, Any]]:
+    text = KUSTOMIZE_HASH.sub(r"\1", text if text is not None else rendered_text(overlay))
     docs = [doc for doc in yaml.safe_load_all(text) if doc and doc["kind"] != "Namespace"]
     for doc in docs:
         if (doc["apiVersion"], doc["kind"]) in NAMESPACE_UNSET:
@@ -157,16 +158,33 @@ def _diff(expected: dict[str, Any], actual: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_the_chart_renders_what_the_overlay_renders(overlay: str) -> None:
-    expected = overlay_objects(overlay)
-    actual = chart_objects("--values", str(CI_VALUES[overlay]), *ARGO_SERVED)
+def assert_same_objects(
+    expected: dict[Key, dict[str, Any]], actual: dict[Key, dict[str, Any]]
+) -> None:
     assert sorted(actual) == sorted(expected), (
         f"only in the overlay: {sorted(set(expected) - set(actual))}\n"
         f"only in the chart: {sorted(set(actual) - set(expected))}"
     )
     differ = {k: _diff(expected[k], actual[k]) for k in expected if expected[k] != actual[k]}
     assert not differ, "\n\n".join(f"{k}:\n{d}" for k, d in differ.items())
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_chart_renders_what_the_overlay_renders(overlay: str) -> None:
+    expected = overlay_objects(overlay)
+    actual = chart_objects("--values", str(CI_VALUES[overlay]), *ARGO_SERVED)
+    assert_same_objects(expected, actual)
+
+
+def test_artifacts_enabled_renders_what_the_artifacts_component_adds(tmp_path: Path) -> None:
+    """`artifacts.enabled` is infra/components/artifacts: dev with it, object for object."""
+    docs = rendered_with_components("dev", ["artifacts"], tmp_path)
+    expected = overlay_objects("dev", yaml.safe_dump_all(docs))
+    actual = chart_objects(
+        "--values", str(CI_VALUES["dev"]), *ARGO_SERVED, "--set", "artifacts.enabled=true"
+    )
+    assert ("serving.knative.dev/v1", "Service", "lapse-system", "lapse-artifact-reaper") in actual
+    assert_same_objects(expected, actual)
 
 
 def test_the_comparison_sees_a_difference() -> None:

@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from lapse.embedded.nats_identities import (
     ADMIN,
+    ARTIFACT_REAPER,
     BRIDGE,
     DLQ_SINK,
     KUBERNETES,
@@ -41,13 +42,18 @@ from tests.infra_package import (
     prometheus_operator_crds,
     rendered,
     rendered_text,
+    rendered_with_components,
     schema_of,
     unknown_fields,
 )
 
 # The Secrets the user creates (docs/deploy.md), or the dev NATS's Job generates
 # (lapse-nats-users); the package ships none.
-DOCUMENTED_SECRETS = {"lapse-database", "lapse-nats-users", "lapse-nats-tls", "lapse-ingress"}
+DOCUMENTED_SECRETS = {
+    "lapse-database", "lapse-nats-users", "lapse-nats-tls", "lapse-ingress", "lapse-artifacts",
+}  # fmt: skip
+# Functions deployed only by an opt-in Component (infra/components/<name>), by Service.
+OPT_IN = {"lapse-artifact-reaper": "artifacts"}
 KNATIVE_PATH = ("dev", "production")
 
 
@@ -60,7 +66,11 @@ def names(overlay: str, kind: str) -> set[str]:
 
 
 def pod_specs(overlay: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    for doc in rendered(overlay):
+    return pod_specs_of(rendered(overlay))
+
+
+def pod_specs_of(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for doc in docs:
         if doc["kind"] in ("Deployment", "StatefulSet", "Job") or (
             doc["kind"] == "Service" and doc["apiVersion"].startswith("serving.knative.dev")
         ):
@@ -221,22 +231,88 @@ def test_the_knative_path_is_complete(overlay: str) -> None:
 
 @pytest.mark.parametrize("overlay", KNATIVE_PATH)
 def test_every_trigger_reaches_a_function_the_package_deploys(overlay: str) -> None:
+    """By default every function but the opt-in ones, and no Trigger for those: nothing a
+    default install waits on to become Ready is missing."""
+    assert_triggers_reach_the_functions(rendered(overlay), set(OPT_IN))
+
+
+def assert_triggers_reach_the_functions(docs: list[dict[str, Any]], left_out: set[str]) -> None:
     services = {
         s["metadata"]["name"]: s
-        for s in objects(overlay, "Service")
-        if s["apiVersion"].startswith("serving.knative.dev")
+        for s in docs
+        if s["kind"] == "Service" and s["apiVersion"].startswith("serving.knative.dev")
     }
-    for trigger in objects(overlay, "Trigger"):
+    accounts = {a["metadata"]["name"]: a for a in docs if a["kind"] == "ServiceAccount"}
+    for trigger in (d for d in docs if d["kind"] == "Trigger"):
         assert trigger["spec"]["subscriber"]["ref"]["name"] in services, trigger["metadata"]
     # The Services are the ones `func deploy` would make from the function folders: same
-    # names, same ServiceAccounts.
+    # names, same ServiceAccounts, each one the package declares.
     functions = {}
     for func_yaml in sorted((ROOT / "functions").glob("*/func.yaml")):
         spec = yaml.safe_load(func_yaml.read_text())
-        functions[spec["name"]] = spec["deploy"]["serviceAccountName"]
-    assert {
+        if spec["name"] not in left_out:
+            functions[spec["name"]] = spec["deploy"]["serviceAccountName"]
+    by_service = {
         n: s["spec"]["template"]["spec"]["serviceAccountName"] for n, s in services.items()
-    } == functions
+    }
+    assert by_service == functions
+    assert set(by_service.values()) <= set(accounts)
+
+
+@pytest.mark.parametrize("overlay", KNATIVE_PATH)
+def test_the_artifacts_component_adds_the_artifact_reaper_whole(
+    overlay: str, tmp_path: Path
+) -> None:
+    """infra/components/artifacts: Trigger → Service → ServiceAccount, shaped like the
+    row-reaper (what infra/knative's patches give every function, written into the
+    Component, must stay what they give), and allowed where the functions are."""
+    docs = rendered_with_components(overlay, ["artifacts"], tmp_path)
+    assert_triggers_reach_the_functions(docs, set())
+
+    def one(kind: str, name: str) -> dict[str, Any]:
+        (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+        return found
+
+    trigger, rows = one("Trigger", "artifact-reaper-due"), one("Trigger", "row-reaper-due")
+    assert trigger["spec"]["delivery"] == rows["spec"]["delivery"]
+    assert trigger["spec"]["filter"]["attributes"]["target"] == "artifacts"
+    account = one("ServiceAccount", "lapse-artifact-reaper")
+    assert account["automountServiceAccountToken"] is False
+    assert one("ServiceAccount", "lapse-row-reaper")["automountServiceAccountToken"] is False
+
+    def pod(name: str) -> dict[str, Any]:
+        service = one("Service", name)
+        assert service["metadata"]["labels"]["networking.knative.dev/visibility"] == "cluster-local"
+        text = yaml.safe_dump(service["spec"]["template"])
+        return dict(yaml.safe_load(text.replace(name, "lapse-FUNCTION")))
+
+    artifacts, row = pod("lapse-artifact-reaper"), pod("lapse-row-reaper")
+    (a,), (r,) = artifacts["spec"]["containers"], row["spec"]["containers"]
+    assert a.pop("envFrom") == [
+        *r.pop("envFrom"),
+        {"secretRef": {"name": "lapse-artifacts", "optional": True}},
+    ]
+    assert a.pop("image").endswith("/artifact-reaper:" + r.pop("image").rsplit(":", 1)[1])
+    a_env = {e["name"]: e for e in a.pop("env")}
+    r_env = {e["name"]: e for e in r.pop("env")}
+    assert a_env == {k: v for k, v in r_env.items() if k != "LAPSE_DATABASE__URL"}
+    # The rest, volumes, mounts, probes, securityContext, annotations, is the row-reaper's.
+    assert (artifacts, a) == (row, r)
+
+    (policy,) = [
+        d
+        for d in docs
+        if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "lapse-functions"
+    ]
+    (selector,) = policy["spec"]["podSelector"]["matchExpressions"]
+    assert "lapse-artifact-reaper" in selector["values"]
+    binding = one("ClusterRoleBinding", "lapse-tokenreview")
+    assert {
+        "kind": "ServiceAccount",
+        "name": "lapse-artifact-reaper",
+        "namespace": "lapse-system",
+    } in binding["subjects"]
+    assert_nats_identities(docs)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -335,6 +411,7 @@ NATS_USERS = {
     "Service lapse-ttl-planner": PLANNER.user,
     "Service lapse-object-reaper": OBJECT_REAPER.user,
     "Service lapse-row-reaper": ROW_REAPER.user,
+    "Service lapse-artifact-reaper": ARTIFACT_REAPER.user,
     "Deployment lapse-bridge": BRIDGE.user,
     "Deployment lapse-dlq-sink": DLQ_SINK.user,
     "Deployment lapse": PROCESS.user,
@@ -344,8 +421,12 @@ NATS_USERS = {
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_lapse_pod_has_its_own_nats_identity_and_only_its_password(overlay: str) -> None:
+    assert_nats_identities(rendered(overlay))
+
+
+def assert_nats_identities(docs: list[dict[str, Any]]) -> None:
     seen = set()
-    for label, spec in pod_specs(overlay):
+    for label, spec in pod_specs_of(docs):
         if label in ("Deployment nats", "Job lapse-nats-users"):
             continue
         user = NATS_USERS[label]
@@ -365,7 +446,7 @@ def test_every_lapse_pod_has_its_own_nats_identity_and_only_its_password(overlay
             "secretName": USERS_SECRET,
             "items": [{"key": user, "path": path.name}],
         }, label
-    assert seen == {label for label in NATS_USERS if label in dict(pod_specs(overlay))}
+    assert seen == {label for label in NATS_USERS if label in dict(pod_specs_of(docs))}
     assert {i.user for i in KUBERNETES} >= set(NATS_USERS.values())
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from lapse.runtime.registry import FUNCTIONS
+from lapse.runtime.routing import TRIGGER_FILES
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -23,7 +24,9 @@ def documents(path: Path) -> list[dict[str, Any]]:
 
 def test_every_trigger_delivers_to_a_function_through_the_broker() -> None:
     (broker,) = documents(INFRA / "knative/broker.yaml")
-    triggers = documents(INFRA / "knative/triggers.yaml")
+    # Every Trigger lapse ships: the Knative path's and the opt-in Components' (`lapse up`
+    # routes all of them: lapse/runtime/routing.py).
+    triggers = [t for path in TRIGGER_FILES for t in documents(INFRA / path)]
     assert triggers
     for trigger in triggers:
         name = trigger["metadata"]["name"]
@@ -46,7 +49,12 @@ def test_apiserversource_feeds_the_broker() -> None:
 def test_every_function_runs_as_a_declared_service_account() -> None:
     service_accounts = {
         (doc["metadata"]["namespace"], doc["metadata"]["name"])
-        for path in [*sorted((INFRA / "rbac").glob("*.yaml")), INFRA / "single-process/rbac.yaml"]
+        for path in [
+            *sorted((INFRA / "rbac").glob("*.yaml")),
+            INFRA / "single-process/rbac.yaml",
+            # an opt-in function's own, beside its Service (infra/components/artifacts)
+            *sorted((INFRA / "components").glob("*/service.yaml")),
+        ]
         for doc in documents(path)
         if (doc["apiVersion"], doc["kind"]) == ("v1", "ServiceAccount")
     }

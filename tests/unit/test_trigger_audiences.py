@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 import infra
+from lapse.runtime.routing import TRIGGER_FILES
 
 
 def _documents(name: str) -> list[dict[str, Any]]:
@@ -18,11 +19,17 @@ def _documents(name: str) -> list[dict[str, Any]]:
 
 def test_each_trigger_to_a_function_names_the_audience_that_function_checks() -> None:
     checked: dict[str, str] = {}
-    for service in _documents("knative/functions.yaml"):
+    services = [
+        s
+        for name in ("knative/functions.yaml", "components/artifacts/service.yaml")
+        for s in _documents(name)
+        if s["kind"] == "Service"
+    ]
+    for service in services:
         env = service["spec"]["template"]["spec"]["containers"][0]["env"]
         [audience] = [e["value"] for e in env if e["name"] == "LAPSE_SENDER_AUDIENCE"]
         checked[service["metadata"]["name"]] = audience
-    triggers = _documents("knative/triggers.yaml")
+    triggers = [t for name in TRIGGER_FILES for t in _documents(name)]
     to_functions = [
         t for t in triggers if t["spec"]["subscriber"].get("ref", {}).get("name") in checked
     ]
