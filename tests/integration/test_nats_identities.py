@@ -25,18 +25,24 @@ from nats.js.errors import NotFoundError
 
 from events.run import Target
 from events.subjects import due_subject, event_subject, schedule_subject
+from functions.artifact_reaper.capture import CapturedItem, RunCapture
 from lapse.config import NatsConfig
+from lapse.edges.artifacts.captures import BUCKET as CAPTURES
+from lapse.edges.artifacts.captures import NatsCaptures
 from lapse.edges.nats import NatsRefused, connect, security_options
 from lapse.edges.schedules import schedule_headers
 from lapse.edges.streams import configured_streams, ensure_streams
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.nats_identities import (
     ADMIN,
+    ARTIFACT_REAPER,
     BRIDGE,
     CREDENTIALS_DIR,
     DLQ_SINK,
     EMBEDDED,
     KUBERNETES,
+    OBJECT_REAPER,
+    PLANNER,
     PROCESS,
     READER,
     Identity,
@@ -349,3 +355,44 @@ async def test_a_stream_republish_is_a_publish_by_the_servers_hand(
         assert (fired.headers or {}).get("Lapse-Observed") == "apiserver"
     finally:
         await admin.js.delete_stream("REPUBLISH_PROBE")
+
+
+async def _connect_as(server: Guarded, identity: Identity) -> tuple[NATS, Client]:
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    nc = NATS()
+    await nc.connect(
+        server.server.url,
+        error_cb=on_error,
+        max_reconnect_attempts=0,
+        **security_options(server.config(identity)),
+    )
+    return nc, Client(nc, errors)
+
+
+async def test_on_kubernetes_the_planner_captures_and_the_artifact_reaper_forgets(
+    kubernetes_server: Guarded,
+) -> None:
+    """The artifact captures (`$KV.LAPSE_ARTIFACTS`): the planner writes them, the
+    artifact-reaper (infra/components/artifacts) reads and removes them, through the real
+    edge; another reaper may not write one."""
+    uid = str(uuid.uuid4())
+    capture = RunCapture(uid=uid, items=(CapturedItem(store="s3", key="a/b/c", tree=False),))
+    planner, _ = await _connect_as(kubernetes_server, PLANNER)
+    reaper, _ = await _connect_as(kubernetes_server, ARTIFACT_REAPER)
+    other, other_client = await _connect_as(kubernetes_server, OBJECT_REAPER)
+    try:
+        await NatsCaptures(planner.jetstream(timeout=2)).put(capture)
+        captures = NatsCaptures(reaper.jetstream(timeout=2))
+        assert await captures.get(uid) == capture
+        await captures.forget(capture)
+        assert await captures.get(uid) is None
+        subject = f"$KV.{CAPTURES}.run.{uid}"
+        await other.publish(subject, b"forged")
+        await other_client.violation(subject)
+    finally:
+        for nc in (planner, reaper, other):
+            await nc.close()
