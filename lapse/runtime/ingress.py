@@ -268,7 +268,8 @@ class Ingress:
                 422,
                 "unrouted",
                 f"no handler here takes {event.get_type()!r} (no route in "
-                "infra/knative/triggers.yaml, or its function is not running)",
+                "infra/knative/triggers.yaml or an opt-in Component's trigger.yaml, or its "
+                "function is not running)",
                 capture_event(event),
             )
         return event, ignored
