@@ -88,8 +88,18 @@ def lapse_yaml(overlay: str) -> dict[str, Any]:
 def test_every_rendered_object_passes_a_strict_server_side_dry_run(
     kube: KubeStack, overlay: str
 ) -> None:
+    assert_a_strict_dry_run_accepts(kube, rendered(overlay))
+
+
+@pytest.mark.kube
+def test_the_artifacts_component_passes_the_same_dry_run(kube: KubeStack, tmp_path: Path) -> None:
+    assert_a_strict_dry_run_accepts(kube, rendered_with_components("dev", ["artifacts"], tmp_path))
+
+
+def assert_a_strict_dry_run_accepts(
+    kube: KubeStack, rendered_objects: list[dict[str, Any]]
+) -> None:
     install_crds(kube.api_client, knative_crds() + prometheus_operator_crds())
-    rendered_objects = rendered(overlay)
     # The namespaces must exist for a dry run of what goes in them (a dry-run Namespace is
     # not stored); the test API server is thrown away after the session.
     for namespace in {d["metadata"].get("namespace") for d in rendered_objects} - {None}:
@@ -99,7 +109,7 @@ def test_every_rendered_object_passes_a_strict_server_side_dry_run(
             str(kubectl()), "--kubeconfig", str(kube.kubeconfig), "apply", "--server-side",
             "--field-manager=lapse-test", "--dry-run=server", "--validate=strict", "-f", "-",
         ],
-        input=rendered_text(overlay), capture_output=True, text=True,
+        input=yaml.safe_dump_all(rendered_objects), capture_output=True, text=True,
         env={**os.environ, "KUBECONFIG": str(kube.kubeconfig)},
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -135,16 +145,21 @@ def test_a_misspelt_field_is_refused_by_the_same_dry_run(kube: KubeStack) -> Non
 def test_knative_objects_declare_only_schema_fields(overlay: str) -> None:
     """Also below x-kubernetes-preserve-unknown-fields (a Trigger's `delivery`, say), where
     the API server keeps anything, so a misspelt field would pass the dry run unnoticed."""
+    # Broker, Triggers, ApiServerSource, SinkBinding, Services
+    assert knative_objects_declare_only_schema_fields(rendered(overlay)) >= 12
+
+
+def knative_objects_declare_only_schema_fields(docs: list[dict[str, Any]]) -> int:
     crds = {(c["spec"]["group"], c["spec"]["names"]["kind"]): c for c in knative_crds()}
     checked = 0
-    for doc in rendered(overlay):
+    for doc in docs:
         group, _, version = doc["apiVersion"].rpartition("/")
         if (group, doc["kind"]) not in crds:
             continue
         schema = schema_of(crds[(group, doc["kind"])], version)
         assert unknown_fields(doc, schema) == [], f"{doc['kind']} {doc['metadata']['name']}"
         checked += 1
-    assert checked >= 12  # Broker, Triggers, ApiServerSource, SinkBinding, Services
+    return checked
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -268,6 +283,7 @@ def test_the_artifacts_component_adds_the_artifact_reaper_whole(
     Component, must stay what they give), and allowed where the functions are."""
     docs = rendered_with_components(overlay, ["artifacts"], tmp_path)
     assert_triggers_reach_the_functions(docs, set())
+    assert knative_objects_declare_only_schema_fields(docs) >= 14  # + its Trigger, Service
 
     def one(kind: str, name: str) -> dict[str, Any]:
         (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
