@@ -23,6 +23,10 @@ the server completed the DELETE. Phases, per tool:
 - backlog: already-expired objects made while the tool is down, then the tool starts and
   drains them (`drain_per_s`: first to last deletion; capped in time); lapse as shipped
   drains another backlog as two processes on one NATS;
+- scale-out (lapse): N = 1, 2, 4 `lapse up` processes, each in its own cgroup capped at the
+  same CPU quota (a quarter of a core: a machine with more cores, simulated), drain the same
+  backlog on one NATS: deletions/s, `scale_out_ratio_2`/`_4` (against N = 1, same run), the
+  CPU each process and server used over the drain, and which of them saturated;
 - steady: Workflows created finished at a steady rate with a TTL, so they come due over a
   window, while `pending` objects are waiting (not due for days; for lapse, with
   `pending_schedules` schedules in NATS): lateness, early, lost, every request the tool
@@ -31,7 +35,13 @@ the server completed the DELETE. Phases, per tool:
 - kill: another window; the tool is killed (-9) mid-way and restarted at once: lateness of
   the deletions that were in flight (due before the new process was ready, not deleted
   before the kill), of NEW_FINISHES runs that finish as it restarts (`restart_new_finish_
-  p99_late_s`: what a restart that lists everything again delays) and duplicate DELETEs;
+  p99_late_s` in the kill phase: a restart within JetStream's duplicate window, which drops
+  whatever is published again) and duplicate DELETEs;
+- restart (lapse): stopped, then restarted as if minutes later (every stream's duplicate
+  window let pass) with the pending objects still there, NEW_FINISHES runs finishing just
+  after the new process starts: their lateness (`restart_new_finish_p99_late_s`), lapse's RSS
+  peak during the restart against its steady state; again with the stored watch position
+  forgotten (a 410 Gone: every object listed again, `restart_relist_...`);
 - memory: RSS of each tool (peak and at the end of the idle phase), of nats-server,
   and lapse's planner rate when it first plans the pending objects.
 
