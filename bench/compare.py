@@ -724,6 +724,10 @@ class Bench:
                 p.log.read_text(errors="replace").count("lapse.deletions: deleted ") for p in procs
             ],
             "cores_used": {k: round(v, 3) for k, v in used.items()},
+            # grows with N if each process repeats work (every watcher lists every object)
+            "lapse_cpu_ms_per_deletion": round(1000 * sum(lapse_cores) * span / (len(times) - 1), 2)
+            if span > 0
+            else None,
             "machine_busy": busy,
             "throttled_periods": throttling,
             "saturated": saturated(lapse_cores, s.scale_out_quota_cores, servers, busy or 0.0)
