@@ -892,7 +892,12 @@ class Bench:
         since = tool.log_size()
         restarted = tool.start()
         fresh = create_paced(
-            self.admin, f"{key}-{index}", "restart", NEW_FINISHES, NEW_FINISHES, s.kill_ttl_s
+            self.admin,
+            f"{key.replace('_', '-')}-{index}",
+            "restart",
+            NEW_FINISHES,
+            NEW_FINISHES,
+            s.kill_ttl_s,
         )
         tool.wait_ready(since)
         ready = time.time()
