@@ -23,6 +23,10 @@ the server completed the DELETE. Phases, per tool:
 - backlog: already-expired objects made while the tool is down, then the tool starts and
   drains them (`drain_per_s`: first to last deletion; capped in time); lapse as shipped
   drains another backlog as two processes on one NATS;
+- scale-out (lapse): N = 1, 2, 4 `lapse up` processes, each in its own cgroup capped at the
+  same CPU quota (a quarter of a core: a machine with more cores, simulated), drain the same
+  backlog on one NATS: deletions/s, `scale_out_ratio_2`/`_4` (against N = 1, same run), the
+  CPU each process and server used over the drain, and which of them saturated;
 - steady: Workflows created finished at a steady rate with a TTL, so they come due over a
   window, while `pending` objects are waiting (not due for days; for lapse, with
   `pending_schedules` schedules in NATS): lateness, early, lost, every request the tool
@@ -31,7 +35,13 @@ the server completed the DELETE. Phases, per tool:
 - kill: another window; the tool is killed (-9) mid-way and restarted at once: lateness of
   the deletions that were in flight (due before the new process was ready, not deleted
   before the kill), of NEW_FINISHES runs that finish as it restarts (`restart_new_finish_
-  p99_late_s`: what a restart that lists everything again delays) and duplicate DELETEs;
+  p99_late_s` in the kill phase: a restart within JetStream's duplicate window, which drops
+  whatever is published again) and duplicate DELETEs;
+- restart (lapse): stopped, then restarted as if minutes later (every stream's duplicate
+  window let pass) with the pending objects still there, NEW_FINISHES runs finishing just
+  after the new process starts: their lateness (`restart_new_finish_p99_late_s`), lapse's RSS
+  peak during the restart against its steady state; again with the stored watch position
+  forgotten (a 410 Gone: every object listed again, `restart_relist_...`);
 - memory: RSS of each tool (peak and at the end of the idle phase), of nats-server,
   and lapse's planner rate when it first plans the pending objects.
 
@@ -68,6 +78,8 @@ from typing import Any
 
 import httpx
 
+from bench.cgroup import CpuQuota
+from bench.cgroup import available as cpu_quota_unavailable
 from bench.harness import (
     ARGO_WORKFLOWS_VERSION,
     KUBE_VERSION,
@@ -76,6 +88,7 @@ from bench.harness import (
     Stack,
     argo_controller_binary,
     argo_crds,
+    as_if_restarted_later,
     kube_binaries,
     nats_server_binary,
     parallel,
@@ -85,12 +98,16 @@ from bench.harness import (
 from bench.report import (
     Request,
     count_requests,
+    cpu_seconds,
     deletions,
     lateness,
+    machine_busy,
     parse_audit_line,
     per_minute,
     render_table,
     requests_per_deletion,
+    saturated,
+    scale_out_ratios,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,6 +141,12 @@ class Scale:
     ceiling_threads: tuple[int, ...] = (8, 16, 32)
     settle_cap_s: float = 3600  # lapse planning the pending objects
     janitor_interval_s: float = 5
+    # Scale-out: N `lapse up` processes, each capped at the same CPU quota (a machine with
+    # more cores, simulated), drain a backlog of due deletions on one NATS.
+    scale_out_processes: tuple[int, ...] = (1, 2, 4)
+    scale_out_quota_cores: float = 0.25
+    scale_out_backlog: int = 20_000
+    scale_out_cap_s: float = 600
 
 
 # Runs created finished just as the killed tool restarts (kill phase).
@@ -153,6 +176,8 @@ QUICK = Scale(
     kill_ttl_s=8,
     ceiling_objects=4_500,
     settle_cap_s=300,
+    scale_out_backlog=1_500,
+    scale_out_cap_s=120,
 )
 
 
@@ -178,6 +203,7 @@ class Tool:
     process: subprocess.Popen[bytes] | None = None
     peak_rss: float = 0.0
     starts: int = 0
+    quota: CpuQuota | None = None  # a cgroup CPU cap it runs under (scale-out phase)
 
     @property
     def is_lapse(self) -> bool:
@@ -197,9 +223,14 @@ class Tool:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env},
                 cwd=REPO,
-                preexec_fn=_die_with_parent,
+                preexec_fn=self._before_exec,
             )
         return started
+
+    def _before_exec(self) -> None:
+        _die_with_parent()
+        if self.quota is not None:
+            self.quota.join()
 
     def wait_ready(self, since: int, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -272,6 +303,62 @@ class Sampler:
         while not self._stop.wait(1.0):
             for tool in self.tools:
                 tool.sample()
+
+
+class CpuSampler:
+    """CPU seconds of the servers and the tool processes, and the machine's /proc/stat,
+    every half second: the cores each used between two moments (a drain's first and last
+    deletion), read from the samples around them."""
+
+    def __init__(self, servers: dict[str, int], tools: list[Tool]) -> None:
+        self.servers, self.tools = servers, tools
+        self.samples: list[tuple[float, dict[str, float], list[int]]] = []
+        self._ticks = os.sysconf("SC_CLK_TCK")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _cpu(self, pid: int | None) -> float | None:
+        try:
+            return cpu_seconds(Path(f"/proc/{pid}/stat").read_text(), self._ticks)
+        except (OSError, ValueError):
+            return None
+
+    def _loop(self) -> None:
+        while True:
+            pids = {**self.servers, **{t.name: t.pid for t in self.tools}}
+            used = {name: self._cpu(pid) for name, pid in pids.items() if pid is not None}
+            line = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+            self.samples.append(
+                (
+                    time.time(),
+                    {k: v for k, v in used.items() if v is not None},
+                    [int(x) for x in line],
+                )
+            )
+            if self._stop.wait(0.5):
+                return
+
+    def _around(self, start: float, end: float) -> tuple[Any, Any]:
+        before = [x for x in self.samples if x[0] <= start] or self.samples[:1]
+        after = [x for x in self.samples if x[0] >= end] or self.samples[-1:]
+        return before[-1], after[0]
+
+    def cores_between(self, start: float, end: float) -> dict[str, float]:
+        (t0, a, _), (t1, b, _) = self._around(start, end)
+        seconds = max(t1 - t0, 1e-6)
+        return {k: (b[k] - a[k]) / seconds for k in b if k in a}
+
+    def busy_between(self, start: float, end: float) -> float | None:
+        (_, _, a), (_, _, b) = self._around(start, end)
+        return machine_busy(a, b)
 
 
 # --- the audit log --------------------------------------------------------------------------
@@ -396,16 +483,36 @@ def delete_set(api: Api, kind: str) -> int:
 # --- NATS (lapse's planner progress, from the server's monitoring endpoint) -----------------
 
 
+PLANNER_CONSUMER = "lapse-ttl-planner-run-finished"
+
+
 def planner_consumer(monitor_url: str) -> dict[str, Any] | None:
+    """The planner's consumer of finished runs and its re-list lane (`...-relist`, where a
+    re-list's events go), summed: messages acknowledged and still to do."""
     url = f"{monitor_url}/jsz?accounts=true&streams=true&consumers=true"
     body = httpx.get(url, timeout=10).json()
-    for account in body.get("account_details", []):
-        for stream in account.get("stream_detail", []):
-            for consumer in stream.get("consumer_detail", []) or []:
-                if consumer.get("name") == "lapse-ttl-planner-run-finished":
-                    found: dict[str, Any] = consumer
-                    return found
-    return None
+    found: list[dict[str, Any]] = [
+        consumer
+        for account in body.get("account_details", [])
+        for stream in account.get("stream_detail", [])
+        for consumer in stream.get("consumer_detail", []) or []
+        if consumer.get("name") in (PLANNER_CONSUMER, f"{PLANNER_CONSUMER}-relist")
+    ]
+    if not found:
+        return None
+    return {
+        "ack_floor": {
+            "consumer_seq": sum(c.get("ack_floor", {}).get("consumer_seq", 0) for c in found)
+        },
+        "num_pending": sum(int(c.get("num_pending", 0)) for c in found),
+        "num_ack_pending": sum(int(c.get("num_ack_pending", 0)) for c in found),
+    }
+
+
+def planner_acked(monitor_url: str) -> int:
+    """Events the planner's consumers have acknowledged so far (durable: across restarts)."""
+    consumer = planner_consumer(monitor_url)
+    return int(consumer["ack_floor"]["consumer_seq"]) if consumer else 0
 
 
 def wait_planner_idle(monitor_url: str, cap_s: float) -> dict[str, float]:
@@ -545,6 +652,102 @@ class Bench:
         delete_set(self.admin, "pair")
         self.say(f"{tool.name} x2: drained {late.deleted:,}/{len(due):,}, {two}/s")
 
+    def scale_out(self, tool: Tool) -> None:
+        """N processes of `tool`, each in its own cgroup capped at the same CPU quota (N
+        small machines, simulated), drain the same size of expired backlog on one NATS, for
+        each N: deletions/s first to last, the ratio to N=1, and the CPU each part used over
+        the drain (which of lapse's quota, the API server or NATS saturated). Ratios within
+        this one run are the figure; absolute rates depend on the machine's other load."""
+        s = self.scale
+        why_not = cpu_quota_unavailable()
+        if why_not is not None:
+            self.phases[tool.name]["scale_out"] = {"skipped": why_not}
+            self.say(f"{tool.name}: scale-out skipped ({why_not})")
+            return
+        runs: dict[str, Any] = {}
+        for n in s.scale_out_processes:
+            runs[str(n)] = self._scale_out_run(tool, n)
+        ratios = scale_out_ratios({int(n): r.get("drain_per_s") for n, r in runs.items()})
+        self.phases[tool.name]["scale_out"] = {
+            "quota_cores_per_process": s.scale_out_quota_cores,
+            "objects": s.scale_out_backlog,
+            "runs": runs,
+            "ratio_to_one": {str(n): r for n, r in ratios.items()},
+            "note": "ratios within one run are the figure; absolute rates depend on the "
+            "machine's other load",
+        }
+        self.say(f"{tool.name}: scale-out ratios {ratios}")
+
+    def _scale_out_run(self, tool: Tool, n: int) -> dict[str, Any]:
+        s = self.scale
+        tag = f"scale{n}"
+        quotas = [
+            CpuQuota(f"lapse-bench-{os.getpid()}-{tag}-{i}", s.scale_out_quota_cores).create()
+            for i in range(n)
+        ]
+        procs = [
+            dataclasses.replace(
+                tool,
+                name=f"{tool.name}-{tag}-{i}",
+                command=[a.replace("/state", f"/state-{tag}-{i}") for a in tool.command],
+                log=tool.log.with_name(f"{tool.name}-{tag}-{i}.log"),
+                process=None,
+                starts=0,
+                quota=quota,
+            )
+            for i, quota in enumerate(quotas)
+        ]
+        names = [f"{tag}-{tool.user}-{i:06d}" for i in range(s.scale_out_backlog)]
+        due, _ = create_many(self.admin, names, tag, int(time.time()) - 3600, 60)
+        try:
+            with CpuSampler(self.stack.server_pids(), procs) as cpu:
+                for proc in procs:
+                    proc.start()
+                for proc in procs:
+                    proc.wait_ready(0, timeout=600)
+                self.wait_deleted(procs[0], due, s.scale_out_cap_s, after_last_due=False)
+            throttling = [q.throttling() for q in quotas]
+        finally:
+            for proc in procs:
+                proc.stop()
+            for quota in quotas:
+                quota.remove()
+        late = lateness(due, self.audit.read(), tool.user)
+        times = sorted(t for k, t in deletions(self.audit.requests, tool.user).items() if k in due)
+        span = times[-1] - times[0] if len(times) > 1 else 0.0
+        used = cpu.cores_between(times[0], times[-1]) if span > 0 else {}
+        lapse_cores = [used.get(p.name, 0.0) for p in procs]
+        servers = {k: v for k, v in used.items() if k in self.stack.server_pids()}
+        busy = cpu.busy_between(times[0], times[-1]) if span > 0 else None
+        run = {
+            "processes": n,
+            "objects": len(due),
+            "deleted": late.deleted,
+            "duplicate_deletes": late.duplicate_deletes,
+            "drain_per_s": round((len(times) - 1) / span, 1) if span > 0 else None,
+            # how the durable consumers split the work: each process's own deletion lines
+            "deleted_by_process": [
+                p.log.read_text(errors="replace").count("lapse.deletions: deleted ") for p in procs
+            ],
+            "cores_used": {k: round(v, 3) for k, v in used.items()},
+            # grows with N if each process repeats work (every watcher lists every object)
+            "lapse_cpu_ms_per_deletion": round(1000 * sum(lapse_cores) * span / (len(times) - 1), 2)
+            if span > 0
+            else None,
+            "machine_busy": busy,
+            "throttled_periods": throttling,
+            "saturated": saturated(lapse_cores, s.scale_out_quota_cores, servers, busy or 0.0)
+            if span > 0
+            else None,
+        }
+        delete_set(self.admin, tag)
+        self.say(
+            f"{tool.name} x{n} at {s.scale_out_quota_cores} core each: drained "
+            f"{late.deleted:,}/{len(due):,}, {run['drain_per_s']}/s; CPU {run['cores_used']}; "
+            f"machine {busy}; saturated: {run['saturated']}"
+        )
+        return run
+
     def session(self, tool: Tool, index: int) -> None:
         s = self.scale
         phases = self.phases[tool.name]
@@ -676,6 +879,63 @@ class Bench:
         tool.stop()
         delete_set(self.admin, "kill")
         phases["peak_rss_mib"] = round(tool.peak_rss, 1)
+        if tool.is_lapse:
+            self.restart(tool, index, relist=False)
+            self.restart(tool, index, relist=True)
+
+    def restart(self, tool: Tool, index: int, *, relist: bool) -> None:
+        """A restart as users make them, minutes after the stop (JetStream's duplicate window
+        passed, so whatever the new process publishes again is not dropped as a duplicate),
+        with the pending objects still waiting; NEW_FINISHES runs finish just after the new
+        process starts. Their lateness, and lapse's RSS during the restart and once its
+        planner is idle again against its steady state. `relist`: the stored watch position
+        is forgotten first (a 410 Gone), so the new process lists every object again."""
+        s = self.scale
+        key = "restart_relist" if relist else "restart"
+        kinds = ("argo-workflow",) if relist else ()
+        asyncio.run(as_if_restarted_later(self.stack.nats_url, kinds))
+        tool.peak_rss = 0.0
+        acked_before = planner_acked(self.stack.nats_monitor_url)
+        since = tool.log_size()
+        restarted = tool.start()
+        fresh = create_paced(
+            self.admin,
+            f"{key.replace('_', '-')}-{index}",
+            "restart",
+            NEW_FINISHES,
+            NEW_FINISHES,
+            s.kill_ttl_s,
+        )
+        tool.wait_ready(since)
+        ready = time.time()
+        self.wait_deleted(tool, fresh, s.tail_cap_s)
+        wait_planner_idle(self.stack.nats_monitor_url, s.settle_cap_s)
+        # everything the planner took since the start (the re-list may be over already)
+        planned = planner_acked(self.stack.nats_monitor_url) - acked_before
+        during = round(tool.peak_rss, 1)
+        after = tool.sample()
+        present = {(NAMESPACE, n) for n in self.admin.names(NAMESPACE, f"{SET_LABEL}=restart")}
+        late = lateness(fresh, self.audit.read(), tool.user, present)
+        steady = self.phases[tool.name].get("memory", {}).get("rss_mib")
+        self.phases[tool.name][key] = {
+            "pending": s.pending,
+            "forgot_watch_position": relist,
+            "new_finish": late.as_dict(),
+            "restart_to_ready_s": round(ready - restarted, 1),
+            "planner_events": planned,
+            "rss_steady_mib": _round(steady, 1),
+            "rss_peak_during_mib": during,
+            "rss_after_mib": _round(after, 1),
+            "rss_peak_vs_steady": round(during / steady, 2) if steady else None,
+        }
+        self.say(
+            f"{tool.name}: restart{' with re-list' if relist else ''}: {late.deleted}/"
+            f"{late.count} new finishes deleted, p99 {late.p99_s or 0:.2f}s late; planner took "
+            f"{planned:,} events; RSS {steady or 0:.0f} -> peak {during:.0f} -> "
+            f"{after or 0:.0f} MiB"
+        )
+        tool.stop()
+        delete_set(self.admin, "restart")
 
     def summarise(self, tool: Tool) -> dict[str, Any]:
         p = self.phases[tool.name]
@@ -702,6 +962,17 @@ class Bench:
             pair = p.get("backlog_two_processes", {})
             figures["drain_two_processes_per_s"] = pair.get("drain_per_s")
             figures["drain_two_processes_vs_one"] = pair.get("vs_one_process")
+            ratios = p.get("scale_out", {}).get("ratio_to_one", {})
+            figures["scale_out_ratio_2"] = ratios.get("2")
+            figures["scale_out_ratio_4"] = ratios.get("4")
+            # New finishes during a restart minutes later (the kill phase's restart comes
+            # within JetStream's duplicate window, which hides a re-list's cost).
+            for key in ("restart", "restart_relist"):
+                restarted = p.get(key, {})
+                figures[f"{key}_new_finish_p99_late_s"] = restarted.get("new_finish", {}).get(
+                    "lateness_p99_s"
+                )
+                figures[f"{key}_rss_peak_vs_steady"] = restarted.get("rss_peak_vs_steady")
             figures["planner_events_per_s"] = _round(p.get("planner", {}).get("events_per_s"), 1)
             figures["nats_rss_mib"] = _round(p.get("memory", {}).get("nats_rss_mib"), 1)
             small = p.get("memory_small", {})
@@ -950,6 +1221,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ceiling = delete_ceiling(stack, admin, audit, scale)
         bench.say(f"  {ceiling}")
 
+        if args.scale_out_only:
+            for tool in tools:
+                if tool.name == "lapse":
+                    bench.scale_out(tool)
+            results = {tool.name: bench.summarise(tool) for tool in tools if tool.name == "lapse"}
+            return _result(args, began, host, scale, argo, ceiling, None, results, bench.phases)
         names = [f"pending-{i:07d}" for i in range(scale.pending_small)]
         # Pending objects finished now and are due in 30 days: nobody deletes them here.
         _, took = create_many(admin, names, "pending", int(time.time()), 30 * 86400)
@@ -958,6 +1235,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 bench.backlog(tool)
                 if tool.name == "lapse":
                     bench.backlog_pair(tool)
+                    bench.scale_out(tool)
             names = [f"pending-{i:07d}" for i in range(scale.pending_small, scale.pending)]
             bench.say(f"creating {len(names):,} more pending objects ...")
             _, took = create_many(admin, names, "pending", int(time.time()), 30 * 86400)
@@ -976,6 +1254,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for tool in tools:
             tool.stop()
         stack.stop()
+    return _result(args, began, host, scale, argo, ceiling, create_rate, results, bench.phases)
+
+
+def _result(
+    args: argparse.Namespace,
+    began: float,
+    host: dict[str, Any],
+    scale: Scale,
+    argo: Path,
+    ceiling: dict[str, Any],
+    create_rate: float | None,
+    results: dict[str, Any],
+    phases: dict[str, Any],
+) -> dict[str, Any]:
     return {
         "name": args.name,
         "quick": args.quick,
@@ -1000,7 +1292,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "apiserver_delete_ceiling": ceiling,
         "pending_create_per_s": _round(create_rate, 1),
         "tools": results,
-        "phases": bench.phases,
+        "phases": phases,
     }
 
 
@@ -1041,11 +1333,17 @@ def main() -> int:
     parser.add_argument(
         "--profile", action="store_true", help="run lapse under cProfile (slower; summaries)"
     )
+    parser.add_argument(
+        "--scale-out-only",
+        action="store_true",
+        help="only the DELETE ceiling and lapse's scale-out phase (N CPU-capped processes)",
+    )
     parser.add_argument("--in-netns", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     parser.add_argument("--argo-binary", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.name = args.name or ("bench-quick" if args.quick else "bench")
+    default = "bench-quick" if args.quick else "bench"
+    args.name = args.name or (f"scale-out-{default}" if args.scale_out_only else default)
 
     if not args.in_netns:
         # Everything that needs the network (module proxy) happens out here, first.

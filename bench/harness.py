@@ -32,6 +32,7 @@ from lapse.config import NatsConfig
 from lapse.edges.nats import connect
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.edges.streams import configured_streams, ensure_streams
+from lapse.edges.watch_positions import WatchPositions
 from lapse.embedded.kube import (
     ARGO_MODULE,
     ARGO_WORKFLOWS_VERSION,
@@ -177,6 +178,15 @@ class Stack:
     @property
     def nats_pid(self) -> int | None:
         return self.nats.process.pid if self.nats and self.nats.process else None
+
+    def server_pids(self) -> dict[str, int]:
+        """The servers' processes by name (their CPU is measured beside a tool's)."""
+        procs = {
+            "kube-apiserver": self.kube.apiserver if self.kube else None,
+            "etcd": self.kube.etcd if self.kube else None,
+            "nats-server": self.nats.process if self.nats else None,
+        }
+        return {name: p.pid for name, p in procs.items() if p is not None}
 
     def kubeconfig_for(self, user: str, path: Path) -> Path:
         """A kubeconfig authenticating as `user` (a tool's own identity in the audit log)."""
@@ -328,5 +338,31 @@ async def put_pending(nats_url: str, count: int) -> float:
                 *(store.put(Target.KUBERNETES, uid, deadline, event) for uid, event in events)
             )
         return count / max(time.monotonic() - started, 1e-6)
+    finally:
+        await nc.close()
+
+
+async def as_if_restarted_later(nats_url: str, forget_kinds: tuple[str, ...] = ()) -> None:
+    """Make lapse's next start meet what a restart minutes later meets: every stream's
+    duplicate window (2 min) let pass, so nothing it publishes again is dropped as a
+    duplicate (shrunk, waited out, restored). `forget_kinds`: their stored watch positions
+    forgotten too (a first start, or the API server no longer serving the version: 410)."""
+    nc = await connect(nats_url)
+    try:
+        js = nc.jetstream()
+        configs = []
+        for stream in configured_streams(NatsConfig()):
+            info = await js.stream_info(str(stream.name))
+            configs.append(info.config)
+        for config in configs:
+            window = config.duplicate_window
+            config.duplicate_window = 0.5
+            await js.update_stream(config)
+            config.duplicate_window = window
+        await asyncio.sleep(3)
+        for config in configs:
+            await js.update_stream(config)
+        for kind in forget_kinds:
+            await WatchPositions(js).forget(kind)
     finally:
         await nc.close()

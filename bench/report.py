@@ -175,7 +175,16 @@ ROWS: tuple[tuple[str, str, str], ...] = (
         "{:.1f}",
     ),
     ("restart_lost", "after kill -9: lost", "{:d}"),
-    ("restart_new_finish_p99_late_s", "after kill -9: new finishes p99 late (s)", "{:.1f}"),
+    ("scale_out_ratio_2", "scale-out, 2 CPU-capped processes / 1", "{:.2f}"),
+    ("scale_out_ratio_4", "scale-out, 4 CPU-capped processes / 1", "{:.2f}"),
+    ("restart_new_finish_p99_late_s", "restart: new finishes p99 late (s)", "{:.1f}"),
+    (
+        "restart_relist_new_finish_p99_late_s",
+        "restart with re-list: new finishes p99 late (s)",
+        "{:.1f}",
+    ),
+    ("restart_rss_peak_vs_steady", "restart: RSS peak / steady", "{:.2f}"),
+    ("restart_relist_rss_peak_vs_steady", "restart with re-list: RSS peak / steady", "{:.2f}"),
     ("restart_inflight_max_late_s", "after kill -9: in-flight max late (s)", "{:.1f}"),
     ("restart_duplicate_deletes", "after kill -9: duplicate DELETEs", "{:d}"),
     ("rss_mib", "RSS (MiB)", "{:.0f}"),
@@ -215,3 +224,49 @@ def _format(fmt: str, value: object) -> str:
         return fmt.format(value)
     except (ValueError, TypeError):
         return str(value)
+
+
+# --- scale-out (N CPU-capped processes against one) -----------------------------------------
+
+
+def cpu_seconds(stat: str, ticks_per_s: int) -> float:
+    """User + system CPU seconds of a process from its /proc/<pid>/stat line (the command
+    name, in parentheses, may hold spaces: fields are counted after its closing one)."""
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / ticks_per_s  # utime, stime (14th, 15th)
+
+
+def machine_busy(before: Sequence[int], after: Sequence[int]) -> float | None:
+    """The fraction of all CPUs busy between two readings of /proc/stat's `cpu` line
+    (user nice system idle iowait irq softirq steal ...): idle and iowait are not busy."""
+    total = sum(after) - sum(before)
+    idle = (after[3] + after[4]) - (before[3] + before[4])
+    return round((total - idle) / total, 3) if total > 0 else None
+
+
+def scale_out_ratios(rates: Mapping[int, float | None]) -> dict[int, float | None]:
+    """Each N's drain rate over one process's (None where either is missing)."""
+    one = rates.get(1)
+    return {n: round(r / one, 2) if r and one else None for n, r in sorted(rates.items())}
+
+
+# A capped process using this share of its quota is limited by it; an uncapped component
+# using this share of one core is busy on its own (Python's GIL and nats-server's hot loop
+# are single-threaded in effect); a machine this busy limits everyone.
+SATURATED = 0.9
+
+
+def saturated(
+    lapse_cores: Sequence[float], quota_cores: float, servers: Mapping[str, float], busy: float
+) -> str:
+    """What limited a scale-out drain, from the CPU each part used over it (cores):
+    the lapse processes' quota, else a server near a whole core, else the whole machine,
+    else nothing that CPU shows (waits: round trips, locks)."""
+    if lapse_cores and min(lapse_cores) >= SATURATED * quota_cores:
+        return "lapse (its CPU quota)"
+    name, cores = max(servers.items(), key=lambda item: item[1], default=("", 0.0))
+    if cores >= SATURATED:
+        return name
+    if busy >= SATURATED:
+        return "the machine (all cores busy)"
+    return "none by CPU (waiting on round trips)"

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import secrets
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -197,6 +198,20 @@ KUBERNETES: Final = (
 USERS_SECRET: Final = "lapse-nats-users"
 
 
+# A password is read by nats-server as an unquoted value where the dev NATS's configuration
+# names it by `$VARIABLE`; one starting with "-" or a digit and "-" or "." is lexed as a
+# number and the server refuses the whole configuration (2.3% of token_urlsafe's values:
+# the dev NATS crash-looped on the cluster). Letters and digits, a letter first: 43
+# characters, over 250 bits.
+_PASSWORD_ALPHABET: Final = string.ascii_letters + string.digits
+
+
+def new_password() -> str:
+    """A random password any nats-server configuration reads as a string."""
+    rest = "".join(secrets.choice(_PASSWORD_ALPHABET) for _ in range(42))
+    return secrets.choice(string.ascii_letters) + rest
+
+
 def password_variable(identity: Identity) -> str:
     """The environment variable nats-server reads the identity's password from."""
     return identity.user.upper().replace("-", "_") + "_PASSWORD"
@@ -247,7 +262,7 @@ def ensure_passwords(state_dir: Path) -> dict[str, str]:
         with contextlib.suppress(FileNotFoundError):
             passwords[identity.user] = path.read_text(encoding="utf-8").strip()
         if not passwords.get(identity.user):
-            passwords[identity.user] = secrets.token_urlsafe(32)
+            passwords[identity.user] = new_password()
             _write_private(path, passwords[identity.user] + "\n")
     return passwords
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import base64
-import secrets
 from pathlib import Path
 
 from kubernetes import client
 
 from lapse.edges.kubernetes import load_api_client
-from lapse.embedded.nats_identities import KUBERNETES, USERS_SECRET
+from lapse.embedded.nats_identities import KUBERNETES, USERS_SECRET, new_password
 
 POD_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -26,8 +25,7 @@ POD_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 def users_secret(name: str, namespace: str) -> client.V1Secret:
     """A new Secret: one key per identity (its NATS user name), a random password each."""
     data = {
-        identity.user: base64.b64encode(secrets.token_urlsafe(32).encode()).decode()
-        for identity in KUBERNETES
+        identity.user: base64.b64encode(new_password().encode()).decode() for identity in KUBERNETES
     }
     return client.V1Secret(
         metadata=client.V1ObjectMeta(

@@ -271,8 +271,14 @@ def test_an_apiserversource_listing_an_absent_kind_sends_nothing_until_it_is_dro
     selector = "eventing.knative.dev/source=apiserver-source-controller"
 
     def adapter_failed() -> str:
-        logs = cluster.kubectl("-n", namespace, "logs", "-l", selector, "--tail=50",
-                               check=False)  # fmt: skip
+        # The running attempt's log, and the one before it (in back-off there may be none
+        # running).
+        logs = "".join(
+            cluster.kubectl(
+                "-n", namespace, "logs", "-l", selector, "--tail=50", *previous, check=False
+            )
+            for previous in ((), ("--previous",))
+        )
         return next((line for line in logs.splitlines() if "absent.lapse.dev" in line
                      and "failed" in line), "")  # fmt: skip
 

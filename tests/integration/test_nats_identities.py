@@ -10,7 +10,9 @@ server said "Permissions Violation" to the client.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -32,7 +34,7 @@ from lapse.edges.artifacts.captures import NatsCaptures
 from lapse.edges.nats import NatsRefused, connect, security_options
 from lapse.edges.schedules import schedule_headers
 from lapse.edges.streams import configured_streams, ensure_streams
-from lapse.embedded.nats import EmbeddedNats
+from lapse.embedded.nats import EmbeddedNats, nats_server_binary
 from lapse.embedded.nats_identities import (
     ADMIN,
     ARTIFACT_REAPER,
@@ -48,6 +50,7 @@ from lapse.embedded.nats_identities import (
     Identity,
     authorization,
     ensure_passwords,
+    new_password,
     password_file,
 )
 
@@ -396,3 +399,24 @@ async def test_on_kubernetes_the_planner_captures_and_the_artifact_reaper_forget
     finally:
         for nc in (planner, reaper, other):
             await nc.close()
+
+
+def test_every_generated_password_is_a_string_to_nats_server(tmp_path: Path) -> None:
+    """The dev NATS names each password by `$VARIABLE`, which nats-server lexes as a bare
+    value: token_urlsafe's `-…` or `1-…` made it refuse the configuration now and then.
+    Checked by the real server's own parser (`-t`), on many generated passwords at once."""
+    count = 200
+    users = ", ".join(f"{{user: u{i}, password: $PW{i}}}" for i in range(count))
+    conf = tmp_path / "nats.conf"
+    conf.write_text(f"authorization {{ users = [ {users} ] }}\n")
+    env = {**os.environ, **{f"PW{i}": new_password() for i in range(count)}}
+    checked = subprocess.run(
+        [nats_server_binary(), "-t", "-c", str(conf)], env=env, capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stderr
+    # The check can fail: a password of the old kind is refused by the same parser.
+    env["PW0"] = "-" + new_password()
+    refused = subprocess.run(
+        [nats_server_binary(), "-t", "-c", str(conf)], env=env, capture_output=True, text=True
+    )
+    assert refused.returncode != 0

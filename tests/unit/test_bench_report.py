@@ -1,4 +1,5 @@
-"""The pure pieces of the comparison benchmark: audit parsing, lateness, the janitor's rule.
+"""The pure pieces of the comparison benchmark: audit parsing, lateness, the janitor's rule,
+the scale-out phase's CPU arithmetic and verdict.
 
 Benchmarks are not tests: nothing here times anything.
 """
@@ -14,11 +15,15 @@ from bench.janitor import deadline, expired
 from bench.report import (
     Request,
     count_requests,
+    cpu_seconds,
     lateness,
+    machine_busy,
     parse_audit_line,
     percentile,
     render_table,
     requests_per_deletion,
+    saturated,
+    scale_out_ratios,
 )
 
 
@@ -126,3 +131,33 @@ def test_janitor_deletes_only_past_the_deadline_and_not_twice() -> None:
     assert expired(wf, start + 60)
     going = finished("Succeeded", {"secondsAfterCompletion": 60}, deletionTimestamp="x")
     assert not expired(going, start + 3600)
+
+
+def test_cpu_seconds_reads_utime_and_stime_after_a_command_name_with_spaces() -> None:
+    # pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
+    # utime stime ...
+    stat = "4242 (nats server) S 1 4242 4242 0 -1 4194560 900 0 0 0 250 50 0 0 20 0 9"
+    assert cpu_seconds(stat, 100) == 3.0
+
+
+def test_machine_busy_counts_idle_and_iowait_as_not_busy() -> None:
+    before = [100, 0, 100, 700, 100, 0, 0, 0]
+    after = [200, 0, 200, 800, 200, 0, 0, 0]  # 200 busy, 200 idle/iowait
+    assert machine_busy(before, after) == 0.5
+    assert machine_busy(before, before) is None
+
+
+def test_scale_out_ratios_are_each_rate_over_one_process() -> None:
+    assert scale_out_ratios({4: 360.0, 1: 100.0, 2: 190.0}) == {1: 1.0, 2: 1.9, 4: 3.6}
+    assert scale_out_ratios({1: None, 2: 190.0}) == {1: None, 2: None}
+    assert scale_out_ratios({2: 190.0}) == {2: None}
+
+
+def test_saturated_names_the_quota_then_a_busy_server_then_the_machine() -> None:
+    servers = {"kube-apiserver": 0.5, "nats-server": 0.2}
+    assert saturated([0.24, 0.23], 0.25, servers, 0.5) == "lapse (its CPU quota)"
+    # one process below its quota: not the quota
+    busy_api = {"kube-apiserver": 0.95, "nats-server": 0.2}
+    assert saturated([0.24, 0.1], 0.25, busy_api, 0.5) == "kube-apiserver"
+    assert saturated([0.1], 0.25, servers, 0.95) == "the machine (all cores busy)"
+    assert saturated([0.1], 0.25, servers, 0.5) == "none by CPU (waiting on round trips)"
