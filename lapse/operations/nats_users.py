@@ -1,8 +1,9 @@
 """Create the Secret holding a random NATS password per lapse identity, if there is none.
 
 Run by the Job `lapse-nats-users` of the dev NATS (infra/dev-nats): no password is ever
-committed or typed, each is generated in the cluster, and a Secret that exists is never
-changed (a rerun, an upgrade, or passwords an operator put there keep working). The NATS
+committed or typed, each is generated in the cluster, and a password that exists is never
+changed (a rerun, an upgrade, or passwords an operator put there keep working); an upgrade
+that brings a new identity gets its key added. The NATS
 pod and every lapse pod wait for the Secret, then each component reads only its own key.
 
     python -m lapse.operations.nats_users [--namespace NS] [--secret NAME]
@@ -22,11 +23,12 @@ from lapse.embedded.nats_identities import KUBERNETES, USERS_SECRET, new_passwor
 POD_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
+def _password() -> str:
+    return base64.b64encode(new_password().encode()).decode()
+
+
 def users_secret(name: str, namespace: str) -> client.V1Secret:
     """A new Secret: one key per identity (its NATS user name), a random password each."""
-    data = {
-        identity.user: base64.b64encode(new_password().encode()).decode() for identity in KUBERNETES
-    }
     return client.V1Secret(
         metadata=client.V1ObjectMeta(
             name=name,
@@ -34,19 +36,36 @@ def users_secret(name: str, namespace: str) -> client.V1Secret:
             labels={"app.kubernetes.io/part-of": "lapse"},
         ),
         type="Opaque",
-        data=data,
+        data={identity.user: _password() for identity in KUBERNETES},
     )
 
 
-def ensure(api: client.CoreV1Api, name: str, namespace: str) -> bool:
-    """Create the Secret unless it exists; True when it was created now."""
+def ensure(api: client.CoreV1Api, name: str, namespace: str) -> str:
+    """Create the Secret, or add the keys of identities it lacks (an upgrade brought a new
+    component) without changing one that is there. Says what was done: `created`,
+    `added <users>` or `kept`."""
     try:
         api.create_namespaced_secret(namespace, users_secret(name, namespace))
     except client.exceptions.ApiException as exc:
-        if exc.status == 409:  # there already: never replaced
-            return False
-        raise
-    return True
+        if exc.status != 409:
+            raise
+    else:
+        return "created"
+    existing = api.read_namespaced_secret(name, namespace)
+    missing = sorted({i.user for i in KUBERNETES} - set(existing.data or {}))
+    if not missing:
+        return "kept"
+    # Held to the version read: a concurrent writer makes this fail (409) rather than lose
+    # its keys; the Job is retried and reads again.
+    api.patch_namespaced_secret(
+        name,
+        namespace,
+        {
+            "metadata": {"resourceVersion": existing.metadata.resource_version},
+            "data": {user: _password() for user in missing},
+        },
+    )
+    return "added " + ", ".join(missing)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     namespace = args.namespace or POD_NAMESPACE.read_text(encoding="utf-8").strip()
     api = client.CoreV1Api(load_api_client())
-    created = ensure(api, args.secret, namespace)
+    done = ensure(api, args.secret, namespace)
     # Never the passwords: only what was done.
-    print(f"secret {namespace}/{args.secret} {'created' if created else 'kept (exists)'}")
+    print(f"secret {namespace}/{args.secret} {done}")
     return 0
 
 

@@ -486,7 +486,16 @@ def test_the_dev_nats_admits_only_lapses_identities(overlay: str) -> None:
         "lapse.operations.nats_users"
     )
     (role,) = [r for r in objects(overlay, "Role") if r["metadata"]["name"] == "lapse-nats-users"]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
+    # Create any Secret (RBAC cannot name one not yet made); read and patch only its own.
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["lapse-nats-users"],
+            "verbs": ["get", "patch"],
+        },
+    ]
 
 
 def test_production_talks_tls_to_nats_with_per_identity_users() -> None:
