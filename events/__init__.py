@@ -4,7 +4,8 @@
 - `events.run`, `events.models`: the payloads (camelCase JSON), one model per type
 - `events.builder`: `build_event` / `parse_payload`, the only way events are made and read
 - `events.schemas`: JSON Schemas generated from the models
-- `events.nats_binding`: CloudEvents <-> NATS messages; `events.subjects`: their subjects
+- `events.nats_binding`: CloudEvents <-> NATS messages
+- `events.subjects`: their subjects
 - `events.adapters`: engine objects and foreign events -> RunFinished / RunDeleted
 
 Nothing here does network I/O.

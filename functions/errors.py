@@ -1,8 +1,8 @@
 """The functions layer's exceptions share one base, `FunctionError`.
 
-Each layer has its own base (`events.errors.ContractError`, `functions.errors.FunctionError`,
-`lapse.errors.LapseError`), so a caller can tell a bad input from a decision it could not
-make from a failure of the runtime around it.
+Each layer has its own base (`events.errors.ContractError`,
+`functions.errors.FunctionError`, `lapse.errors.LapseError`), so a caller can tell a bad
+input from a decision it could not make from a failure of the runtime around it.
 """
 
 from __future__ import annotations

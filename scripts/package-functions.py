@@ -1,11 +1,11 @@
 """Prepare each function folder (functions/<name>/ with a func.yaml) for `func build`.
 
 `func` builds only the function's own folder and rejects symlinks leaving it, and its host
-builder runs `pip install .` there. So this copies lapse's packages (events, functions,
-lapse, infra) into <folder>/vendor/ and writes <folder>/pyproject.toml: a project named
-`function` that installs the entry point and those packages, with lapse's own pinned
-dependencies. Both are generated (git ignores them); run `make functions` again after a
-change.
+builder runs `pip install .` there. So this copies the `lapse` package into <folder>/vendor/
+(its symlinks lapse/events, lapse/functions, lapse/infra followed: real folders in the copy)
+and writes <folder>/pyproject.toml: a project named `function` that installs the entry point
+and that package, with lapse's own pinned dependencies. Both are generated (git ignores
+them); run `make functions` again after a change.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("events", "functions", "lapse", "infra")
+PACKAGES = ("lapse",)
 IGNORE = shutil.ignore_patterns(
     "__pycache__", "*.pyc", "vendor", "lib", "function", "func.yaml", "pyproject.toml"
 )
@@ -45,9 +45,9 @@ def pyproject(packages: list[str], dependencies: list[str], version: str) -> str
         "[tool.setuptools.package-dir]\n"
         f"{dirs}\n"
         "[tool.setuptools.package-data]\n"
-        'events = ["schemas/*.json"]\n'
-        'infra = ["**/*.yaml", "**/*.json"]\n'
-        'lapse = ["py.typed", "embedded/*.sh"]\n\n'
+        'lapse = ["py.typed", "embedded/*.sh"]\n'
+        '"lapse.events" = ["schemas/*.json"]\n'
+        '"lapse.infra" = ["**/*.yaml", "**/*.json"]\n\n'
         "[build-system]\n"
         'requires = ["setuptools>=75", "wheel"]\n'
         'build-backend = "setuptools.build_meta"\n'
@@ -59,7 +59,8 @@ def package(folder: Path) -> None:
     vendor = folder / "vendor"
     shutil.rmtree(vendor, ignore_errors=True)
     for top in PACKAGES:
-        shutil.copytree(ROOT / top, vendor / top, ignore=IGNORE)
+        # symlinks=False (the default): the folders they point at are copied.
+        shutil.copytree(ROOT / top, vendor / top, ignore=IGNORE, symlinks=False)
     packages = find_packages(vendor)
     (folder / "pyproject.toml").write_text(
         pyproject(packages, project["dependencies"], project["version"])

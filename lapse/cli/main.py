@@ -142,12 +142,15 @@ def _completing() -> list[str] | None:
 
 def main(argv: list[str] | None = None) -> int:
     completing = _completing()
-    words = completing if completing is not None else sys.argv[1:] if argv is None else argv
-    parser = build_parser(command_in(words), full=False)
     if completing is not None:
         import argcomplete
 
-        argcomplete.autocomplete(parser)  # exits the process with the candidates
+        from lapse.cli.completion import parser_for_completion
+
+        # Exits the process with the candidates.
+        argcomplete.autocomplete(parser_for_completion(completing))
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(command_in(words), full=False)
     args = parser.parse_args(argv)
     if args.log_format not in LOG_FORMATS:  # from $LAPSE_LOG_FORMAT, unchecked by argparse
         parser.error(f"{LOG_FORMAT_ENV}={args.log_format}: not one of {', '.join(LOG_FORMATS)}")

@@ -1,6 +1,7 @@
 """The release path: an sdist and a wheel build from the tree, and the wheel installs into a
 clean virtual environment next to a package that pins another minor version of one of
-lapse's dependencies (inside lapse's range), and runs.
+lapse's dependencies (inside lapse's range), and next to the PyPI projects `events` and
+`functions` (whose names lapse's own folders have), overwriting nothing of theirs, and runs.
 
 Needs PyPI (or a configured index) for lapse's dependencies, as `pip install` does.
 """
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -19,9 +22,17 @@ ROOT = Path(__file__).resolve().parents[2]
 # lapse wants argcomplete>=3.5,<4 and requirements.lock has 3.7.x: a neighbour pinning
 # 3.6.3 must be able to share the environment.
 NEIGHBOUR_PIN = ("argcomplete", "3.6.3")
+# Projects on PyPI whose import packages are named like lapse's folders events/ and
+# functions/ (issue 24: lapse's wheel used to install top-level `events` and `functions`
+# over theirs). functions 0.7.0 is one module, functions.py, written for Python 2.
+NAMESAKES = (("events", "0.5"), ("functions", "0.7.0"))
 
 
 def run(*args: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
+    if env is None:
+        # A PYTHONPATH naming a checkout (as the tests may run) would show its lapse and its
+        # events/ and functions/ folders to the fresh venv's pip and python.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run(
         [str(a) for a in args], capture_output=True, text=True, timeout=600, env=env, cwd=cwd
     )
@@ -56,7 +67,29 @@ def neighbour_wheel(directory: Path) -> Path:
     return wheel
 
 
-def test_wheel_installs_beside_a_neighbour_pin_and_runs(tmp_path: Path) -> None:
+def installed_files(python: Path, project: str, env: dict[str, str]) -> dict[str, str]:
+    """The files pip installed for a project (its RECORD), with their recorded hashes."""
+    probe = (
+        "import json, sys\n"
+        "from importlib.metadata import distribution\n"
+        "d = distribution(sys.argv[1])\n"
+        "print(json.dumps({str(f.locate()): f.hash.value for f in d.files if f.hash}))\n"
+    )
+    return dict(json.loads(run(python, "-c", probe, project, env=env)))
+
+
+def changed_files(files: dict[str, str]) -> list[str]:
+    """The files whose content no longer has the hash pip recorded (or that are gone)."""
+    changed = []
+    for path, recorded in files.items():
+        file = Path(path)
+        digest = hashlib.sha256(file.read_bytes()).digest() if file.is_file() else b""
+        if base64.urlsafe_b64encode(digest).rstrip(b"=").decode() != recorded:
+            changed.append(path)
+    return changed
+
+
+def test_wheel_installs_beside_a_neighbour_pin_and_namesakes_and_runs(tmp_path: Path) -> None:
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     dist = tmp_path / "dist"
     # Without --sdist/--wheel, build makes the sdist and then the wheel *from the sdist*:
@@ -67,21 +100,50 @@ def test_wheel_installs_beside_a_neighbour_pin_and_runs(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
     # read by `lapse up` at run time
-    assert {"infra/knative/triggers.yaml", "infra/components/artifacts/trigger.yaml"} <= names
-    assert not any(n.startswith(("tests/", "bench/")) for n in names)
+    assert {
+        "lapse/infra/knative/triggers.yaml",
+        "lapse/infra/components/artifacts/trigger.yaml",
+    } <= names
+    assert "lapse/events/schemas/dev.lapse.run.finished.v1.json" in names
+    assert "lapse/functions/object_reaper/handler.py" in names
+    # One top-level import package: nothing lands beside other projects' packages.
+    assert {n.split("/")[0] for n in names} == {"lapse", f"lapse-{version}.dist-info"}
+    assert not any("/function/" in n or "/vendor/" in n for n in names)  # Knative folders' own
 
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv)
     bin_dir = venv / "bin"
+    python = bin_dir / "python"
+    # Only the fresh venv and the system on PATH, and run from elsewhere than the tree.
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    run(bin_dir / "pip", "install", "-q", *(f"{name}=={pin}" for name, pin in NAMESAKES))
+    theirs = {name: installed_files(python, name, env) for name, _ in NAMESAKES}
+    assert all(theirs.values())
     run(bin_dir / "pip", "install", "-q", wheel, neighbour_wheel(tmp_path))
     run(bin_dir / "pip", "check")
+    for name, files in theirs.items():
+        assert changed_files(files) == [], f"lapse's wheel changed {name}'s files"
+    # Theirs is what imports under their names (from the venv, not from any checkout).
+    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = run(python, "-c", purelib, env=env).strip()
+    imported = "import events; print(events.__file__, hasattr(events, 'Events'))"
+    assert run(python, "-c", imported, env=env, cwd=tmp_path).split() == [
+        f"{site}/events/__init__.py",
+        "True",
+    ]
+    # functions.py is Python 2 (it does not compile on 3): that its name resolves to its
+    # file, not to a package of lapse's, is all Python 3 can show.
+    origin = "import importlib.util as u; print(u.find_spec('functions').origin)"
+    assert run(python, "-c", origin, env=env, cwd=tmp_path).strip() == f"{site}/functions.py"
     shown = run(bin_dir / "pip", "show", NEIGHBOUR_PIN[0])
     assert f"Version: {NEIGHBOUR_PIN[1]}" in shown
 
-    # Only the fresh venv and the system on PATH, and run from elsewhere than the tree.
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
     assert "plan" in run(bin_dir / "lapse", "--help", env=env, cwd=tmp_path)
     assert run(bin_dir / "lapse", "--version", env=env, cwd=tmp_path).strip() == f"lapse {version}"
+    assert f"Client Version: {version}" in run(bin_dir / "lapse", "version", env=env, cwd=tmp_path)
+    # The contract and the handlers, from the wheel, under their one name.
+    handler = "import lapse.functions.object_reaper.handler as h; print(h.__file__)"
+    assert run(python, "-c", handler, env=env, cwd=tmp_path).startswith(f"{site}/lapse/functions/")
     assert "complete" in run(bin_dir / "lapse", "completion", "bash", env=env, cwd=tmp_path)
     # Test-only packages stay out of the runtime dependencies.
     installed = {
