@@ -34,20 +34,20 @@ import obstore
 from cloudevents.core.base import BaseCloudEvent
 from obstore.store import S3Store
 
-from events.builder import build_event
-from events.models import CleanupDue
-from events.nats_binding import to_nats
-from events.run import Engine, RunRef, Target
-from events.subjects import due_subject
-from events.types import EventType
-from functions.artifact_reaper import ArtifactReaper, ArtifactsConfig, capture
-from functions.safety import SafetyConfig
 from lapse.config import Streams
 from lapse.edges import streams
 from lapse.edges.artifacts import NatsCaptures, ObstoreStores
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.seaweedfs import REGION, EmbeddedSeaweedFS
+from lapse.events.builder import build_event
+from lapse.events.models import CleanupDue
+from lapse.events.nats_binding import to_nats
+from lapse.events.run import Engine, RunRef, Target
+from lapse.events.subjects import due_subject
+from lapse.events.types import EventType
+from lapse.functions.artifact_reaper import ArtifactReaper, ArtifactsConfig, capture
+from lapse.functions.safety import SafetyConfig
 
 TARGET_RATIO = 0.8
 BUCKET = "bench"

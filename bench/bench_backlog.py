@@ -42,14 +42,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kubernetes import client
 
-from events.builder import parse_payload
-from events.errors import InvalidEvent
-from events.models import CleanupCompleted
-from events.types import EventType, Outcome
 from lapse.edges.kubernetes import Workflows, load_api_client
 from lapse.edges.nats import connect
 from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.builder import parse_payload
+from lapse.events.errors import InvalidEvent
+from lapse.events.models import CleanupCompleted
+from lapse.events.types import EventType, Outcome
 from lapse.operations.audit import audit_events
 from tests.conftest import install_crd
 from tests.stack import expired_workflow

@@ -17,17 +17,17 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from events.builder import build_event
-from events.models import RunFinished
-from events.run import Engine, RunRef
-from events.types import EventType
-from functions.ttl_planner import Planner
 from lapse.config import Streams
 from lapse.edges.nats import connect
 from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.edges.streams import ensure_streams, stream_configs
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.builder import build_event
+from lapse.events.models import RunFinished
+from lapse.events.run import Engine, RunRef
+from lapse.events.types import EventType
+from lapse.functions.ttl_planner import Planner
 
 TARGET_PER_SECOND = 5000
 

@@ -33,21 +33,21 @@ import nats
 from cloudevents.core.base import BaseCloudEvent
 from nats.js import JetStreamContext
 
-from events.builder import build_event
-from events.models import CleanupDue
-from events.nats_binding import to_nats
-from events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
-from events.subjects import due_subject
-from events.types import EventType
-from functions.row_reaper import RowReaper
-from functions.row_reaper.targets import kfp_target
-from functions.safety import SafetyConfig
 from lapse.config import Streams
 from lapse.edges import streams
 from lapse.edges.database import create_engine
 from lapse.edges.rows import open_row_store
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.builder import build_event
+from lapse.events.models import CleanupDue
+from lapse.events.nats_binding import to_nats
+from lapse.events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
+from lapse.events.subjects import due_subject
+from lapse.events.types import EventType
+from lapse.functions.row_reaper import RowReaper
+from lapse.functions.row_reaper.targets import kfp_target
+from lapse.functions.safety import SafetyConfig
 from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_total
 from tests.stack import scratch_database
 

@@ -24,10 +24,6 @@ from typing import Any
 import httpx
 import yaml
 
-from events.builder import build_event
-from events.models import CleanupDue
-from events.run import Engine, RunRef, Target
-from events.types import EventType
 from lapse.config import NatsConfig
 from lapse.edges.nats import connect
 from lapse.edges.schedules import NatsScheduleStore
@@ -43,6 +39,10 @@ from lapse.embedded.kube import (
     kube_binaries,
 )
 from lapse.embedded.nats import EmbeddedNats, nats_server_binary
+from lapse.events.builder import build_event
+from lapse.events.models import CleanupDue
+from lapse.events.run import Engine, RunRef, Target
+from lapse.events.types import EventType
 
 LAPSE_CLI = [sys.executable, "-m", "lapse.cli"]
 BENCH_DIR = Path(__file__).resolve().parent

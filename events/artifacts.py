@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from events.run import ContractModel
+from lapse.events.run import ContractModel
 
 Provider = Literal["s3", "gcs", "azure"]
 

@@ -15,12 +15,12 @@ from cloudevents.core.exceptions import BaseCloudEventException
 from cloudevents.core.v1.event import CloudEvent
 from pydantic import ValidationError
 
-from events.errors import InvalidEvent, describe_validation_error
-from events.jsontext import is_json_media_type, parse_json
-from events.models import PAYLOAD_MODELS, Payload, model_for
-from events.run import ContractModel, Engine, RunRef, Target
-from events.tracecontext import is_valid_traceparent, is_valid_tracestate
-from events.types import EventType
+from lapse.events.errors import InvalidEvent, describe_validation_error
+from lapse.events.jsontext import is_json_media_type, parse_json
+from lapse.events.models import PAYLOAD_MODELS, Payload, model_for
+from lapse.events.run import ContractModel, Engine, RunRef, Target
+from lapse.events.tracecontext import is_valid_traceparent, is_valid_tracestate
+from lapse.events.types import EventType
 
 JSON_CONTENT_TYPE: Final = "application/json"
 

@@ -4,7 +4,7 @@ lapse cannot use.
 Handlers catch `InvalidEvent` to route bad input to the dead-letter queue with its reason,
 so every parse, binding, adapter and subject failure in `events` is one of these, never a
 bare `KeyError` or `ValueError` that would look like a bug and be retried forever. (The
-other layers' bases: `functions.errors.FunctionError`, `lapse.errors.LapseError`.)
+other layers' bases: `lapse.functions.errors.FunctionError`, `lapse.errors.LapseError`.)
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from events.run import Engine
+from lapse.events.run import Engine
 
 
 class _Model(BaseModel):

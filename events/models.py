@@ -12,9 +12,9 @@ from typing import Annotated, Final, TypeAlias
 
 from pydantic import AwareDatetime, BeforeValidator, Field
 
-from events.artifacts import RunArtifacts
-from events.run import ContractModel, RunRef, Target
-from events.types import EventType, Outcome
+from lapse.events.artifacts import RunArtifacts
+from lapse.events.run import ContractModel, RunRef, Target
+from lapse.events.types import EventType, Outcome
 
 # What a policy string looks like is the planner's business; the contract only insists
 # that something named the rule, so an audit trail can always answer "why this deadline".

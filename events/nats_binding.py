@@ -29,10 +29,10 @@ from cloudevents.core.exceptions import BaseCloudEventException
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 
-from events.errors import BindingError
-from events.jsontext import is_json_media_type, parse_json
-from events.timeutil import format_rfc3339, parse_rfc3339, rfc3339_offset
-from events.tracecontext import is_valid_traceparent, is_valid_tracestate
+from lapse.events.errors import BindingError
+from lapse.events.jsontext import is_json_media_type, parse_json
+from lapse.events.timeutil import format_rfc3339, parse_rfc3339, rfc3339_offset
+from lapse.events.tracecontext import is_valid_traceparent, is_valid_tracestate
 
 CE_PREFIX: Final = "ce-"
 STRUCTURED_CONTENT_TYPE: Final = "application/cloudevents+json"

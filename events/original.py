@@ -13,13 +13,13 @@ from typing import Any
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.models import (
+from lapse.events.models import (
     MAX_ORIGINAL_ATTRIBUTES,
     MAX_ORIGINAL_DATA_CHARS,
     MAX_ORIGINAL_VALUE_CHARS,
     OriginalEvent,
 )
-from events.timeutil import format_rfc3339
+from lapse.events.timeutil import format_rfc3339
 
 # Only CloudEvents headers and message identity are kept: an HTTP edge may hand over its
 # request headers, and credentials (Authorization, cookies) have no place in a DLQ.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from events.errors import InvalidEvent
-from events.run import Target
-from events.types import EventType
+from lapse.events.errors import InvalidEvent
+from lapse.events.run import Target
+from lapse.events.types import EventType
 
 SCHEDULE_PREFIX = "lapse.sched"
 DUE_PREFIX = "lapse.due"

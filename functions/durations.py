@@ -18,7 +18,7 @@ from typing import Annotated, Final, Literal, TypeAlias
 
 from pydantic import AfterValidator, PlainSerializer, PlainValidator, WithJsonSchema
 
-from functions.errors import FunctionError
+from lapse.functions.errors import FunctionError
 
 
 class NeverType(Enum):

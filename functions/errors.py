@@ -1,7 +1,7 @@
 """The functions layer's exceptions share one base, `FunctionError`.
 
-Each layer has its own base (`events.errors.ContractError`,
-`functions.errors.FunctionError`, `lapse.errors.LapseError`), so a caller can tell a bad
+Each layer has its own base (`lapse.events.errors.ContractError`,
+`lapse.functions.errors.FunctionError`, `lapse.errors.LapseError`), so a caller can tell a bad
 input from a decision it could not make from a failure of the runtime around it.
 """
 

@@ -29,12 +29,12 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from events.adapters import Ignored
-from events.adapters.objects import adapt
-from events.errors import InvalidEvent
-from events.kinds import KindSpec
-from events.models import RunFinished
-from events.run import RunRef
+from lapse.events.adapters import Ignored
+from lapse.events.adapters.objects import adapt
+from lapse.events.errors import InvalidEvent
+from lapse.events.kinds import KindSpec
+from lapse.events.models import RunFinished
+from lapse.events.run import RunRef
 
 AUTO: Final = "auto"
 # `group_by: auto` groups a run by the first of these labels it carries: the engines' own

@@ -1,7 +1,7 @@
 """The outcome events a reaper makes (`cleanup.completed`, `cleanup.failed`): one shape for
 every target, each carrying the trace context it is made in (`creation_context`).
 
-The ids are set at the reaper's one exit (`events.builder.as_outcome_of`): derived from the
+The ids are set at the reaper's one exit (`lapse.events.builder.as_outcome_of`): derived from the
 due event's, so a redelivery that ends the same way is a duplicate the audit stream drops.
 """
 
@@ -13,11 +13,11 @@ from datetime import datetime
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.builder import build_event
-from events.models import CleanupCompleted, CleanupFailed, OriginalEvent
-from events.run import RunRef, Target
-from events.types import EventType, Outcome
-from functions.tracing import creation_context
+from lapse.events.builder import build_event
+from lapse.events.models import CleanupCompleted, CleanupFailed, OriginalEvent
+from lapse.events.run import RunRef, Target
+from lapse.events.types import EventType, Outcome
+from lapse.functions.tracing import creation_context
 
 
 @dataclass(frozen=True)

@@ -62,11 +62,18 @@ from pydantic import (
     model_validator,
 )
 
-from events.kinds import engine_ttl_field
-from events.run import ArgoTTLStrategy, Engine, RunRef, Target
-from events.timeutil import parse_rfc3339 as _parse_rfc3339
-from functions.durations import NEVER, DurationError, Ttl, TtlField, format_duration, parse_ttl
-from functions.keep_last import CountedOut, KeepLast, count_out
+from lapse.events.kinds import engine_ttl_field
+from lapse.events.run import ArgoTTLStrategy, Engine, RunRef, Target
+from lapse.events.timeutil import parse_rfc3339 as _parse_rfc3339
+from lapse.functions.durations import (
+    NEVER,
+    DurationError,
+    Ttl,
+    TtlField,
+    format_duration,
+    parse_ttl,
+)
+from lapse.functions.keep_last import CountedOut, KeepLast, count_out
 
 KEEP_ANNOTATION: Final = "lapse.dev/keep"
 EXPIRES_ANNOTATION: Final = "lapse.dev/expires"

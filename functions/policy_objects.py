@@ -30,8 +30,8 @@ from typing import Any, Final, overload
 
 from pydantic import ValidationError
 
-from functions.durations import NEVER, DurationError, Ttl, format_duration, parse_ttl
-from functions.policy import Policy
+from lapse.functions.durations import NEVER, DurationError, Ttl, format_duration, parse_ttl
+from lapse.functions.policy import Policy
 
 GROUP: Final = "lapse.dev"
 VERSION: Final = "v1alpha1"

@@ -13,11 +13,11 @@ from typing import Any, Protocol
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.kinds import KindSpec
-from events.models import CleanupDue
-from events.run import Target
-from functions.errors import FunctionError
-from functions.trust import Trust
+from lapse.events.kinds import KindSpec
+from lapse.events.models import CleanupDue
+from lapse.events.run import Target
+from lapse.functions.errors import FunctionError
+from lapse.functions.trust import Trust
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from functions.safety import SafetyConfig
+    from lapse.functions.safety import SafetyConfig
 
 
 class TokenBucket:

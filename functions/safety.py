@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from functions.durations import PositiveDuration
+from lapse.functions.durations import PositiveDuration
 
 
 class _Settings(BaseModel):

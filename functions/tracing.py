@@ -23,7 +23,7 @@ from opentelemetry.trace import Span, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from events.tracecontext import is_valid_traceparent, is_valid_tracestate
+from lapse.events.tracecontext import is_valid_traceparent, is_valid_tracestate
 
 RUN_NAMESPACE: Final = "lapse.run.namespace"
 RUN_NAME: Final = "lapse.run.name"

@@ -1,7 +1,7 @@
 """What gets deployed: NATS streams, Knative services and triggers, RBAC, OpenTelemetry.
 
 A package only so these files ship inside the wheel: the local runner reads the same
-definitions the cluster uses (`infra.read_text("nats/streams.yaml")`).
+definitions the cluster uses (`lapse.infra.read_text("nats/streams.yaml")`).
 """
 
 from importlib import resources

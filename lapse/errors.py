@@ -1,7 +1,7 @@
 """The runtime layer's exceptions share one base, `LapseError`.
 
-`events.errors.ContractError` (input that breaks the contract) and
-`functions.errors.FunctionError` (a decision that cannot be made) are the other layers'
+`lapse.events.errors.ContractError` (input that breaks the contract) and
+`lapse.functions.errors.FunctionError` (a decision that cannot be made) are the other layers'
 bases. The CLI maps `LapseError`s that are the user's to fix (configuration, usage, a
 missing setting) to exit code 2; see lapse.cli.main.
 """

@@ -11,10 +11,10 @@ from datetime import datetime
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.builder import parse_payload
-from events.models import CleanupDue
-from events.run import Target
-from functions.ports import PendingSchedule
+from lapse.events.builder import parse_payload
+from lapse.events.models import CleanupDue
+from lapse.events.run import Target
+from lapse.functions.ports import PendingSchedule
 
 
 class FakeSchedules:

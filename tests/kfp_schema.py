@@ -17,8 +17,6 @@ from typing import Any, Literal
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from functions.row_reaper.targets import KFP_RUN_GC_COLUMNS
-
 # One definition of KFP's tables: the demo's, which the tests create on MySQL/PostgreSQL.
 from lapse.demo.kfp import (
     KFP_TABLES,
@@ -28,6 +26,7 @@ from lapse.demo.kfp import (
     run_metrics,
     tasks,
 )
+from lapse.functions.row_reaper.targets import KFP_RUN_GC_COLUMNS
 
 Release = Literal["2.17", "main"]
 RELEASES: tuple[Release, ...] = ("2.17", "main")

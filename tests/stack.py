@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from events.timeutil import format_rfc3339
 from lapse.edges.database import create_engine
+from lapse.events.timeutil import format_rfc3339
 
 T = TypeVar("T")
 

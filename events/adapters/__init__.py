@@ -5,12 +5,12 @@ Pure functions: every input gives a result (`RunFinished`, `RunDeleted`, `Ignore
 done by the caller.
 """
 
-from events.adapters.argo import adapt_workflow
-from events.adapters.dispatch import adapt_cloudevent, adapt_object
-from events.adapters.job import adapt_job
-from events.adapters.kube_events import adapt_kubernetes_event
-from events.adapters.result import AdapterResult, Ignored, NeedsFetch
-from events.adapters.tekton import adapt_pipelinerun, adapt_tekton_event
+from lapse.events.adapters.argo import adapt_workflow
+from lapse.events.adapters.dispatch import adapt_cloudevent, adapt_object
+from lapse.events.adapters.job import adapt_job
+from lapse.events.adapters.kube_events import adapt_kubernetes_event
+from lapse.events.adapters.result import AdapterResult, Ignored, NeedsFetch
+from lapse.events.adapters.tekton import adapt_pipelinerun, adapt_tekton_event
 
 __all__ = [
     "AdapterResult",

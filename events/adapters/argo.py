@@ -1,6 +1,6 @@
 """Argo Workflows (including the ones Kubeflow Pipelines creates).
 
-How a Workflow is read is data (`events.kinds.ARGO_WORKFLOW`); the constants here are
+How a Workflow is read is data (`lapse.events.kinds.ARGO_WORKFLOW`); the constants here are
 for callers that speak to Argo's API directly.
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from events.adapters.objects import adapt
-from events.adapters.result import Ignored
-from events.kinds import ARGO_WORKFLOW
-from events.models import RunDeleted, RunFinished
+from lapse.events.adapters.objects import adapt
+from lapse.events.adapters.result import Ignored
+from lapse.events.kinds import ARGO_WORKFLOW
+from lapse.events.models import RunDeleted, RunFinished
 
 GROUP: Final = ARGO_WORKFLOW.group
 VERSION: Final = ARGO_WORKFLOW.version

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from events.artifacts import Provider, RepositoryRef, RunArtifacts, StoredArtifact
+from lapse.events.artifacts import Provider, RepositoryRef, RunArtifacts, StoredArtifact
 
 ARTIFACT_GC_FINALIZER: Final = "workflows.argoproj.io/artifact-gc"
 # The location field of each provider, and the field naming its object and its bucket.

@@ -6,16 +6,16 @@ from typing import Any, Final
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.adapters import kube_events, tekton
-from events.adapters.kube import api_group, as_object, optional_str, required_str
-from events.adapters.objects import adapt
-from events.adapters.result import AdapterResult, Ignored, NeedsFetch
-from events.builder import parse_payload
-from events.errors import InvalidEvent
-from events.jsontext import is_json_media_type, parse_json
-from events.kinds import DEFAULT_KINDS, KindSet, KindSpec, UnknownKind
-from events.models import RunDeleted, RunFinished
-from events.types import EventType
+from lapse.events.adapters import kube_events, tekton
+from lapse.events.adapters.kube import api_group, as_object, optional_str, required_str
+from lapse.events.adapters.objects import adapt
+from lapse.events.adapters.result import AdapterResult, Ignored, NeedsFetch
+from lapse.events.builder import parse_payload
+from lapse.events.errors import InvalidEvent
+from lapse.events.jsontext import is_json_media_type, parse_json
+from lapse.events.kinds import DEFAULT_KINDS, KindSet, KindSpec, UnknownKind
+from lapse.events.models import RunDeleted, RunFinished
+from lapse.events.types import EventType
 
 KNATIVE_RESOURCE_EVENTS: Final = {
     "dev.knative.apiserver.resource.add": False,

@@ -1,13 +1,13 @@
-"""Kubernetes batch/v1 Jobs (read by `events.kinds.JOB`)."""
+"""Kubernetes batch/v1 Jobs (read by `lapse.events.kinds.JOB`)."""
 
 from __future__ import annotations
 
 from typing import Final
 
-from events.adapters.objects import adapt
-from events.adapters.result import Ignored
-from events.kinds import JOB
-from events.models import RunDeleted, RunFinished
+from lapse.events.adapters.objects import adapt
+from lapse.events.adapters.result import Ignored
+from lapse.events.kinds import JOB
+from lapse.events.models import RunDeleted, RunFinished
 
 GROUP: Final = JOB.group
 KIND: Final = JOB.kind

@@ -12,9 +12,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from events.errors import InvalidEvent, describe_validation_error
-from events.run import KFP_RUN_ID_LABEL, ArgoTTLStrategy, Engine, RunRef
-from events.timeutil import parse_rfc3339
+from lapse.events.errors import InvalidEvent, describe_validation_error
+from lapse.events.run import KFP_RUN_ID_LABEL, ArgoTTLStrategy, Engine, RunRef
+from lapse.events.timeutil import parse_rfc3339
 
 
 def as_object(value: object, where: str) -> dict[str, Any]:

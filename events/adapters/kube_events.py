@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from events.adapters import argo
-from events.adapters.kube import api_group, as_object, child_object, optional_str
-from events.adapters.result import Ignored, NeedsFetch
-from events.errors import InvalidEvent
+from lapse.events.adapters import argo
+from lapse.events.adapters.kube import api_group, as_object, child_object, optional_str
+from lapse.events.adapters.result import Ignored, NeedsFetch
+from lapse.events.errors import InvalidEvent
 
 KIND: Final = "Event"
 GROUPS: Final = frozenset({"", "events.k8s.io"})

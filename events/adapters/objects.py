@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from events.adapters.argo_artifacts import argo_artifacts
-from events.adapters.kube import (
+from lapse.events.adapters.argo_artifacts import argo_artifacts
+from lapse.events.adapters.kube import (
     as_object,
     check_type,
     child_list,
@@ -25,11 +25,11 @@ from events.adapters.kube import (
     run_ref,
     timestamp,
 )
-from events.adapters.result import Ignored
-from events.errors import InvalidEvent, describe_validation_error
-from events.kinds import CONDITION, ByPhase, EngineTTL, KindSpec
-from events.models import RunDeleted, RunFinished
-from events.run import ArgoTTLStrategy, Engine, RunRef
+from lapse.events.adapters.result import Ignored
+from lapse.events.errors import InvalidEvent, describe_validation_error
+from lapse.events.kinds import CONDITION, ByPhase, EngineTTL, KindSpec
+from lapse.events.models import RunDeleted, RunFinished
+from lapse.events.run import ArgoTTLStrategy, Engine, RunRef
 
 RUNNING = "Running"
 _ARGO_TTL_FIELDS = ("secondsAfterCompletion", "secondsAfterSuccess", "secondsAfterFailure")

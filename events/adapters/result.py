@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from events.models import RunDeleted, RunFinished
+from lapse.events.models import RunDeleted, RunFinished
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Final
 
-from events.adapters.kube import as_object
-from events.adapters.objects import adapt, read_run
-from events.adapters.result import Ignored
-from events.errors import InvalidEvent
-from events.kinds import DEFAULT_KINDS, TEKTON_PIPELINERUN, TEKTON_TASKRUN, KindSet
-from events.models import RunDeleted, RunFinished
-from events.run import RunRef
+from lapse.events.adapters.kube import as_object
+from lapse.events.adapters.objects import adapt, read_run
+from lapse.events.adapters.result import Ignored
+from lapse.events.errors import InvalidEvent
+from lapse.events.kinds import DEFAULT_KINDS, TEKTON_PIPELINERUN, TEKTON_TASKRUN, KindSet
+from lapse.events.models import RunDeleted, RunFinished
+from lapse.events.run import RunRef
 
 GROUP: Final = TEKTON_PIPELINERUN.group
 KIND: Final = TEKTON_PIPELINERUN.kind

@@ -1,15 +1,15 @@
-"""`python -m events.schemas [--check]`: rewrite the payload schemas, or verify them."""
+"""`python -m lapse.events.schemas [--check]`: rewrite the payload schemas, or verify them."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from events.schemas import SCHEMA_DIR, stale_schemas, write_schemas
+from lapse.events.schemas import SCHEMA_DIR, stale_schemas, write_schemas
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m events.schemas", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m lapse.events.schemas", description=__doc__)
     parser.add_argument(
         "--check",
         action="store_true",

@@ -1,9 +1,9 @@
 """artifact-reaper: deletes a finished run's artifacts and logs in object storage, on the
 artifacts clock, from what lapse captured when it planned the run."""
 
-from functions.artifact_reaper.capture import CapturedItem, RunCapture, capture, render
-from functions.artifact_reaper.handler import SOURCE, ArtifactReaper
-from functions.artifact_reaper.ports import (
+from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture, capture, render
+from lapse.functions.artifact_reaper.handler import SOURCE, ArtifactReaper
+from lapse.functions.artifact_reaper.ports import (
     Captures,
     ObjectStores,
     RepositoryReader,
@@ -11,7 +11,7 @@ from functions.artifact_reaper.ports import (
     StoreRefused,
     StoreUnavailable,
 )
-from functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
+from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
 
 __all__ = [
     "SOURCE",

@@ -4,7 +4,7 @@ The run object is gone by the time its artifacts fall due, so the planner captur
 from the finished run and keeps the list beside the schedule, keyed by the run's uid
 (lapse/edges/artifacts/captures.py):
 
-- what the run object recorded (`events.artifacts.RunArtifacts`: Argo's output artifacts,
+- what the run object recorded (`lapse.events.artifacts.RunArtifacts`: Argo's output artifacts,
   the archived `main-logs` among them), when a configured store holds it: same provider
   and bucket, under the store's prefix root (an artifact naming another endpoint is not
   that store's);
@@ -27,9 +27,9 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from events.artifacts import Provider, RunArtifacts, StoredArtifact
-from events.run import RunRef
-from functions.artifact_reaper.stores import PLACEHOLDER, ArtifactsConfig, ArtifactStore
+from lapse.events.artifacts import Provider, RunArtifacts, StoredArtifact
+from lapse.events.run import RunRef
+from lapse.functions.artifact_reaper.stores import PLACEHOLDER, ArtifactsConfig, ArtifactStore
 
 MAX_UNRENDERED = 32
 

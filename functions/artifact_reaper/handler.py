@@ -36,23 +36,23 @@ from typing import Final, TypeAlias, assert_never
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.builder import as_outcome_of, build_event, parse_payload
-from events.errors import InvalidEvent
-from events.models import CleanupDue, OriginalEvent, clip
-from events.original import capture_event
-from events.run import RunRef, Target
-from events.subjects import InvalidSubjectToken
-from events.types import EventType, Outcome
-from functions.artifact_reaper.capture import CapturedItem, RunCapture
-from functions.artifact_reaper.ports import (
+from lapse.events.builder import as_outcome_of, build_event, parse_payload
+from lapse.events.errors import InvalidEvent
+from lapse.events.models import CleanupDue, OriginalEvent, clip
+from lapse.events.original import capture_event
+from lapse.events.run import RunRef, Target
+from lapse.events.subjects import InvalidSubjectToken
+from lapse.events.types import EventType, Outcome
+from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture
+from lapse.functions.artifact_reaper.ports import (
     Captures,
     ObjectStores,
     StoredObject,
     StoreRefused,
     StoreUnavailable,
 )
-from functions.artifact_reaper.stores import ArtifactsConfig
-from functions.artifact_reaper.verdict import (
+from lapse.functions.artifact_reaper.stores import ArtifactsConfig
+from lapse.functions.artifact_reaper.verdict import (
     Allowed,
     NotYet,
     Proven,
@@ -63,13 +63,13 @@ from functions.artifact_reaper.verdict import (
     judge,
     prove,
 )
-from functions.object_reaper.gates import out_of_scope
-from functions.outcomes import Outcomes
-from functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
-from functions.ratelimit import Brake, RateLimit, local_limits
-from functions.safety import SafetyConfig
-from functions.tracing import creation_context
-from functions.trust import Trust
+from lapse.functions.object_reaper.gates import out_of_scope
+from lapse.functions.outcomes import Outcomes
+from lapse.functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
+from lapse.functions.ratelimit import Brake, RateLimit, local_limits
+from lapse.functions.safety import SafetyConfig
+from lapse.functions.tracing import creation_context
+from lapse.functions.trust import Trust
 
 SOURCE: Final = "/lapse/artifact-reaper"
 STAGE: Final = "artifact-reaper"

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from functions.artifact_reaper.capture import CapturedItem, RunCapture
-from functions.errors import FunctionError
+from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture
+from lapse.functions.errors import FunctionError
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from typing import Annotated, Final
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from events.artifacts import Provider
+from lapse.events.artifacts import Provider
 
 SCHEMES: Final[dict[str, Provider]] = {"s3": "s3", "gs": "gcs", "az": "azure"}
 # What a capture template may name: the run's own fields, a label, an annotation.

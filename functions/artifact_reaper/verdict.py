@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from functions.artifact_reaper.capture import CapturedItem
-from functions.artifact_reaper.stores import ArtifactsConfig
-from functions.row_reaper.verdict import NotYet, Proof, Proven, Unbacked, prove
+from lapse.functions.artifact_reaper.capture import CapturedItem
+from lapse.functions.artifact_reaper.stores import ArtifactsConfig
+from lapse.functions.row_reaper.verdict import NotYet, Proof, Proven, Unbacked, prove
 
 __all__ = [
     "Allowed",

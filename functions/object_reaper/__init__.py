@@ -2,9 +2,9 @@
 PipelineRun or TaskRun, Job, TrainJob, or a declared one) when its Kubernetes deadline
 comes due, after re-checking everything that could make the deletion wrong."""
 
-from functions.object_reaper.handler import SOURCE, ObjectReaper
-from functions.object_reaper.ports import CallFailure, EventRecorder, ObjectAccess
-from functions.object_reaper.verdict import Verdict, as_planned, classify
+from lapse.functions.object_reaper.handler import SOURCE, ObjectReaper
+from lapse.functions.object_reaper.ports import CallFailure, EventRecorder, ObjectAccess
+from lapse.functions.object_reaper.verdict import Verdict, as_planned, classify
 
 __all__ = [
     "SOURCE",

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Final
 
-from events.kinds import KindSpec
-from events.run import RunRef
-from functions.object_reaper.ports import CallFailure
-from functions.object_reaper.verdict import Refused
-from functions.ports import RetryLater
+from lapse.events.kinds import KindSpec
+from lapse.events.run import RunRef
+from lapse.functions.object_reaper.ports import CallFailure
+from lapse.functions.object_reaper.verdict import Refused
+from lapse.functions.ports import RetryLater
 
 DEFAULT_RETRY_DELAY: Final = 5.0
 MIN_RETRY_DELAY: Final = 1.0

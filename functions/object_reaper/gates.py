@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Final
 
-from events.adapters.objects import RUNNING, read_run
-from events.errors import InvalidEvent
-from events.kinds import TEKTON_TASKRUN, Gate, KindSpec
-from events.run import ARGO_ARCHIVING_LABEL, KFP_PERSISTED_LABEL, KFP_RUN_ID_LABEL, RunRef
-from functions.safety import NamespaceFilter, SafetyConfig
+from lapse.events.adapters.objects import RUNNING, read_run
+from lapse.events.errors import InvalidEvent
+from lapse.events.kinds import TEKTON_TASKRUN, Gate, KindSpec
+from lapse.events.run import ARGO_ARCHIVING_LABEL, KFP_PERSISTED_LABEL, KFP_RUN_ID_LABEL, RunRef
+from lapse.functions.safety import NamespaceFilter, SafetyConfig
 
 TEKTON_PIPELINERUN_LABEL: Final = "tekton.dev/pipelineRun"
 RESULTS_PREFIX: Final = "results.tekton.dev/"

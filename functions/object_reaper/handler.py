@@ -40,18 +40,18 @@ from typing import Any, Final, Literal, TypeAlias, assert_never
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.builder import as_outcome_of, build_event, parse_payload
-from events.errors import InvalidEvent
-from events.kinds import DEFAULT_KINDS, TEKTON_TASKRUN, KindSet, KindSpec, UnknownKind
-from events.models import CleanupDue, OriginalEvent
-from events.original import capture_event
-from events.run import RunRef, Target
-from events.subjects import InvalidSubjectToken
-from events.types import EventType, Outcome
-from functions.object_reaper.failures import judge_failure
-from functions.object_reaper.gates import children_selector, needs_children, out_of_scope
-from functions.object_reaper.ports import EventRecorder, ObjectAccess
-from functions.object_reaper.verdict import (
+from lapse.events.builder import as_outcome_of, build_event, parse_payload
+from lapse.events.errors import InvalidEvent
+from lapse.events.kinds import DEFAULT_KINDS, TEKTON_TASKRUN, KindSet, KindSpec, UnknownKind
+from lapse.events.models import CleanupDue, OriginalEvent
+from lapse.events.original import capture_event
+from lapse.events.run import RunRef, Target
+from lapse.events.subjects import InvalidSubjectToken
+from lapse.events.types import EventType, Outcome
+from lapse.functions.object_reaper.failures import judge_failure
+from lapse.functions.object_reaper.gates import children_selector, needs_children, out_of_scope
+from lapse.functions.object_reaper.ports import EventRecorder, ObjectAccess
+from lapse.functions.object_reaper.verdict import (
     AlreadyGone,
     Delete,
     GaveUp,
@@ -66,13 +66,13 @@ from functions.object_reaper.verdict import (
     classify,
     counts,
 )
-from functions.outcomes import Outcomes
-from functions.policy import Policy
-from functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
-from functions.ratelimit import Brake, RateLimit, local_limits
-from functions.safety import SafetyConfig
-from functions.tracing import creation_context
-from functions.trust import Trust
+from lapse.functions.outcomes import Outcomes
+from lapse.functions.policy import Policy
+from lapse.functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
+from lapse.functions.ratelimit import Brake, RateLimit, local_limits
+from lapse.functions.safety import SafetyConfig
+from lapse.functions.tracing import creation_context
+from lapse.functions.trust import Trust
 
 SOURCE: Final = "/lapse/object-reaper"
 STAGE: Final = "object-reaper"

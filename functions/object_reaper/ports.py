@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from events.kinds import KindSpec
-from functions.ports import ObjectLister
+from lapse.events.kinds import KindSpec
+from lapse.functions.ports import ObjectLister
 
 
 class CallFailure(Protocol):

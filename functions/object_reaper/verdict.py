@@ -30,15 +30,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeAlias
 
-from events.adapters import Ignored
-from events.adapters.objects import adapt
-from events.errors import InvalidEvent
-from events.kinds import Gate, KindSpec
-from events.models import CleanupDue, RunFinished
-from events.run import RunRef, Target
-from functions.keep_last import listed_runs
-from functions.object_reaper.gates import closed_gate, needs_children
-from functions.policy import (
+from lapse.events.adapters import Ignored
+from lapse.events.adapters.objects import adapt
+from lapse.events.errors import InvalidEvent
+from lapse.events.kinds import Gate, KindSpec
+from lapse.events.models import CleanupDue, RunFinished
+from lapse.events.run import RunRef, Target
+from lapse.functions.keep_last import listed_runs
+from lapse.functions.object_reaper.gates import closed_gate, needs_children
+from lapse.functions.policy import (
     KEEP_ANNOTATION,
     Action,
     Policy,
@@ -47,7 +47,7 @@ from functions.policy import (
     keep_last_group,
     with_count,
 )
-from functions.safety import SafetyConfig
+from lapse.functions.safety import SafetyConfig
 
 
 @dataclass(frozen=True, slots=True)

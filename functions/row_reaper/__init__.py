@@ -1,7 +1,7 @@
 """row-reaper: deletes a finished run's database rows (KFP, Argo archive, declared tables)."""
 
-from functions.row_reaper.handler import SOURCE, RowReaper
-from functions.row_reaper.ports import (
+from lapse.functions.row_reaper.handler import SOURCE, RowReaper
+from lapse.functions.row_reaper.ports import (
     Contradicted,
     Counted,
     Rejected,
@@ -10,7 +10,7 @@ from functions.row_reaper.ports import (
     RunRows,
     Unavailable,
 )
-from functions.row_reaper.targets import KeySource, MissingKey, Step, TargetSpec, targets_for
+from lapse.functions.row_reaper.targets import KeySource, MissingKey, Step, TargetSpec, targets_for
 
 __all__ = [
     "SOURCE",

@@ -34,17 +34,17 @@ from typing import Final, TypeAlias, assert_never
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.builder import as_outcome_of, build_event, parse_payload
-from events.errors import InvalidEvent
-from events.models import CleanupDue, OriginalEvent, clip
-from events.original import capture_event
-from events.run import RunRef, Target
-from events.subjects import InvalidSubjectToken
-from events.types import EventType, Outcome
-from functions.outcomes import Outcomes
-from functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
-from functions.ratelimit import Brake, RateLimit, local_limits
-from functions.row_reaper.ports import (
+from lapse.events.builder import as_outcome_of, build_event, parse_payload
+from lapse.events.errors import InvalidEvent
+from lapse.events.models import CleanupDue, OriginalEvent, clip
+from lapse.events.original import capture_event
+from lapse.events.run import RunRef, Target
+from lapse.events.subjects import InvalidSubjectToken
+from lapse.events.types import EventType, Outcome
+from lapse.functions.outcomes import Outcomes
+from lapse.functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
+from lapse.functions.ratelimit import Brake, RateLimit, local_limits
+from lapse.functions.row_reaper.ports import (
     Contradicted,
     Counted,
     Rejected,
@@ -53,8 +53,8 @@ from functions.row_reaper.ports import (
     RunRows,
     Unavailable,
 )
-from functions.row_reaper.targets import keys_for
-from functions.row_reaper.verdict import (
+from lapse.functions.row_reaper.targets import keys_for
+from lapse.functions.row_reaper.verdict import (
     Keep,
     MoveTo,
     NotYet,
@@ -64,9 +64,9 @@ from functions.row_reaper.verdict import (
     judge_facts,
     prove,
 )
-from functions.safety import SafetyConfig
-from functions.tracing import creation_context
-from functions.trust import Trust
+from lapse.functions.safety import SafetyConfig
+from lapse.functions.tracing import creation_context
+from lapse.functions.trust import Trust
 
 SOURCE: Final = "/lapse/row-reaper"
 STAGE: Final = "row-reaper"

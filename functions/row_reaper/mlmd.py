@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
 
-from functions.row_reaper.verdict import RunFacts
+from lapse.functions.row_reaper.verdict import RunFacts
 
 PIPELINE_RUN_CONTEXT_TYPE: Final = "system.PipelineRun"
 CONTEXT_TYPE_KIND: Final = 2  # MLMD's Type.type_kind: 0 execution, 1 artifact, 2 context

@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
-from functions.row_reaper.targets import TargetSpec
-from functions.row_reaper.verdict import RunFacts
+from lapse.functions.row_reaper.targets import TargetSpec
+from lapse.functions.row_reaper.verdict import RunFacts
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
-from events.run import KFP_RUN_ID_LABEL, RunRef
-from functions.errors import FunctionError
+from lapse.events.run import KFP_RUN_ID_LABEL, RunRef
+from lapse.functions.errors import FunctionError
 
 KeyKind = Literal["uid", "name", "label", "annotation", "kfp_run_id"]
 

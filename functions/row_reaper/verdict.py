@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final, TypeAlias
 
-from events.models import CleanupDue
-from functions.ports import PendingSchedule
+from lapse.events.models import CleanupDue
+from lapse.functions.ports import PendingSchedule
 
 # The scheduler fires at the deadline; a due event earlier than this is a clock-skewed or
 # hand-made one, and rows deleted early cannot be brought back.

@@ -1,5 +1,5 @@
 """ttl-planner: turns a finished run into one pending deadline per target."""
 
-from functions.ttl_planner.handler import SOURCE, Planner
+from lapse.functions.ttl_planner.handler import SOURCE, Planner
 
 __all__ = ["SOURCE", "Planner"]

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import cast
 
-from events.artifacts import Provider, RunArtifacts
-from events.kinds import KindSet
-from events.run import RunRef
-from functions.artifact_reaper.capture import RunCapture, capture
-from functions.artifact_reaper.ports import Captures, RepositoryReader
-from functions.artifact_reaper.stores import ArtifactsConfig
+from lapse.events.artifacts import Provider, RunArtifacts
+from lapse.events.kinds import KindSet
+from lapse.events.run import RunRef
+from lapse.functions.artifact_reaper.capture import RunCapture, capture
+from lapse.functions.artifact_reaper.ports import Captures, RepositoryReader
+from lapse.functions.artifact_reaper.stores import ArtifactsConfig
 
 
 @dataclass(frozen=True)

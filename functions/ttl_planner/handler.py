@@ -25,12 +25,12 @@ from typing import Any
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.adapters import AdapterResult, Ignored, NeedsFetch, adapt_cloudevent, adapt_object
-from events.artifacts import RunArtifacts
-from events.builder import build_event, parse_payload
-from events.errors import InvalidEvent
-from events.kinds import DEFAULT_KINDS, KindSet, UnknownKind
-from events.models import (
+from lapse.events.adapters import AdapterResult, Ignored, NeedsFetch, adapt_cloudevent, adapt_object
+from lapse.events.artifacts import RunArtifacts
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.errors import InvalidEvent
+from lapse.events.kinds import DEFAULT_KINDS, KindSet, UnknownKind
+from lapse.events.models import (
     CleanupCancelled,
     CleanupDue,
     CleanupFailed,
@@ -38,13 +38,13 @@ from events.models import (
     RunDeleted,
     RunFinished,
 )
-from events.original import capture_event
-from events.run import ContractModel, RunRef, Target
-from events.subjects import InvalidSubjectToken
-from events.timeutil import format_rfc3339
-from events.types import EventType
-from functions.keep_last import listed_runs
-from functions.policy import (
+from lapse.events.original import capture_event
+from lapse.events.run import ContractModel, RunRef, Target
+from lapse.events.subjects import InvalidSubjectToken
+from lapse.events.timeutil import format_rfc3339
+from lapse.events.types import EventType
+from lapse.functions.keep_last import listed_runs
+from lapse.functions.policy import (
     KEEP_LAST_SOURCE,
     Action,
     Counted,
@@ -56,7 +56,7 @@ from functions.policy import (
     plan,
     with_count,
 )
-from functions.ports import (
+from lapse.functions.ports import (
     Emitter,
     ObjectFetcher,
     ObjectLister,
@@ -64,7 +64,7 @@ from functions.ports import (
     ScheduleStore,
     emit_all,
 )
-from functions.tracing import (
+from lapse.functions.tracing import (
     DEADLINE,
     POLICY,
     RUN_NAME,
@@ -75,8 +75,8 @@ from functions.tracing import (
     creation_context,
     step_span,
 )
-from functions.trust import Trust
-from functions.ttl_planner.artifacts import ArtifactPlanning
+from lapse.functions.trust import Trust
+from lapse.functions.ttl_planner.artifacts import ArtifactPlanning
 
 SOURCE = "/lapse/ttl-planner"
 # Without object stores configured, the artifacts target has nothing to delete.

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from events.kinds import KindSet, KindSpec
 from lapse.cli import state
 from lapse.cli.parsing import did_you_mean
 from lapse.config import ConfigError, LapseConfig, load_config
 from lapse.config.redact import redact_url
 from lapse.embedded.nats_identities import READER, Identity, password_file
 from lapse.errors import LapseError
+from lapse.events.kinds import KindSet, KindSpec
 from lapse.runtime.outages import nats_unavailable
 from lapse.runtime.resources import Resources
 

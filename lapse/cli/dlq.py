@@ -17,11 +17,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from events.run import Target
-from functions.durations import parse_duration
 from lapse.cli.common import UsageError, config_from
 from lapse.config import LapseConfig
 from lapse.embedded.nats_identities import ADMIN
+from lapse.events.run import Target
+from lapse.functions.durations import parse_duration
 from lapse.operations.dlq import (
     DeadLetterNotFound,
     Filter,

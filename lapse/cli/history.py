@@ -12,12 +12,6 @@ from typing import IO
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.builder import parse_payload
-from events.errors import InvalidEvent
-from events.kinds import DEFAULT_KINDS, KindSpec
-from events.run import Target
-from events.types import Outcome
-from functions.durations import parse_duration
 from lapse.cli.common import (
     UsageError,
     add_namespace,
@@ -32,6 +26,12 @@ from lapse.cli.output import Column, Row, add_output, emit, resource_name
 from lapse.cli.parsing import closed_set
 from lapse.cli.watch import add_watch, run_watch, watch
 from lapse.config import LapseConfig
+from lapse.events.builder import parse_payload
+from lapse.events.errors import InvalidEvent
+from lapse.events.kinds import DEFAULT_KINDS, KindSpec
+from lapse.events.run import Target
+from lapse.events.types import Outcome
+from lapse.functions.durations import parse_duration
 from lapse.operations.audit import OUTCOME_TYPES, audit_events, history_row
 from lapse.runtime.resources import Resources
 

@@ -14,22 +14,6 @@ import yaml
 from cloudevents.core.base import BaseCloudEvent
 from kubernetes.client.exceptions import ApiException
 
-from events.adapters.objects import adapt
-from events.errors import InvalidEvent
-from events.kinds import KindSpec
-from events.models import RunFinished
-from events.run import RunRef, Target
-from events.timeutil import format_rfc3339, parse_rfc3339
-from functions.policy import Decision, Policy, counted_out, plan, with_count
-from functions.policy_objects import (
-    API_VERSION,
-    CLUSTER_LAPSE_POLICY,
-    LAPSE_POLICY,
-    effective,
-    ref_of,
-)
-from functions.ports import PendingSchedule
-from functions.ttl_planner import Planner
 from lapse.cli.common import (
     UsageError,
     add_kind,
@@ -45,6 +29,22 @@ from lapse.cli.common import (
 from lapse.cli.output import Column, Row, add_output, emit, resource_name
 from lapse.edges.kubernetes import KubeObjects, finished_pages
 from lapse.edges.kubernetes.policies import read_policy_objects
+from lapse.events.adapters.objects import adapt
+from lapse.events.errors import InvalidEvent
+from lapse.events.kinds import KindSpec
+from lapse.events.models import RunFinished
+from lapse.events.run import RunRef, Target
+from lapse.events.timeutil import format_rfc3339, parse_rfc3339
+from lapse.functions.policy import Decision, Policy, counted_out, plan, with_count
+from lapse.functions.policy_objects import (
+    API_VERSION,
+    CLUSTER_LAPSE_POLICY,
+    LAPSE_POLICY,
+    effective,
+    ref_of,
+)
+from lapse.functions.ports import PendingSchedule
+from lapse.functions.ttl_planner import Planner
 from lapse.operations.reconcile import Options, Reconciler, RowCounts
 from lapse.operations.reconcile.planner import DiscardingEmitter
 from lapse.runtime.resources import Resources

@@ -11,9 +11,6 @@ from typing import IO, Any
 
 import yaml
 
-from events.kinds import DEFAULT_KINDS
-from events.run import Target
-from events.timeutil import format_rfc3339
 from lapse.cli.common import Settings, reach_nats, read_waiting_out_nats, settings_from
 from lapse.cli.history import COLUMNS as HISTORY_COLUMNS
 from lapse.cli.history import Filters, add_filters, audit_row
@@ -21,6 +18,9 @@ from lapse.cli.output import REPORT_FORMATS, add_output, table
 from lapse.cli.watch import add_watch, run_watch, watch
 from lapse.config.redact import redact_url
 from lapse.edges import health
+from lapse.events.kinds import DEFAULT_KINDS
+from lapse.events.run import Target
+from lapse.events.timeutil import format_rfc3339
 from lapse.operations.audit import OUTCOME_TYPES, audit_events, pending_schedules
 from lapse.runtime.resources import Resources
 

@@ -1,7 +1,7 @@
 """The shape of `lapse.yaml`: one pydantic model per section, every key with its default.
 
 `lapse.example.yaml` documents every key; docs/architecture.md lists the sections. The
-`safety` section is the handlers' own type (`functions.safety`), composed here.
+`safety` section is the handlers' own type (`lapse.functions.safety`), composed here.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from pydantic import (
 )
 from sqlalchemy.engine import make_url
 
-from events.kinds import DEFAULT_KIND_NAMES, KindSet, KindSpec, resolve_kinds
-from functions.artifact_reaper.stores import ArtifactsConfig
-from functions.durations import PositiveDuration
-from functions.policy import Policies
-from functions.safety import SafetyConfig
 from lapse.config.database_url import DatabaseURLError, async_url
+from lapse.events.kinds import DEFAULT_KIND_NAMES, KindSet, KindSpec, resolve_kinds
+from lapse.functions.artifact_reaper.stores import ArtifactsConfig
+from lapse.functions.durations import PositiveDuration
+from lapse.functions.policy import Policies
+from lapse.functions.safety import SafetyConfig
 
 
 def _checked(pattern: str, what: str) -> AfterValidator:

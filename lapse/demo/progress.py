@@ -15,12 +15,12 @@ from typing import Any
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.builder import parse_payload
-from events.errors import InvalidEvent
-from events.models import CleanupCancelled, CleanupCompleted, CleanupFailed, CleanupScheduled
-from events.run import Target
-from events.types import Outcome
 from lapse.demo.scenario import Sample
+from lapse.events.builder import parse_payload
+from lapse.events.errors import InvalidEvent
+from lapse.events.models import CleanupCancelled, CleanupCompleted, CleanupFailed, CleanupScheduled
+from lapse.events.run import Target
+from lapse.events.types import Outcome
 
 
 class State(StrEnum):

@@ -20,11 +20,11 @@ from typing import Any, Final
 
 import yaml
 
-from events.adapters import argo
-from events.kinds import ARGO_WORKFLOW, JOB, TEKTON_PIPELINERUN, KindSpec
-from events.run import KFP_PERSISTED_LABEL, KFP_RUN_ID_LABEL
-from events.timeutil import format_rfc3339
-from functions.policy import KEEP_ANNOTATION, TTL_ANNOTATION
+from lapse.events.adapters import argo
+from lapse.events.kinds import ARGO_WORKFLOW, JOB, TEKTON_PIPELINERUN, KindSpec
+from lapse.events.run import KFP_PERSISTED_LABEL, KFP_RUN_ID_LABEL
+from lapse.events.timeutil import format_rfc3339
+from lapse.functions.policy import KEEP_ANNOTATION, TTL_ANNOTATION
 
 NAMESPACE: Final = "lapse-demo"
 POLICY_NAME: Final = "kfp-runs"

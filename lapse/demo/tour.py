@@ -20,10 +20,6 @@ from opentelemetry.sdk.trace import ReadableSpan
 from rich.live import Live
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from events.errors import InvalidEvent
-from events.kinds import ARGO_WORKFLOW, KindSpec
-from events.nats_binding import from_nats
-from events.subjects import AUDIT_PREFIX
 from lapse import telemetry
 from lapse.config import LapseConfig
 from lapse.demo import kfp
@@ -31,6 +27,10 @@ from lapse.demo.progress import DemoSummary, Leftovers, Timing, Tracker, summari
 from lapse.demo.scenario import MAX_TTL, NAMESPACE, RUN_KINDS, Sample, run_object
 from lapse.demo.view import Output, change_line, live_table
 from lapse.edges.kubernetes import KubeObjects, finished_pages
+from lapse.events.errors import InvalidEvent
+from lapse.events.kinds import ARGO_WORKFLOW, KindSpec
+from lapse.events.nats_binding import from_nats
+from lapse.events.subjects import AUDIT_PREFIX
 from lapse.runtime.pipeline import Pipeline
 from lapse.runtime.resources import Resources
 from lapse.telemetry import names

@@ -10,7 +10,6 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from events.run import Target
 from lapse.demo.progress import (
     Change,
     DemoSummary,
@@ -20,6 +19,7 @@ from lapse.demo.progress import (
     Tracker,
     percentile,
 )
+from lapse.events.run import Target
 
 _STYLES = {
     State.PENDING: "yellow",

@@ -1,5 +1,5 @@
 """Deletion limits shared by every reaper process, kept in NATS: the rate limit and the
-mass-deletion brake (`functions.ratelimit.RateLimit`, `Brake`) for the whole deployment,
+mass-deletion brake (`lapse.functions.ratelimit.RateLimit`, `Brake`) for the whole deployment,
 however many object-reaper pods or `lapse up` replicas run.
 
 State lives in a JetStream key-value bucket (`LAPSE_LIMITS`), changed only with optimistic
@@ -50,8 +50,8 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from functions.ports import RetryLater
-from functions.ratelimit import ADMITTED, BrakeDecision
+from lapse.functions.ports import RetryLater
+from lapse.functions.ratelimit import ADMITTED, BrakeDecision
 
 BUCKET: Final = "LAPSE_LIMITS"
 ENGAGED: Final = "brake.engaged"
@@ -122,7 +122,7 @@ async def _increment(kv: KeyValue, key: str, seen: int, revision: int, by: int =
 
 
 class NatsRateLimit:
-    """`functions.ratelimit.RateLimit` for the whole deployment."""
+    """`lapse.functions.ratelimit.RateLimit` for the whole deployment."""
 
     def __init__(self, kv: KeyValue, rate: float, *, scope: str = OBJECTS) -> None:
         if not rate > 0 or math.isinf(rate):
@@ -179,7 +179,7 @@ async def engaged(kv: KeyValue, scope: str = OBJECTS) -> tuple[Engaged | None, i
 
 
 class NatsBrake:
-    """`functions.ratelimit.Brake` for the whole deployment."""
+    """`lapse.functions.ratelimit.Brake` for the whole deployment."""
 
     def __init__(
         self,

@@ -15,11 +15,11 @@ from cloudevents.core.base import BaseCloudEvent
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
-from events.nats_binding import NatsMessage, to_nats
-from events.observed import API_SERVER, OBSERVED_HEADER, unclaimed
-from events.subjects import audit_subject, dlq_subject, event_subject, relist_subject
-from events.types import EventType
 from lapse.config import Streams
+from lapse.events.nats_binding import NatsMessage, to_nats
+from lapse.events.observed import API_SERVER, OBSERVED_HEADER, unclaimed
+from lapse.events.subjects import audit_subject, dlq_subject, event_subject, relist_subject
+from lapse.events.types import EventType
 from lapse.telemetry import HopContext, send_span
 
 

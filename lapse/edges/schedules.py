@@ -17,23 +17,23 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerInfo, RawStreamMsg
 from nats.js.errors import NotFoundError
 
-from events.builder import parse_payload
-from events.errors import InvalidEvent
-from events.models import CleanupDue
-from events.nats_binding import from_nats
-from events.observed import observed_headers
-from events.run import Target
-from events.subjects import (
+from lapse.config import Streams
+from lapse.edges.publishing import encode
+from lapse.edges.streams import due_message_ttl
+from lapse.events.builder import parse_payload
+from lapse.events.errors import InvalidEvent
+from lapse.events.models import CleanupDue
+from lapse.events.nats_binding import from_nats
+from lapse.events.observed import observed_headers
+from lapse.events.run import Target
+from lapse.events.subjects import (
     SCHEDULE_PREFIX,
     due_subject,
     schedule_or_due_subject,
     schedule_subject,
 )
-from events.timeutil import format_rfc3339, parse_rfc3339
-from functions.ports import PendingSchedule
-from lapse.config import Streams
-from lapse.edges.publishing import encode
-from lapse.edges.streams import due_message_ttl
+from lapse.events.timeutil import format_rfc3339, parse_rfc3339
+from lapse.functions.ports import PendingSchedule
 from lapse.telemetry import send_span
 
 SCHEDULE_HEADER = "Nats-Schedule"

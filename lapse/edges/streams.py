@@ -20,10 +20,10 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError, NotFoundError
 
-import infra
-from functions.durations import parse_duration
+from lapse import infra
 from lapse.config import ConfigError, NatsConfig, Streams
 from lapse.config.schema import StreamPlacement
+from lapse.functions.durations import parse_duration
 
 
 def _seconds(value: str | int | float) -> float:

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-import infra
+from lapse import infra
 from lapse.embedded.process import ServerStartError, free_port, port_open, spawn, stop, wait_until
 
 KUBE_VERSION = "v1.35.4"

@@ -12,16 +12,16 @@ from typing import Any
 from cloudevents.core.base import BaseCloudEvent
 from nats.js import JetStreamContext
 
-from events.builder import parse_payload
-from events.errors import InvalidEvent
-from events.models import CleanupCompleted, CleanupFailed
-from events.nats_binding import decode_header_value, from_nats
-from events.run import Target
-from events.subjects import AUDIT_PREFIX, SCHEDULE_PREFIX
-from events.timeutil import format_rfc3339, parse_rfc3339
-from events.types import EventType
 from lapse.edges.schedules import SCHEDULE_HEADER
 from lapse.edges.streams import count_messages, read_stream
+from lapse.events.builder import parse_payload
+from lapse.events.errors import InvalidEvent
+from lapse.events.models import CleanupCompleted, CleanupFailed
+from lapse.events.nats_binding import decode_header_value, from_nats
+from lapse.events.run import Target
+from lapse.events.subjects import AUDIT_PREFIX, SCHEDULE_PREFIX
+from lapse.events.timeutil import format_rfc3339, parse_rfc3339
+from lapse.events.types import EventType
 
 
 async def audit_events(

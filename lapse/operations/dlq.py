@@ -42,18 +42,18 @@ from cloudevents.core.v1.event import CloudEvent
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from events.builder import parse_payload
-from events.errors import InvalidEvent
-from events.models import CleanupDue, CleanupFailed, OriginalEvent
-from events.nats_binding import encode_header_value, from_nats
-from events.run import Target
-from events.subjects import DLQ_PREFIX, due_subject, event_subject
-from events.timeutil import format_rfc3339
-from events.types import EventType
 from lapse.config import Streams
 from lapse.edges.publishing import encode
 from lapse.edges.streams import due_message_ttl, read_stream
 from lapse.errors import LapseError
+from lapse.events.builder import parse_payload
+from lapse.events.errors import InvalidEvent
+from lapse.events.models import CleanupDue, CleanupFailed, OriginalEvent
+from lapse.events.nats_binding import encode_header_value, from_nats
+from lapse.events.run import Target
+from lapse.events.subjects import DLQ_PREFIX, due_subject, event_subject
+from lapse.events.timeutil import format_rfc3339
+from lapse.events.types import EventType
 from lapse.runtime.routing import Route, load_routes
 from lapse.telemetry import send_span
 

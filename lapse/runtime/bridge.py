@@ -39,12 +39,12 @@ from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.bindings.http import to_binary_event
 from opentelemetry import propagate
 
-from events.types import EventType
-from functions.ports import RetryLater
-from functions.trust import Trust
 from lapse import telemetry
 from lapse.config import LapseConfig
 from lapse.errors import LapseError
+from lapse.events.types import EventType
+from lapse.functions.ports import RetryLater
+from lapse.functions.trust import Trust
 from lapse.runtime.asgi import Receive, Scope, Send, lifespan, respond
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.resources import Resources

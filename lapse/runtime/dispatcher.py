@@ -35,16 +35,16 @@ from nats.js.errors import NotFoundError
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from events.builder import build_event, parse_payload
-from events.errors import InvalidEvent
-from events.models import CleanupFailed
-from events.nats_binding import from_nats, hop_trace_context
-from events.original import capture_event, capture_message
-from events.run import RunRef, Target
-from events.types import EventType
-from functions.ports import Emitter, Handler, RetryLater
-from functions.tracing import creation_context
 from lapse.config import NatsConfig
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.errors import InvalidEvent
+from lapse.events.models import CleanupFailed
+from lapse.events.nats_binding import from_nats, hop_trace_context
+from lapse.events.original import capture_event, capture_message
+from lapse.events.run import RunRef, Target
+from lapse.events.types import EventType
+from lapse.functions.ports import Emitter, Handler, RetryLater
+from lapse.functions.tracing import creation_context
 from lapse.runtime.outages import Backoff, Outages, nats_unavailable
 from lapse.runtime.routing import Route
 from lapse.runtime.trust import trust_of_message

@@ -27,13 +27,13 @@ import hypercorn.config
 from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
-from events.builder import build_event, parse_payload
-from events.errors import InvalidEvent
-from events.models import CleanupDue, CleanupFailed
-from events.original import capture_event
-from events.types import EventType
 from lapse.config import LapseConfig, load_config
 from lapse.config.redact import RedactingFilter
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.errors import InvalidEvent
+from lapse.events.models import CleanupDue, CleanupFailed
+from lapse.events.original import capture_event
+from lapse.events.types import EventType
 from lapse.runtime.asgi import Receive, Scope, Send, posted_headers, respond
 from lapse.runtime.resources import Resources
 

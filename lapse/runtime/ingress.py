@@ -43,18 +43,18 @@ from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
-from events.adapters import Ignored, adapt_cloudevent
-from events.builder import build_event, parse_payload
-from events.errors import InvalidEvent
-from events.models import MAX_ORIGINAL_DATA_CHARS, CleanupFailed, OriginalEvent
-from events.nats_binding import to_nats
-from events.original import capture_event, capture_message
-from events.types import EventType
-from functions.ratelimit import TokenBucket
 from lapse.config import ConfigError, LapseConfig
 from lapse.config.schema import DEFAULT_MAX_BODY_BYTES, IngressConfig
 from lapse.edges.nats import max_payload
 from lapse.edges.publishing import NatsEmitter, NatsPublisher
+from lapse.events.adapters import Ignored, adapt_cloudevent
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.errors import InvalidEvent
+from lapse.events.models import MAX_ORIGINAL_DATA_CHARS, CleanupFailed, OriginalEvent
+from lapse.events.nats_binding import to_nats
+from lapse.events.original import capture_event, capture_message
+from lapse.events.types import EventType
+from lapse.functions.ratelimit import TokenBucket
 from lapse.runtime.asgi import Receive, Scope, Send, posted_headers, respond
 from lapse.runtime.routing import Route, load_routes, pushed_types
 from lapse.telemetry import names, server_span

@@ -23,8 +23,8 @@ from typing import Any
 
 from opentelemetry.trace import Status, StatusCode
 
-from functions.ports import Handler, RetryLater
 from lapse.config import ConfigError, load_config
+from lapse.functions.ports import Handler, RetryLater
 from lapse.runtime.asgi import Receive, Scope, Send, respond
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources

@@ -19,9 +19,6 @@ import hypercorn.asyncio
 import hypercorn.config
 from nats.js import JetStreamContext
 
-from events.run import Target
-from events.subjects import SCHEDULE_PREFIX
-from functions.ports import Handler
 from lapse import telemetry
 from lapse.config import LapseConfig, Streams
 from lapse.edges import health
@@ -29,6 +26,9 @@ from lapse.edges.kubernetes.policies import namespace_names
 from lapse.edges.publishing import NatsPublisher
 from lapse.edges.streams import configured_streams, count_messages, ensure_streams
 from lapse.edges.watch_positions import WatchPositions
+from lapse.events.run import Target
+from lapse.events.subjects import SCHEDULE_PREFIX
+from lapse.functions.ports import Handler
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.ingress import Ingress, nats_ingress
 from lapse.runtime.policy_watcher import PolicyWatcher

@@ -42,14 +42,6 @@ from typing import Any
 from cloudevents.core.base import BaseCloudEvent
 from kubernetes.client.exceptions import ApiException
 
-from events.adapters.objects import adapt
-from events.builder import build_event
-from events.errors import InvalidEvent
-from events.kinds import KindSet, KindSpec
-from events.models import RunFinished
-from events.types import EventType
-from functions.policy import Policy
-from functions.policy_objects import LAPSE_POLICY, PolicyBook, Verdict, effective
 from lapse.edges.kubernetes import KubeObjects, finished_pages
 from lapse.edges.kubernetes.client import describe_api_error
 from lapse.edges.kubernetes.policies import (
@@ -58,6 +50,14 @@ from lapse.edges.kubernetes.policies import (
     says,
     status_of,
 )
+from lapse.events.adapters.objects import adapt
+from lapse.events.builder import build_event
+from lapse.events.errors import InvalidEvent
+from lapse.events.kinds import KindSet, KindSpec
+from lapse.events.models import RunFinished
+from lapse.events.types import EventType
+from lapse.functions.policy import Policy
+from lapse.functions.policy_objects import LAPSE_POLICY, PolicyBook, Verdict, effective
 from lapse.runtime.outages import Backoff
 
 log = logging.getLogger(__name__)

@@ -13,18 +13,18 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from events.kinds import KindSpec
-from functions.artifact_reaper import ArtifactReaper
-from functions.object_reaper import ObjectReaper
-from functions.object_reaper.failures import DEFAULT_RETRY_DELAY, TRANSIENT_STATUSES
-from functions.ports import Handler, RetryLater
-from functions.row_reaper import RowReaper, targets_for
-from functions.ttl_planner import Planner
-from functions.ttl_planner.artifacts import ArtifactPlanning
 from lapse.edges.artifacts import ConfigMapRepositories, NatsCaptures, ObstoreStores
 from lapse.edges.kubernetes import KubeEvents, api_failure
 from lapse.edges.limits import ARTIFACTS, OBJECTS, ROWS, NatsBrake, NatsRateLimit, limits_bucket
 from lapse.edges.rows import DatabaseUnavailable, SqlRowStore, open_row_store
+from lapse.events.kinds import KindSpec
+from lapse.functions.artifact_reaper import ArtifactReaper
+from lapse.functions.object_reaper import ObjectReaper
+from lapse.functions.object_reaper.failures import DEFAULT_RETRY_DELAY, TRANSIENT_STATUSES
+from lapse.functions.ports import Handler, RetryLater
+from lapse.functions.row_reaper import RowReaper, targets_for
+from lapse.functions.ttl_planner import Planner
+from lapse.functions.ttl_planner.artifacts import ArtifactPlanning
 from lapse.runtime.outages import Backoff
 from lapse.runtime.resources import Resources
 from lapse.telemetry import InstrumentedHandler

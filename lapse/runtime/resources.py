@@ -21,13 +21,13 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from functions.policy_objects import PolicyBook
 from lapse.config import LapseConfig
 from lapse.edges import database, nats
 from lapse.edges.kubernetes import KubeObjects, OwnDeletions, Workflows, load_api_client
 from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.errors import LapseError
+from lapse.functions.policy_objects import PolicyBook
 
 # The official Kubernetes client is synchronous: its calls run on this many threads, which
 # also bounds how many API requests one process has in flight.

@@ -9,16 +9,16 @@ from dataclasses import dataclass
 
 import yaml
 
-import infra
-from events.subjects import (
+from lapse import infra
+from lapse.config import Streams
+from lapse.events.subjects import (
     AUDIT_PREFIX,
     DUE_PREFIX,
     event_subject,
     relist_subject,
     subject_filter,
 )
-from events.types import EventType
-from lapse.config import Streams
+from lapse.events.types import EventType
 
 SERVICE_PREFIX = "lapse-"
 FORMERLY_ANNOTATION = "lapse.dev/formerly"

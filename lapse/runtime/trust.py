@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from events.observed import header_says_observed
-from functions.trust import Trust
+from lapse.events.observed import header_says_observed
+from lapse.functions.trust import Trust
 
 
 def trust_of_message(headers: Mapping[str, str] | None, delivery: int) -> Trust:

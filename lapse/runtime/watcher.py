@@ -43,15 +43,15 @@ from cloudevents.core.base import BaseCloudEvent
 from kubernetes.client.exceptions import ApiException
 from nats.js import JetStreamContext
 
-from events.adapters.objects import adapt
-from events.builder import build_event
-from events.errors import InvalidEvent
-from events.kinds import KindSpec
-from events.models import CleanupFailed, RunDeleted, RunFinished
-from events.types import EventType
 from lapse.edges import health
 from lapse.edges.kubernetes import KubeObjects, Page, finished_pages
 from lapse.edges.kubernetes.client import describe_api_error
+from lapse.events.adapters.objects import adapt
+from lapse.events.builder import build_event
+from lapse.events.errors import InvalidEvent
+from lapse.events.kinds import KindSpec
+from lapse.events.models import CleanupFailed, RunDeleted, RunFinished
+from lapse.events.types import EventType
 from lapse.runtime.outages import Backoff, nats_unavailable
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from cloudevents.core.base import BaseCloudEvent
 from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from events.types import EventType
-from functions.ports import Handler, RetryLater
-from functions.trust import Trust
+from lapse.events.types import EventType
+from lapse.functions.ports import Handler, RetryLater
+from lapse.functions.trust import Trust
 from lapse.telemetry import names
 from lapse.telemetry.providers import instruments, metrics_enabled, tracer, tracing_enabled
 from lapse.telemetry.spans import event_attributes

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from functions import tracing as handler_names
+from lapse.functions import tracing as handler_names
 
 SCOPE: Final = "lapse"
 
@@ -59,7 +59,7 @@ ERROR_TYPE: Final = "error.type"
 NATS: Final = "nats"
 
 # lapse's own. The run, target and schedule names are set by the handlers themselves and
-# defined beside them (functions.tracing); listed here with the rest.
+# defined beside them (lapse.functions.tracing); listed here with the rest.
 RUN_NAMESPACE: Final = handler_names.RUN_NAMESPACE
 RUN_NAME: Final = handler_names.RUN_NAME
 RUN_UID: Final = handler_names.RUN_UID

@@ -41,8 +41,8 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Tracer
 
-from functions.tracing import use_tracer
 from lapse.errors import LapseError
+from lapse.functions.tracing import use_tracer
 from lapse.telemetry.instruments import Instruments
 from lapse.telemetry.names import SCOPE
 

@@ -20,9 +20,9 @@ from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, Statu
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from events.tracecontext import is_valid_traceparent
-from events.types import EventType
-from functions.tracing import creation_context
+from lapse.events.tracecontext import is_valid_traceparent
+from lapse.events.types import EventType
+from lapse.functions.tracing import creation_context
 from lapse.telemetry import names
 from lapse.telemetry.providers import tracer, tracing_enabled
 

@@ -15,15 +15,15 @@ import pytest
 import yaml
 from nats.js import JetStreamContext
 
-from events.builder import build_event
-from events.models import CleanupCompleted
-from events.run import Engine, RunRef, Target
-from events.types import EventType, Outcome
 from lapse.cli.watch import CLEAR
 from lapse.config import Streams
 from lapse.edges import health
 from lapse.edges.publishing import NatsEmitter
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.builder import build_event
+from lapse.events.models import CleanupCompleted
+from lapse.events.run import Engine, RunRef, Target
+from lapse.events.types import EventType, Outcome
 from tests.cli.conftest import Shell
 
 pytestmark = [pytest.mark.nats]

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from events.kinds import JOB, TEKTON_PIPELINERUN
 from lapse.edges.kubernetes import KubeObjects
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.kinds import JOB, TEKTON_PIPELINERUN
 from tests.conftest import KubeStack, kube_stack
 from tests.e2e.test_lapse_up import LapseUp, lapse_json
 from tests.integration.test_kinds import job, pipelinerun, requests_by_verb, spent

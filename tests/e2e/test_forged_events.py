@@ -37,16 +37,16 @@ from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.bindings.http import to_binary_event
 from cloudevents.core.v1.event import CloudEvent
 
-from events.builder import build_event
-from events.models import CleanupDue, RunDeleted, RunFinished
-from events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
-from events.types import EventType
 from lapse.config import Streams
 from lapse.edges.database import create_engine
 from lapse.edges.nats import connect
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
+from lapse.events.builder import build_event
+from lapse.events.models import CleanupDue, RunDeleted, RunFinished
+from lapse.events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
+from lapse.events.types import EventType
 from tests.conftest import KubeStack, kube_stack
 from tests.e2e.test_lapse_up import LapseUp, lapse_json
 from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_counts, run_details

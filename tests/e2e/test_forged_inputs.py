@@ -67,16 +67,6 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from sqlalchemy import update
 
-from events.adapters import adapt_object
-from events.builder import build_event, outcome_id
-from events.kinds import ARGO_WORKFLOW, DEFAULT_KINDS, JOB, KindSpec
-from events.models import CleanupDue, RunDeleted, RunFinished
-from events.nats_binding import from_nats, to_nats
-from events.observed import OBSERVED_EXTENSION, OBSERVED_HEADER
-from events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
-from events.subjects import due_subject, event_subject, schedule_subject
-from events.timeutil import format_rfc3339
-from events.types import EventType
 from lapse.config import LapseConfig, Streams, load_config
 from lapse.edges.database import create_engine
 from lapse.edges.kubernetes import KubeObjects
@@ -85,6 +75,16 @@ from lapse.edges.publishing import NatsPublisher
 from lapse.edges.schedules import NatsScheduleStore, schedule_headers
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
+from lapse.events.adapters import adapt_object
+from lapse.events.builder import build_event, outcome_id
+from lapse.events.kinds import ARGO_WORKFLOW, DEFAULT_KINDS, JOB, KindSpec
+from lapse.events.models import CleanupDue, RunDeleted, RunFinished
+from lapse.events.nats_binding import from_nats, to_nats
+from lapse.events.observed import OBSERVED_EXTENSION, OBSERVED_HEADER
+from lapse.events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
+from lapse.events.subjects import due_subject, event_subject, schedule_subject
+from lapse.events.timeutil import format_rfc3339
+from lapse.events.types import EventType
 from lapse.operations.dlq import Filter, dead_letters, replay
 from lapse.runtime.ingress import nats_ingress
 from lapse.runtime.knative import FunctionShell

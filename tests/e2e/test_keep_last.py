@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from events.timeutil import format_rfc3339, parse_rfc3339
 from lapse.edges import nats
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.timeutil import format_rfc3339, parse_rfc3339
 from tests.conftest import KubeStack
 from tests.e2e.test_lapse_up import LapseUp, lapse_json
 from tests.stack import wait_for

@@ -24,19 +24,19 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
-from events.builder import build_event
-from events.models import CleanupDue
-from events.nats_binding import to_nats
-from events.observed import OBSERVED_HEADER
-from events.run import Engine, RunRef, Target
-from events.subjects import due_subject, schedule_subject
-from events.types import EventType
 from lapse.config import NatsConfig
 from lapse.edges.nats import NatsRefused, connect, security_options
 from lapse.edges.schedules import schedule_headers
 from lapse.edges.watch_positions import WatchPositions
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.nats_identities import ADMIN, PROCESS, READER, Identity, password_file
+from lapse.events.builder import build_event
+from lapse.events.models import CleanupDue
+from lapse.events.nats_binding import to_nats
+from lapse.events.observed import OBSERVED_HEADER
+from lapse.events.run import Engine, RunRef, Target
+from lapse.events.subjects import due_subject, schedule_subject
+from lapse.events.types import EventType
 from tests.conftest import KubeStack, kube_stack
 from tests.stack import wait_for
 

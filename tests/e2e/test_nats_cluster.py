@@ -24,9 +24,9 @@ import pytest
 import yaml
 
 from bench.report import percentile
-from events.timeutil import format_rfc3339
 from lapse.edges import nats
 from lapse.embedded.nats import EmbeddedNatsCluster
+from lapse.events.timeutil import format_rfc3339
 from tests.conftest import KubeStack
 from tests.e2e.apiserver_audit import (
     audited_kube_stack,

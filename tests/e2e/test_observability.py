@@ -18,11 +18,6 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind
 
-from events.adapters import adapt_workflow
-from events.builder import build_event
-from events.models import RunFinished
-from events.subjects import SCHEDULE_PREFIX
-from events.types import EventType
 from lapse import telemetry
 from lapse.config import Streams, load_config
 from lapse.edges.database import create_engine
@@ -30,6 +25,11 @@ from lapse.edges.nats import connect
 from lapse.edges.publishing import NatsPublisher
 from lapse.edges.streams import count_messages
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.adapters import adapt_workflow
+from lapse.events.builder import build_event
+from lapse.events.models import RunFinished
+from lapse.events.subjects import SCHEDULE_PREFIX
+from lapse.events.types import EventType
 from lapse.operations.audit import audit_events
 from lapse.runtime.pipeline import Pipeline
 from lapse.telemetry import names

@@ -15,12 +15,12 @@ import pytest
 import yaml
 from kubernetes import client
 
-from events.run import Target
-from events.timeutil import format_rfc3339
 from lapse.config import Streams
 from lapse.edges.nats import connect
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.run import Target
+from lapse.events.timeutil import format_rfc3339
 from tests.conftest import KubeStack, kube_stack
 from tests.e2e.test_lapse_up import LapseUp, lapse_json
 from tests.stack import wait_for

@@ -42,7 +42,7 @@ import httpx
 import pytest
 from sqlalchemy import select, text
 
-import infra
+from lapse import infra
 from lapse.edges.database import create_engine
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from events.timeutil import parse_rfc3339
 from lapse.edges.kubernetes import Workflows
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.timeutil import parse_rfc3339
 from tests.conftest import KubeStack
 from tests.e2e.test_lapse_up import LapseUp
 from tests.stack import expired_workflow, wait_for

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from nats.js import JetStreamContext
 
-from events.subjects import audit_subject
-from events.types import EventType
 from lapse.config import LapseConfig, Streams, load_config
 from lapse.edges.nats import connect
 from lapse.edges.streams import count_messages
 from lapse.edges.watch_positions import WatchPositions
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.subjects import audit_subject
+from lapse.events.types import EventType
 from lapse.runtime.pipeline import Pipeline
 from lapse.runtime.routing import load_routes, relist_lane
 from lapse.runtime.watcher import KindWatcher

@@ -24,24 +24,24 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from obstore.store import S3Store
 
-from events.artifacts import RunArtifacts, StoredArtifact
-from events.builder import build_event, parse_payload
-from events.models import CleanupCompleted, CleanupDue, RunFinished
-from events.nats_binding import from_nats
-from events.run import Engine, RunRef, Target
-from events.types import EventType, Outcome
-from functions.artifact_reaper import ArtifactReaper, ArtifactsConfig
-from functions.policy import Policy
-from functions.ports import RetryLater
-from functions.safety import SafetyConfig
-from functions.trust import Trust
-from functions.ttl_planner import Planner
-from functions.ttl_planner.artifacts import ArtifactPlanning
 from lapse.config import Streams
 from lapse.edges.artifacts import NatsCaptures, ObstoreStores
 from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.seaweedfs import REGION, EmbeddedSeaweedFS
+from lapse.events.artifacts import RunArtifacts, StoredArtifact
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.models import CleanupCompleted, CleanupDue, RunFinished
+from lapse.events.nats_binding import from_nats
+from lapse.events.run import Engine, RunRef, Target
+from lapse.events.types import EventType, Outcome
+from lapse.functions.artifact_reaper import ArtifactReaper, ArtifactsConfig
+from lapse.functions.policy import Policy
+from lapse.functions.ports import RetryLater
+from lapse.functions.safety import SafetyConfig
+from lapse.functions.trust import Trust
+from lapse.functions.ttl_planner import Planner
+from lapse.functions.ttl_planner.artifacts import ArtifactPlanning
 from tests.conftest import ARTIFACT_BUCKET
 
 pytestmark = [pytest.mark.nats]

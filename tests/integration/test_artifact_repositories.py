@@ -10,13 +10,13 @@ import uuid
 import pytest
 from kubernetes import client
 
-from events.adapters.argo_artifacts import argo_artifacts
-from events.kinds import DEFAULT_KINDS
-from events.run import Engine, RunRef
-from functions.artifact_reaper import ArtifactsConfig, RunCapture
-from functions.artifact_reaper.capture import CapturedItem
-from functions.ttl_planner.artifacts import ArtifactPlanning
 from lapse.edges.artifacts import ConfigMapRepositories
+from lapse.events.adapters.argo_artifacts import argo_artifacts
+from lapse.events.kinds import DEFAULT_KINDS
+from lapse.events.run import Engine, RunRef
+from lapse.functions.artifact_reaper import ArtifactsConfig, RunCapture
+from lapse.functions.artifact_reaper.capture import CapturedItem
+from lapse.functions.ttl_planner.artifacts import ArtifactPlanning
 from tests.conftest import KubeStack
 
 pytestmark = [pytest.mark.kube]

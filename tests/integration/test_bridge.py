@@ -21,16 +21,16 @@ from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 from nats.js import JetStreamContext
 from opentelemetry.trace import SpanKind
 
-from events.builder import build_event, parse_payload
-from events.models import CleanupCompleted, CleanupDue, CleanupFailed
-from events.nats_binding import to_nats
-from events.run import Engine, RunRef, Target
-from events.subjects import audit_subject, dlq_subject, due_subject
-from events.types import EventType, Outcome
 from lapse import telemetry
 from lapse.config import LapseConfig, Streams
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.models import CleanupCompleted, CleanupDue, CleanupFailed
+from lapse.events.nats_binding import to_nats
+from lapse.events.run import Engine, RunRef, Target
+from lapse.events.subjects import audit_subject, dlq_subject, due_subject
+from lapse.events.types import EventType, Outcome
 from lapse.runtime.bridge import Bridge
 from tests.stack import wait_for
 
@@ -165,7 +165,7 @@ async def test_a_refusal_is_dead_lettered_with_the_sinks_answer(
         (uid,) = await fire(lapse_streams, 1)
         await wait_for(lambda: settled(lapse_streams), timeout=60, interval=0.2)
     message = await lapse_streams.get_last_msg(STREAMS.dlq, dlq_subject(EventType.CLEANUP_FAILED))
-    from events.nats_binding import from_nats
+    from lapse.events.nats_binding import from_nats
 
     failed = parse_payload(from_nats(message.headers, message.data), CleanupFailed)
     assert failed.run is not None and failed.run.uid == uid

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from functions.object_reaper import ObjectReaper
 from lapse.config import LapseConfig
 from lapse.edges.limits import NatsBrake, NatsRateLimit
 from lapse.embedded.nats import EmbeddedNats
+from lapse.functions.object_reaper import ObjectReaper
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
 from lapse.telemetry import InstrumentedHandler

@@ -13,18 +13,18 @@ import pytest
 from cloudevents.core.base import BaseCloudEvent
 from nats.js import JetStreamContext
 
-from events.builder import build_event
-from events.models import CleanupDue
-from events.nats_binding import to_nats
-from events.run import Engine, RunRef, Target
-from events.subjects import due_subject
-from events.types import EventType
-from functions.trust import Trust
 from lapse.config import NatsConfig, Streams
 from lapse.edges import streams
 from lapse.edges.nats import connect
 from lapse.edges.publishing import NatsEmitter
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.builder import build_event
+from lapse.events.models import CleanupDue
+from lapse.events.nats_binding import to_nats
+from lapse.events.run import Engine, RunRef, Target
+from lapse.events.subjects import due_subject
+from lapse.events.types import EventType
+from lapse.functions.trust import Trust
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.outages import Backoff
 from lapse.runtime.routing import Route

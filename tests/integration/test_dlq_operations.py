@@ -16,16 +16,16 @@ import pytest
 import yaml
 from nats.js import JetStreamContext
 
-from events.builder import build_event, parse_payload
-from events.models import CleanupDue, CleanupFailed, RunFinished
-from events.nats_binding import from_nats, to_nats
-from events.original import capture_event, capture_message
-from events.run import RunRef, Target
-from events.subjects import due_subject
-from events.types import EventType
 from lapse.config import Streams
 from lapse.edges.publishing import NatsEmitter, publish_event
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.models import CleanupDue, CleanupFailed, RunFinished
+from lapse.events.nats_binding import from_nats, to_nats
+from lapse.events.original import capture_event, capture_message
+from lapse.events.run import RunRef, Target
+from lapse.events.subjects import due_subject
+from lapse.events.types import EventType
 from lapse.operations.dlq import MSG_TTL_HEADER, Filter, dead_letters, replay
 
 pytestmark = [pytest.mark.nats]

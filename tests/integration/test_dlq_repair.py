@@ -27,23 +27,23 @@ from kubernetes import client
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from events.adapters import adapt_workflow
-from events.builder import build_event, parse_payload
-from events.kinds import KindSpec
-from events.models import CleanupCompleted, CleanupDue, RunFinished
-from events.run import Target
-from events.subjects import due_subject
-from events.types import EventType, Outcome
-from functions.object_reaper import ObjectReaper
-from functions.safety import SafetyConfig
-from functions.trust import Trust
-from functions.ttl_planner import Planner
 from lapse.config import NatsConfig, Streams
 from lapse.edges.kubernetes import ApiCallFailure, Workflows, load_api_client
 from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore, subject_matches
 from lapse.embedded.kube import READONLY_USER
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.adapters import adapt_workflow
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.kinds import KindSpec
+from lapse.events.models import CleanupCompleted, CleanupDue, RunFinished
+from lapse.events.run import Target
+from lapse.events.subjects import due_subject
+from lapse.events.types import EventType, Outcome
+from lapse.functions.object_reaper import ObjectReaper
+from lapse.functions.safety import SafetyConfig
+from lapse.functions.trust import Trust
+from lapse.functions.ttl_planner import Planner
 from lapse.operations.audit import audit_events
 from lapse.operations.dlq import Filter, dead_letters
 from lapse.runtime.dispatcher import Dispatcher, Subscription

@@ -17,15 +17,15 @@ import pytest
 from cloudevents.core.bindings.http import to_binary_event
 from nats.js import JetStreamContext
 
-from events.builder import parse_payload
-from events.models import CleanupDue
-from events.nats_binding import from_nats, to_nats
-from events.run import Target
-from events.subjects import dlq_subject, due_subject
-from events.types import EventType
 from lapse.config import Streams
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
+from lapse.events.builder import parse_payload
+from lapse.events.models import CleanupDue
+from lapse.events.nats_binding import from_nats, to_nats
+from lapse.events.run import Target
+from lapse.events.subjects import dlq_subject, due_subject
+from lapse.events.types import EventType
 from tests.integration.test_bridge import due_event
 
 pytestmark = [pytest.mark.nats]

@@ -20,17 +20,17 @@ from datetime import UTC, datetime
 
 from nats.js import JetStreamContext
 
-from events.builder import build_event, parse_payload
-from events.models import CleanupFailed, RunFinished
-from events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
-from events.types import EventType
-from functions.policy import Policy
-from functions.trust import Trust
-from functions.ttl_planner import Planner
 from lapse.config import Streams
 from lapse.edges.kubernetes import KubeObjects
 from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.models import CleanupFailed, RunFinished
+from lapse.events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
+from lapse.events.types import EventType
+from lapse.functions.policy import Policy
+from lapse.functions.trust import Trust
+from lapse.functions.ttl_planner import Planner
 from tests.conftest import KubeStack
 from tests.unit.test_object_reaper_verdict import argo_workflow
 

@@ -20,12 +20,12 @@ import httpx
 from cloudevents.core.bindings.http import to_binary_event
 from nats.js import JetStreamContext
 
-from events.builder import build_event
-from events.models import RunFinished
-from events.run import Engine, RunRef
-from events.types import EventType
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
+from lapse.events.builder import build_event
+from lapse.events.models import RunFinished
+from lapse.events.run import Engine, RunRef
+from lapse.events.types import EventType
 from tests.conftest import KubeStack
 from tests.stack import wait_for
 from tests.unit.test_object_reaper_verdict import argo_workflow

@@ -16,19 +16,19 @@ from cloudevents.core.v1.event import CloudEvent
 from func_python.cloudevent import ASGIApplication
 from nats.js import JetStreamContext
 
-from events.builder import build_event, parse_payload
-from events.models import CleanupDue, CleanupFailed, RunFinished
-from events.observed import OBSERVED_HEADER
-from events.run import Engine, RunRef, Target
-from events.subjects import schedule_subject
-from events.types import EventType
-from functions.row_reaper.function import new as new_row_reaper
-from functions.ttl_planner.function import new
 from lapse.config import Streams
 from lapse.edges.nats import connect
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.models import CleanupDue, CleanupFailed, RunFinished
+from lapse.events.observed import OBSERVED_HEADER
+from lapse.events.run import Engine, RunRef, Target
+from lapse.events.subjects import schedule_subject
+from lapse.events.types import EventType
+from lapse.functions.row_reaper.function import new as new_row_reaper
+from lapse.functions.ttl_planner.function import new
 from lapse.operations.audit import audit_events
 from tests.conftest import KubeStack
 from tests.stack import wait_for

@@ -27,13 +27,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nats.js import JetStreamContext
 
-from events.builder import build_event
-from events.models import CleanupDue, RunFinished
-from events.nats_binding import to_nats
-from events.run import Engine, RunRef, Target
-from events.types import EventType
 from lapse.config import LapseConfig, Streams
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.builder import build_event
+from lapse.events.models import CleanupDue, RunFinished
+from lapse.events.nats_binding import to_nats
+from lapse.events.run import Engine, RunRef, Target
+from lapse.events.types import EventType
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.ingress import nats_ingress
 from lapse.runtime.outages import Backoff

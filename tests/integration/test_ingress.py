@@ -10,10 +10,10 @@ import httpx
 from nats.js import JetStreamContext
 from opentelemetry.trace import SpanKind
 
-from events.nats_binding import from_nats, hop_trace_context
 from lapse import telemetry
 from lapse.config import Streams
 from lapse.edges.publishing import NatsPublisher
+from lapse.events.nats_binding import from_nats, hop_trace_context
 from lapse.runtime.ingress import Ingress
 
 STREAMS = Streams()

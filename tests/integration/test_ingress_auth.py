@@ -12,12 +12,12 @@ import httpx
 import pytest
 from nats.js import JetStreamContext
 
-from events.nats_binding import from_nats
-from events.observed import OBSERVED_EXTENSION, OBSERVED_HEADER
 from lapse.config import ConfigError, LapseConfig, Streams
 from lapse.edges.publishing import NatsEmitter, NatsPublisher
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
+from lapse.events.nats_binding import from_nats
+from lapse.events.observed import OBSERVED_EXTENSION, OBSERVED_HEADER
 from lapse.runtime.ingress import Ingress, nats_ingress
 from tests.integration.test_ingress import WORKFLOW, apiserver_update
 from tests.integration.test_ingress_refusals import _lapse, recorded, served, stored_events

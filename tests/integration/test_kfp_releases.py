@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from events.types import Outcome
-from functions.row_reaper.targets import kfp_target
 from lapse.edges.rows import open_row_store
+from lapse.events.types import Outcome
+from lapse.functions.row_reaper.targets import kfp_target
 from tests import kfp_gc
 from tests import kfp_schema as kfp
 from tests.integration import test_row_reaper

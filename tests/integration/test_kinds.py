@@ -22,10 +22,14 @@ from cloudevents.core.base import BaseCloudEvent
 from kubernetes import client
 from nats.js import JetStreamContext
 
-from events.adapters import Ignored
-from events.adapters.objects import adapt
-from events.builder import build_event, parse_payload
-from events.kinds import (
+from lapse.config import Streams
+from lapse.edges.kubernetes import KubeObjects
+from lapse.edges.publishing import NatsEmitter
+from lapse.edges.schedules import NatsScheduleStore
+from lapse.events.adapters import Ignored
+from lapse.events.adapters.objects import adapt
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.kinds import (
     ARGO_WORKFLOW,
     BUILTIN_KINDS,
     JOB,
@@ -38,24 +42,20 @@ from events.kinds import (
     KindSpec,
     resolve_kinds,
 )
-from events.models import (
+from lapse.events.models import (
     CleanupCompleted,
     CleanupDue,
     CleanupFailed,
     CleanupScheduled,
     RunFinished,
 )
-from events.run import Target
-from events.timeutil import format_rfc3339
-from events.types import EventType, Outcome
-from functions.object_reaper import ObjectReaper
-from functions.safety import SafetyConfig
-from functions.trust import Trust
-from functions.ttl_planner import Planner
-from lapse.config import Streams
-from lapse.edges.kubernetes import KubeObjects
-from lapse.edges.publishing import NatsEmitter
-from lapse.edges.schedules import NatsScheduleStore
+from lapse.events.run import Target
+from lapse.events.timeutil import format_rfc3339
+from lapse.events.types import EventType, Outcome
+from lapse.functions.object_reaper import ObjectReaper
+from lapse.functions.safety import SafetyConfig
+from lapse.functions.trust import Trust
+from lapse.functions.ttl_planner import Planner
 from tests.conftest import KubeStack
 from tests.unit.test_object_reaper_verdict import argo_workflow
 

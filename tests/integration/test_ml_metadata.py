@@ -24,11 +24,11 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from events.types import Outcome
-from functions.row_reaper.mlmd import DELETE_ORDER, run_only_artifact_uris
-from functions.row_reaper.targets import kfp_target, mlmd_target
 from lapse.edges.database import create_engine
 from lapse.edges.rows import open_row_store
+from lapse.events.types import Outcome
+from lapse.functions.row_reaper.mlmd import DELETE_ORDER, run_only_artifact_uris
+from lapse.functions.row_reaper.targets import kfp_target, mlmd_target
 from tests import kfp_schema as kfp
 from tests.integration.test_row_reaper import completed, due, reaper
 from tests.stack import Database

@@ -25,9 +25,6 @@ from nats.aio.client import Client as NATS
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 from nats.js.errors import NotFoundError
 
-from events.run import Target
-from events.subjects import due_subject, event_subject, schedule_subject
-from functions.artifact_reaper.capture import CapturedItem, RunCapture
 from lapse.config import NatsConfig
 from lapse.edges.artifacts.captures import BUCKET as CAPTURES
 from lapse.edges.artifacts.captures import NatsCaptures
@@ -53,6 +50,9 @@ from lapse.embedded.nats_identities import (
     new_password,
     password_file,
 )
+from lapse.events.run import Target
+from lapse.events.subjects import due_subject, event_subject, schedule_subject
+from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture
 
 pytestmark = [pytest.mark.nats]
 

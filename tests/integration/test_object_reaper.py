@@ -29,18 +29,6 @@ from kubernetes.client.exceptions import ApiException
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from events.adapters import adapt_workflow
-from events.builder import build_event, parse_payload
-from events.kinds import ARGO_WORKFLOW, KindSpec
-from events.models import CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
-from events.nats_binding import from_nats
-from events.run import Target
-from events.schemas import load_schema
-from events.subjects import due_subject, schedule_subject
-from events.types import EventType, Outcome
-from functions.object_reaper import SOURCE, ObjectAccess, ObjectReaper
-from functions.ports import RetryLater
-from functions.safety import SafetyConfig
 from lapse.config import Streams
 from lapse.edges.kubernetes import (
     ApiCallFailure,
@@ -53,6 +41,18 @@ from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.kube import READONLY_USER
 from lapse.embedded.process import free_port
+from lapse.events.adapters import adapt_workflow
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.kinds import ARGO_WORKFLOW, KindSpec
+from lapse.events.models import CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
+from lapse.events.nats_binding import from_nats
+from lapse.events.run import Target
+from lapse.events.schemas import load_schema
+from lapse.events.subjects import due_subject, schedule_subject
+from lapse.events.types import EventType, Outcome
+from lapse.functions.object_reaper import SOURCE, ObjectAccess, ObjectReaper
+from lapse.functions.ports import RetryLater
+from lapse.functions.safety import SafetyConfig
 from tests.conftest import KubeStack
 from tests.stack import wait_for
 from tests.unit.test_object_reaper_verdict import ARCHIVING, argo_workflow

@@ -22,19 +22,19 @@ from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.v1.event import CloudEvent
 from nats.js import JetStreamContext
 
-from events.builder import build_event
-from events.models import CleanupDue, RunFinished
-from events.nats_binding import to_nats
-from events.observed import OBSERVED_HEADER
-from events.run import Engine, RunRef, Target
-from events.subjects import due_subject, event_subject, schedule_subject
-from events.types import EventType
-from functions.ports import RetryLater
-from functions.trust import Trust
-from functions.ttl_planner import Planner
 from lapse.config import NatsConfig, Streams
 from lapse.edges.publishing import NatsEmitter, NatsPublisher
 from lapse.edges.schedules import NatsScheduleStore
+from lapse.events.builder import build_event
+from lapse.events.models import CleanupDue, RunFinished
+from lapse.events.nats_binding import to_nats
+from lapse.events.observed import OBSERVED_HEADER
+from lapse.events.run import Engine, RunRef, Target
+from lapse.events.subjects import due_subject, event_subject, schedule_subject
+from lapse.events.types import EventType
+from lapse.functions.ports import RetryLater
+from lapse.functions.trust import Trust
+from lapse.functions.ttl_planner import Planner
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.routing import Route
 from tests.stack import wait_for

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from events.kinds import BUILTIN_KINDS
+from lapse.events.kinds import BUILTIN_KINDS
 from tests.infra_package import INFRA, OVERLAYS, kubectl, rendered
 
 BUILTIN_KINDS_BY_GVK = {(k.api_version, k.kind): k for k in BUILTIN_KINDS.values()}

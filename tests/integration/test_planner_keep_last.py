@@ -13,15 +13,15 @@ import pytest
 from cloudevents.core.base import BaseCloudEvent
 from nats.js import JetStreamContext
 
-from events.adapters import adapt_object
-from events.builder import build_event, parse_payload
-from events.models import CleanupCancelled, CleanupScheduled, RunFinished
-from events.run import Target
-from events.types import EventType
-from functions.trust import Trust
 from lapse.config import LapseConfig
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.adapters import adapt_object
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.models import CleanupCancelled, CleanupScheduled, RunFinished
+from lapse.events.run import Target
+from lapse.events.types import EventType
+from lapse.functions.trust import Trust
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
 from tests.conftest import KubeStack

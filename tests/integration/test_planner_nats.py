@@ -12,18 +12,18 @@ import pytest
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from events.builder import build_event, parse_payload
-from events.models import CleanupDue, CleanupFailed, RunDeleted, RunFinished
-from events.nats_binding import from_nats
-from events.run import Engine, RunRef, Target
-from events.subjects import schedule_subject
-from events.types import EventType
-from functions.policy import Policy
-from functions.trust import Trust
-from functions.ttl_planner import Planner
 from lapse.config import Streams
 from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.models import CleanupDue, CleanupFailed, RunDeleted, RunFinished
+from lapse.events.nats_binding import from_nats
+from lapse.events.run import Engine, RunRef, Target
+from lapse.events.subjects import schedule_subject
+from lapse.events.types import EventType
+from lapse.functions.policy import Policy
+from lapse.functions.trust import Trust
+from lapse.functions.ttl_planner import Planner
 
 STREAMS = Streams()
 

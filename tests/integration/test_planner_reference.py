@@ -14,13 +14,13 @@ from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.v1.event import CloudEvent
 from nats.js import JetStreamContext
 
-from events.builder import parse_payload
-from events.models import CleanupFailed, CleanupScheduled
-from events.run import Target
-from events.types import EventType
 from lapse.config import LapseConfig
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.builder import parse_payload
+from lapse.events.models import CleanupFailed, CleanupScheduled
+from lapse.events.run import Target
+from lapse.events.types import EventType
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
 from tests.conftest import KubeStack

@@ -18,13 +18,13 @@ from cloudevents.core.base import BaseCloudEvent
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-import infra
-from events.builder import parse_payload
-from events.kinds import DEFAULT_KINDS
-from events.models import RunFinished
-from functions.policy_objects import PolicyBook
+from lapse import infra
 from lapse.edges.kubernetes import KubeObjects
 from lapse.edges.kubernetes.policies import namespace_names
+from lapse.events.builder import parse_payload
+from lapse.events.kinds import DEFAULT_KINDS
+from lapse.events.models import RunFinished
+from lapse.functions.policy_objects import PolicyBook
 from lapse.runtime.policy_watcher import PolicyWatcher
 from tests.conftest import KubeStack
 from tests.e2e.test_lapse_up import finished_workflow

@@ -21,19 +21,19 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from sqlalchemy import insert
 
-from events.builder import parse_payload
-from events.kinds import ARGO_WORKFLOW, KindSpec
-from events.models import CleanupDue
-from events.nats_binding import from_nats
-from events.run import KFP_RUN_ID_LABEL, Target
-from events.subjects import due_subject
-from events.timeutil import format_rfc3339
 from lapse.config import LapseConfig, Streams
 from lapse.edges.database import create_engine
 from lapse.edges.kubernetes import KubeObjects, Workflows, load_api_client
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.builder import parse_payload
+from lapse.events.kinds import ARGO_WORKFLOW, KindSpec
+from lapse.events.models import CleanupDue
+from lapse.events.nats_binding import from_nats
+from lapse.events.run import KFP_RUN_ID_LABEL, Target
+from lapse.events.subjects import due_subject
+from lapse.events.timeutil import format_rfc3339
 from lapse.operations.reconcile import (
     Options,
     Reconciler,

@@ -21,11 +21,11 @@ from datetime import UTC, datetime, timedelta
 
 from nats.js import JetStreamContext
 
-from events.nats_binding import to_nats
-from events.run import Target
-from events.subjects import due_subject
 from lapse.config import Streams
 from lapse.edges.schedules import NatsScheduleStore
+from lapse.events.nats_binding import to_nats
+from lapse.events.run import Target
+from lapse.events.subjects import due_subject
 from tests.integration.test_observed import due_event
 
 STREAMS = Streams()

@@ -15,15 +15,15 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from events.builder import build_event, parse_payload
-from events.models import CleanupDue
-from events.nats_binding import to_nats
-from events.run import Engine, RunRef, Target
-from events.subjects import due_subject
-from events.types import EventType
-from functions.trust import Trust
 from lapse.config import NatsConfig, Streams
 from lapse.edges.publishing import NatsEmitter
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.models import CleanupDue
+from lapse.events.nats_binding import to_nats
+from lapse.events.run import Engine, RunRef, Target
+from lapse.events.subjects import due_subject
+from lapse.events.types import EventType
+from lapse.functions.trust import Trust
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.routing import Route, load_routes
 from tests.stack import wait_for

@@ -38,17 +38,17 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from events.builder import build_event, parse_payload
-from events.models import CleanupCompleted, CleanupDue, CleanupFailed
-from events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
-from events.types import EventType, Outcome
-from functions.ports import RetryLater
-from functions.row_reaper import RowReaper, RowStore, TargetSpec, targets_for
-from functions.row_reaper.targets import argo_archive_target, kfp_target
-from functions.safety import SafetyConfig
 from lapse.config import DatabaseTargets
 from lapse.edges.database import create_engine
 from lapse.edges.rows import DatabaseUnavailable, SchemaMismatch, SqlRowStore, open_row_store
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.models import CleanupCompleted, CleanupDue, CleanupFailed
+from lapse.events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
+from lapse.events.types import EventType, Outcome
+from lapse.functions.ports import RetryLater
+from lapse.functions.row_reaper import RowReaper, RowStore, TargetSpec, targets_for
+from lapse.functions.row_reaper.targets import argo_archive_target, kfp_target
+from lapse.functions.safety import SafetyConfig
 from tests import argo_archive_schema as argo
 from tests import kfp_schema as kfp
 from tests.fakes import FakeSchedules

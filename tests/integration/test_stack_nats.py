@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 
 from nats.js.api import ConsumerConfig
 
-from events.run import Target
-from events.subjects import due_subject, schedule_subject
 from lapse.config import Streams
 from lapse.edges.nats import connect
 from lapse.edges.streams import ensure_streams, stream_configs
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.run import Target
+from lapse.events.subjects import due_subject, schedule_subject
 
 
 async def test_streams_are_created_idempotently(nats_server: EmbeddedNats) -> None:

@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from events.types import Outcome
-from functions.row_reaper.targets import tekton_results_target
 from lapse.edges.database import create_engine
+from lapse.events.types import Outcome
+from lapse.functions.row_reaper.targets import tekton_results_target
 from tests import tekton_results_schema as results
 from tests.integration.test_row_reaper import completed, due, reaper
 from tests.stack import Database

@@ -37,22 +37,22 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.trace import SpanKind
 
-from events.builder import build_event, parse_payload
-from events.models import CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
-from events.nats_binding import from_nats, hop_trace_context
-from events.run import Engine, RunRef, Target
-from events.subjects import dlq_subject, schedule_subject
-from events.types import EventType, Outcome
-from functions import tracing
-from functions.ports import RetryLater
-from functions.trust import Trust
-from functions.ttl_planner.function import new
 from lapse import telemetry
 from lapse.config import NatsConfig, Streams
 from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
+from lapse.events.builder import build_event, parse_payload
+from lapse.events.models import CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
+from lapse.events.nats_binding import from_nats, hop_trace_context
+from lapse.events.run import Engine, RunRef, Target
+from lapse.events.subjects import dlq_subject, schedule_subject
+from lapse.events.types import EventType, Outcome
+from lapse.functions import tracing
+from lapse.functions.ports import RetryLater
+from lapse.functions.trust import Trust
+from lapse.functions.ttl_planner.function import new
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.outages import Backoff
 from lapse.runtime.routing import Route
@@ -372,7 +372,7 @@ FLUSH_ON_STOP = """
 import asyncio, json, os, sys
 import httpx
 from func_python.cloudevent import ASGIApplication
-from functions.ttl_planner.function import new
+from lapse.functions.ttl_planner.function import new
 
 async def main() -> None:
     request = json.loads(sys.stdin.read())

@@ -16,13 +16,13 @@ import nats
 import pytest
 from cloudevents.core.base import BaseCloudEvent
 
-from events.builder import parse_payload
-from events.kinds import ARGO_WORKFLOW, JOB, KindSpec
-from events.models import RunDeleted, RunFinished
-from events.types import EventType
 from lapse.edges.kubernetes import KubeObjects
 from lapse.edges.watch_positions import WatchPositions
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.builder import parse_payload
+from lapse.events.kinds import ARGO_WORKFLOW, JOB, KindSpec
+from lapse.events.models import RunDeleted, RunFinished
+from lapse.events.types import EventType
 from lapse.runtime.watcher import KindWatcher
 from tests.conftest import KubeStack, kube_stack
 from tests.integration.test_kinds import job

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-import infra
+from lapse import infra
 
 OPERATOR: dict[str, Any] = yaml.safe_load(infra.read_text("otel/prometheusrule.yaml"))
 RULES: dict[str, Any] = OPERATOR["spec"]

@@ -15,14 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from events.adapters.argo_artifacts import argo_artifacts
-from events.artifacts import RunArtifacts, StoredArtifact
-from events.kinds import DEFAULT_KINDS
-from events.run import Engine, RunRef, Target
-from functions.artifact_reaper.capture import CapturedItem, capture, render
-from functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
-from functions.artifact_reaper.verdict import Allowed, Refused, Shared, belongs, depth, judge
-from functions.policy import Action, Policy, decide
+from lapse.events.adapters.argo_artifacts import argo_artifacts
+from lapse.events.artifacts import RunArtifacts, StoredArtifact
+from lapse.events.kinds import DEFAULT_KINDS
+from lapse.events.run import Engine, RunRef, Target
+from lapse.functions.artifact_reaper.capture import CapturedItem, capture, render
+from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
+from lapse.functions.artifact_reaper.verdict import Allowed, Refused, Shared, belongs, depth, judge
+from lapse.functions.policy import Action, Policy, decide
 
 FINISHED = datetime(2026, 1, 1, tzinfo=UTC)
 

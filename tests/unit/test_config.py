@@ -10,10 +10,10 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from events.run import Engine, RunRef, Target
-from functions.durations import NEVER
-from functions.policy import Action, plan
 from lapse.config import ConfigError, LapseConfig, load_config
+from lapse.events.run import Engine, RunRef, Target
+from lapse.functions.durations import NEVER
+from lapse.functions.policy import Action, plan
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "lapse.example.yaml"
 

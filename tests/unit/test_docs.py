@@ -8,11 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from events.subjects import AUDIT_PREFIX, DLQ_PREFIX, DUE_PREFIX, EVENTS_PREFIX, SCHEDULE_PREFIX
-from events.types import EventType, Outcome
-from functions.policy import EXPIRES_ANNOTATION, KEEP_ANNOTATION, TTL_ANNOTATION
 from lapse.cli.main import build_parser
 from lapse.config import LapseConfig, Streams
+from lapse.events.subjects import (
+    AUDIT_PREFIX,
+    DLQ_PREFIX,
+    DUE_PREFIX,
+    EVENTS_PREFIX,
+    SCHEDULE_PREFIX,
+)
+from lapse.events.types import EventType, Outcome
+from lapse.functions.policy import EXPIRES_ANNOTATION, KEEP_ANNOTATION, TTL_ANNOTATION
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")

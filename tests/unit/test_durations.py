@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from events.run import Target
-from functions.durations import DurationError, parse_duration, parse_ttl
-from functions.policy import TTL_ANNOTATION, Action, decide
+from lapse.events.run import Target
+from lapse.functions.durations import DurationError, parse_duration, parse_ttl
+from lapse.functions.policy import TTL_ANNOTATION, Action, decide
 from tests.unit.test_policy import make_run
 
 NON_ASCII = [

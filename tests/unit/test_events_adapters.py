@@ -13,8 +13,8 @@ from cloudevents.core.v1.event import CloudEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events import EventType, InvalidEvent, build_event
-from events.adapters import (
+from lapse.events import EventType, InvalidEvent, build_event
+from lapse.events.adapters import (
     Ignored,
     NeedsFetch,
     adapt_cloudevent,
@@ -25,10 +25,10 @@ from events.adapters import (
     adapt_tekton_event,
     adapt_workflow,
 )
-from events.kinds import KindSet, KindSpec, resolve_kinds
-from events.models import RunDeleted, RunFinished
-from events.run import ArgoTTLStrategy, Engine, Target
-from functions.policy import decide
+from lapse.events.kinds import KindSet, KindSpec, resolve_kinds
+from lapse.events.models import RunDeleted, RunFinished
+from lapse.events.run import ArgoTTLStrategy, Engine, Target
+from lapse.functions.policy import decide
 
 # An Argo Workflow created by Kubeflow Pipelines v2, as GET /apis/argoproj.io/v1alpha1/...
 # returns it after the controller marked it Succeeded (node statuses trimmed).

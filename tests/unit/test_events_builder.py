@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from cloudevents.core.v1.event import CloudEvent
 
-from events import EventType, InvalidEvent, Outcome, build_event, parse_payload
-from events.models import (
+from lapse.events import EventType, InvalidEvent, Outcome, build_event, parse_payload
+from lapse.events.models import (
     EVENT_TYPES,
     PAYLOAD_MODELS,
     CleanupCancelled,
@@ -21,8 +21,8 @@ from events.models import (
     RunFinished,
     model_for,
 )
-from events.original import capture_event, capture_message
-from events.run import ArgoTTLStrategy, Engine, RunRef, Target
+from lapse.events.original import capture_event, capture_message
+from lapse.events.run import ArgoTTLStrategy, Engine, RunRef, Target
 
 FINISHED = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

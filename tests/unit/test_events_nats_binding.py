@@ -14,9 +14,9 @@ from cloudevents.core.v1.event import CloudEvent
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from events import BindingError, EventType, InvalidEvent, build_event, parse_payload
-from events.models import RunFinished
-from events.nats_binding import (
+from lapse.events import BindingError, EventType, InvalidEvent, build_event, parse_payload
+from lapse.events.models import RunFinished
+from lapse.events.nats_binding import (
     ContentMode,
     NatsMessage,
     decode_header_value,

@@ -8,9 +8,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from events import EventType, build_event
-from events.models import RunFinished
-from events.schemas import (
+from lapse.events import EventType, build_event
+from lapse.events.models import RunFinished
+from lapse.events.schemas import (
     DIALECT,
     SCHEMA_DIR,
     generate_schema,
@@ -20,12 +20,12 @@ from events.schemas import (
     stale_schemas,
     write_schemas,
 )
-from events.schemas.__main__ import main
+from lapse.events.schemas.__main__ import main
 from tests.unit.test_events_builder import make_run, sample_payloads
 
 
 def test_schema_files_on_disk_equal_the_generated_ones() -> None:
-    assert stale_schemas() == [], "run `python -m events.schemas` and commit the result"
+    assert stale_schemas() == [], "run `python -m lapse.events.schemas` and commit the result"
     for event_type in EventType:
         path = SCHEMA_DIR / schema_filename(event_type)
         assert path.read_text("utf-8") == render_schema(event_type)

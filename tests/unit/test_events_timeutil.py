@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from events.timeutil import format_rfc3339, parse_rfc3339
-from events.tracecontext import is_valid_traceparent, is_valid_tracestate
+from lapse.events.timeutil import format_rfc3339, parse_rfc3339
+from lapse.events.tracecontext import is_valid_traceparent, is_valid_tracestate
 
 
 @pytest.mark.parametrize(

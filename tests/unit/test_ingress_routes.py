@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from cloudevents.core.v1.event import CloudEvent
 
-import events.adapters
-from events.adapters import Ignored, adapt_cloudevent
-from events.errors import InvalidEvent
-from events.types import EventType
+import lapse.events.adapters
 from lapse.config import ConfigError
 from lapse.config.schema import IngressConfig
+from lapse.events.adapters import Ignored, adapt_cloudevent
+from lapse.events.errors import InvalidEvent
+from lapse.events.types import EventType
 from lapse.runtime.ingress import is_loopback, listen_token
 from lapse.runtime.routing import load_routes, pushed_types
 
@@ -40,8 +40,8 @@ def candidate_types() -> set[str]:
     their tables) and every type of lapse's own contract: a type an adapter learns later
     is found here without this test changing."""
     found: set[str] = {str(t) for t in EventType}
-    for module_info in pkgutil.iter_modules(events.adapters.__path__):
-        module = importlib.import_module(f"events.adapters.{module_info.name}")
+    for module_info in pkgutil.iter_modules(lapse.events.adapters.__path__):
+        module = importlib.import_module(f"lapse.events.adapters.{module_info.name}")
         for value in vars(module).values():
             found.update(s for s in _strings(value) if s.startswith("dev.") and " " not in s)
     return found

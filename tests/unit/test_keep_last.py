@@ -19,11 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from events.kinds import ARGO_WORKFLOW
-from events.run import RunRef, Target
-from functions.keep_last import KeepLast, listed_runs
-from functions.object_reaper.verdict import Delete, Kept, Reschedule, classify, counts
-from functions.policy import (
+from lapse.events.kinds import ARGO_WORKFLOW
+from lapse.events.run import RunRef, Target
+from lapse.functions.keep_last import KeepLast, listed_runs
+from lapse.functions.object_reaper.verdict import Delete, Kept, Reschedule, classify, counts
+from lapse.functions.policy import (
     Action,
     Policy,
     counted_out,
@@ -31,7 +31,7 @@ from functions.policy import (
     keep_last_group,
     with_count,
 )
-from functions.safety import SafetyConfig
+from lapse.functions.safety import SafetyConfig
 from tests.unit.test_object_reaper_verdict import argo_workflow, as_read, due_for
 
 NOW = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from functions.row_reaper.mlmd import (
+from lapse.functions.row_reaper.mlmd import (
     MlmdArtifact,
     MlmdExecution,
     MlmdRun,

@@ -16,12 +16,12 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTResponse
 
-from events.kinds import ARGO_WORKFLOW
-from events.run import Engine, RunRef
-from functions.object_reaper.failures import judge_failure
-from functions.object_reaper.verdict import Refused
-from functions.ports import RetryLater
 from lapse.edges.kubernetes import ApiCallFailure, api_failure
+from lapse.events.kinds import ARGO_WORKFLOW
+from lapse.events.run import Engine, RunRef
+from lapse.functions.object_reaper.failures import judge_failure
+from lapse.functions.object_reaper.verdict import Refused
+from lapse.functions.ports import RetryLater
 
 RUN = RunRef(
     engine=Engine.ARGO,

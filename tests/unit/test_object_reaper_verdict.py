@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events.adapters import adapt_workflow
-from events.kinds import ARGO_WORKFLOW, Gate
-from events.models import CleanupDue, RunFinished
-from events.run import Engine, RunRef, Target
-from functions.object_reaper.gates import closed_gate, out_of_scope
-from functions.object_reaper.verdict import (
+from lapse.events.adapters import adapt_workflow
+from lapse.events.kinds import ARGO_WORKFLOW, Gate
+from lapse.events.models import CleanupDue, RunFinished
+from lapse.events.run import Engine, RunRef, Target
+from lapse.functions.object_reaper.gates import closed_gate, out_of_scope
+from lapse.functions.object_reaper.verdict import (
     AlreadyGone,
     Delete,
     GaveUp,
@@ -31,8 +31,8 @@ from functions.object_reaper.verdict import (
     Wait,
     classify,
 )
-from functions.policy import Policy
-from functions.safety import NamespaceFilter, SafetyConfig
+from lapse.functions.policy import Policy
+from lapse.functions.safety import NamespaceFilter, SafetyConfig
 
 NOW = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 TERMINAL = ("Succeeded", "Failed", "Error")

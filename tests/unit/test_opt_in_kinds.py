@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from events.adapters import Ignored, adapt_object
-from events.adapters.objects import adapt
-from events.errors import InvalidEvent
-from events.kinds import (
+from lapse.config.schema import LapseConfig
+from lapse.events.adapters import Ignored, adapt_object
+from lapse.events.adapters.objects import adapt
+from lapse.events.errors import InvalidEvent
+from lapse.events.kinds import (
     BUILTIN_KINDS,
     DEFAULT_KINDS,
     JOBSET,
@@ -24,10 +25,9 @@ from events.kinds import (
     KindSpec,
     resolve_kinds,
 )
-from events.models import RunFinished
-from events.run import RunRef, Target
-from functions.policy import KubernetesClock, Policy, decide
-from lapse.config.schema import LapseConfig
+from lapse.events.models import RunFinished
+from lapse.events.run import RunRef, Target
+from lapse.functions.policy import KubernetesClock, Policy, decide
 
 NOW = datetime(2026, 3, 2, tzinfo=UTC)
 ENDED = datetime(2026, 3, 1, 11, 0, tzinfo=UTC)

@@ -10,9 +10,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from events.run import ArgoTTLStrategy, Engine, RunRef, Target
-from functions.durations import NEVER, DurationError, format_duration, parse_duration, parse_ttl
-from functions.policy import (
+from lapse.events.run import ArgoTTLStrategy, Engine, RunRef, Target
+from lapse.functions.durations import (
+    NEVER,
+    DurationError,
+    format_duration,
+    parse_duration,
+    parse_ttl,
+)
+from lapse.functions.policy import (
     EXPIRES_ANNOTATION,
     KEEP_ANNOTATION,
     TTL_ANNOTATION,

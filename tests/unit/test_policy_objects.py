@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from events.run import Engine, RunRef, Target
-from functions.policy import Action, Policy, decide, keep_last_group
-from functions.policy_objects import PolicyBook, effective
+from lapse.events.run import Engine, RunRef, Target
+from lapse.functions.policy import Action, Policy, decide, keep_last_group
+from lapse.functions.policy_objects import PolicyBook, effective
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

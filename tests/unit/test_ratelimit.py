@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from functions.ratelimit import MassDeletionBrake, TokenBucket
+from lapse.functions.ratelimit import MassDeletionBrake, TokenBucket
 
 # Non-decreasing arrival times: cumulative sums of non-negative gaps.
 gaps = st.lists(st.floats(min_value=0, max_value=3, allow_nan=False), min_size=1, max_size=200)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from events.types import EventType
+from lapse.events.types import EventType
 from lapse.runtime.routing import load_routes, pushed_types, relist_lane
 from lapse.runtime.watcher import _not_newer
 

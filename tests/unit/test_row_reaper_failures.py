@@ -7,8 +7,8 @@ import pymysql
 import pytest
 from sqlalchemy import exc as sa_exc
 
-from functions.row_reaper import Rejected, Unavailable
 from lapse.edges.rows import classify_failure
+from lapse.functions.row_reaper import Rejected, Unavailable
 
 
 def wrapped(kind: type[sa_exc.DBAPIError], orig: Exception) -> sa_exc.DBAPIError:

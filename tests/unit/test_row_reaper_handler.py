@@ -15,14 +15,14 @@ import jsonschema
 import pytest
 from cloudevents.core.base import BaseCloudEvent
 
-from events.builder import build_event, outcome_id, parse_payload
-from events.models import MAX_TEXT, CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
-from events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
-from events.schemas import load_schema
-from events.types import EventType, Outcome
-from functions.ports import RetryLater
-from functions.ratelimit import LocalBrake, MassDeletionBrake
-from functions.row_reaper import (
+from lapse.events.builder import build_event, outcome_id, parse_payload
+from lapse.events.models import MAX_TEXT, CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
+from lapse.events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
+from lapse.events.schemas import load_schema
+from lapse.events.types import EventType, Outcome
+from lapse.functions.ports import RetryLater
+from lapse.functions.ratelimit import LocalBrake, MassDeletionBrake
+from lapse.functions.row_reaper import (
     Contradicted,
     Counted,
     Rejected,
@@ -32,10 +32,10 @@ from functions.row_reaper import (
     TargetSpec,
     Unavailable,
 )
-from functions.row_reaper.handler import describe
-from functions.row_reaper.targets import kfp_target
-from functions.row_reaper.verdict import RunFacts
-from functions.safety import SafetyConfig
+from lapse.functions.row_reaper.handler import describe
+from lapse.functions.row_reaper.targets import kfp_target
+from lapse.functions.row_reaper.verdict import RunFacts
+from lapse.functions.safety import SafetyConfig
 from tests.fakes import FakeSchedules
 
 DEADLINE = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from events.run import KFP_RUN_ID_LABEL, Engine, RunRef
-from functions.row_reaper.targets import (
+from lapse.config import DatabaseTargets
+from lapse.events.run import KFP_RUN_ID_LABEL, Engine, RunRef
+from lapse.functions.row_reaper.targets import (
     KeySource,
     MissingKey,
     Step,
@@ -16,7 +17,6 @@ from functions.row_reaper.targets import (
     kfp_target,
     targets_for,
 )
-from lapse.config import DatabaseTargets
 
 
 def run(**fields: Any) -> RunRef:

@@ -12,10 +12,10 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events.models import CleanupDue
-from events.run import Engine, RunRef, Target
-from functions.ports import PendingSchedule
-from functions.row_reaper.verdict import (
+from lapse.events.models import CleanupDue
+from lapse.events.run import Engine, RunRef, Target
+from lapse.functions.ports import PendingSchedule
+from lapse.functions.row_reaper.verdict import (
     EARLY_TOLERANCE,
     FINISH_TOLERANCE,
     Keep,

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from events.kinds import TEKTON_PIPELINERUN, TEKTON_TASKRUN, Gate, KindSpec
-from events.run import Engine, RunRef
-from functions.object_reaper.gates import closed_gate
-from functions.safety import SafetyConfig
+from lapse.events.kinds import TEKTON_PIPELINERUN, TEKTON_TASKRUN, Gate, KindSpec
+from lapse.events.run import Engine, RunRef
+from lapse.functions.object_reaper.gates import closed_gate
+from lapse.functions.safety import SafetyConfig
 
 RESULT = "results.tekton.dev/result"
 RECORD = "results.tekton.dev/record"

@@ -15,17 +15,24 @@ from opentelemetry import context as otel_context
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, NumberDataPoint
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
-from events.builder import build_event
-from events.models import CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
-from events.run import Engine, RunRef, Target
-from events.types import EventType
-from events.types import Outcome as CleanupOutcome
-from functions import tracing
-from functions.ports import RetryLater
-from functions.row_reaper import Counted, RowReaper, RunResult, RunRows, TargetSpec, Unavailable
-from functions.row_reaper.targets import kfp_target
-from functions.trust import Trust
 from lapse import telemetry
+from lapse.events.builder import build_event
+from lapse.events.models import CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
+from lapse.events.run import Engine, RunRef, Target
+from lapse.events.types import EventType
+from lapse.events.types import Outcome as CleanupOutcome
+from lapse.functions import tracing
+from lapse.functions.ports import RetryLater
+from lapse.functions.row_reaper import (
+    Counted,
+    RowReaper,
+    RunResult,
+    RunRows,
+    TargetSpec,
+    Unavailable,
+)
+from lapse.functions.row_reaper.targets import kfp_target
+from lapse.functions.trust import Trust
 from lapse.telemetry import names
 from lapse.telemetry.spans import delivery_parent, span_context_of, subject_template
 from tests.fakes import FakeSchedules

@@ -23,7 +23,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-import infra
+from lapse import infra
 from lapse.telemetry import METRICS, names
 
 # --- what lapse emits, as Prometheus sees it ------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-import infra
+from lapse import infra
 from lapse.runtime.routing import TRIGGER_FILES
 
 

@@ -1,5 +1,5 @@
 """Each run's artifact capture, kept beside its artifacts schedule: the NATS key-value
-bucket `LAPSE_ARTIFACTS` (`functions.artifact_reaper.ports.Captures`).
+bucket `LAPSE_ARTIFACTS` (`lapse.functions.artifact_reaper.ports.Captures`).
 
 A capture can be long (every output artifact of a large Workflow), so it is not put in the
 schedule message; the reaper reads it by the run's uid when the schedule fires.
@@ -28,8 +28,8 @@ from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from functions.artifact_reaper.capture import CapturedItem, RunCapture
-from functions.ports import RetryLater
+from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture
+from lapse.functions.ports import RetryLater
 
 BUCKET: Final = "LAPSE_ARTIFACTS"
 

@@ -20,8 +20,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from functions.ports import RetryLater
 from lapse.edges.kubernetes.client import request, server_attributes
+from lapse.functions.ports import RetryLater
 
 DEFAULT_KEY_ANNOTATION: Final = "workflows.argoproj.io/default-artifact-repository"
 _BUCKETS: Final = (("s3", "bucket"), ("gcs", "bucket"), ("azure", "container"))
@@ -32,7 +32,7 @@ TEMPLATE: Final = "/api/v1/namespaces/{namespace}/configmaps/{name}"
 
 
 class ConfigMapRepositories:
-    """`functions.artifact_reaper.ports.RepositoryReader` on the Kubernetes API (needs `get`
+    """`lapse.functions.artifact_reaper.ports.RepositoryReader` on the Kubernetes API (needs `get`
     on ConfigMaps in the Workflows' namespaces; without it the artifacts that name no
     bucket stay outside every store, and the log says why)."""
 

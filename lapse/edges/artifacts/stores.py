@@ -26,9 +26,9 @@ import obstore
 from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 from obstore.store import AzureStore, GCSStore, S3Store
 
-from functions.artifact_reaper.ports import StoredObject, StoreRefused, StoreUnavailable
-from functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
 from lapse import telemetry
+from lapse.functions.artifact_reaper.ports import StoredObject, StoreRefused, StoreUnavailable
+from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, ObjectStore, RetryConfig
@@ -52,7 +52,7 @@ _REFUSALS: Final = (
 
 
 class ObstoreStores:
-    """`functions.artifact_reaper.ports.ObjectStores` over the configured stores."""
+    """`lapse.functions.artifact_reaper.ports.ObjectStores` over the configured stores."""
 
     def __init__(self, config: ArtifactsConfig) -> None:
         self._config = config

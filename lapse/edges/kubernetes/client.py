@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import incluster_config
 from opentelemetry.util.types import AttributeValue
 
-from functions.ratelimit import TokenBucket
+from lapse.functions.ratelimit import TokenBucket
 from lapse.telemetry import client_span, count_kubernetes_request, end_client_span
 from lapse.telemetry.names import HTTP_METHOD, SERVER_ADDRESS, SERVER_PORT, URL_TEMPLATE
 

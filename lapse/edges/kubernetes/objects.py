@@ -20,7 +20,6 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from events.kinds import DEFAULT_KINDS, KindSet, KindSpec
 from lapse.edges.kubernetes.client import (
     ApiCallFailure,
     api_failure,
@@ -30,6 +29,7 @@ from lapse.edges.kubernetes.client import (
     timeout_kwargs,
 )
 from lapse.edges.kubernetes.own_deletions import OwnDeletions
+from lapse.events.kinds import DEFAULT_KINDS, KindSet, KindSpec
 from lapse.telemetry import count_kubernetes_request
 
 

@@ -13,10 +13,12 @@ from typing import Any, Final
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from events.kinds import KindSpec
-from events.timeutil import format_rfc3339
-from functions.policy import Policy
-from functions.policy_objects import (
+from lapse.edges.kubernetes.client import request, server_attributes
+from lapse.edges.kubernetes.objects import KubeObjects, finished_pages
+from lapse.events.kinds import KindSpec
+from lapse.events.timeutil import format_rfc3339
+from lapse.functions.policy import Policy
+from lapse.functions.policy_objects import (
     ACCEPTED,
     API_VERSION,
     CLUSTER_LAPSE_POLICY,
@@ -24,8 +26,6 @@ from functions.policy_objects import (
     Verdict,
     effective,
 )
-from lapse.edges.kubernetes.client import request, server_attributes
-from lapse.edges.kubernetes.objects import KubeObjects, finished_pages
 
 
 def _spec(name: str, kind: str, resource: str) -> KindSpec:

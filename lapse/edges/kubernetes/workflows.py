@@ -9,8 +9,8 @@ from typing import Any
 
 from kubernetes import client
 
-from events.kinds import ARGO_WORKFLOW
 from lapse.edges.kubernetes.objects import KubeObjects, Page, WatchEvent, finished_pages
+from lapse.events.kinds import ARGO_WORKFLOW
 
 
 class Workflows:

@@ -6,7 +6,7 @@ from typing import Final
 
 from sqlalchemy import exc as sa_exc
 
-from functions.row_reaper.ports import Rejected, Unavailable
+from lapse.functions.row_reaper.ports import Rejected, Unavailable
 
 # SQLSTATE classes where the same statement fails again: data exception, integrity
 # violation, syntax or access rule, check option. Every other class (connection, rollback,

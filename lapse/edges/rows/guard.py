@@ -13,9 +13,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from functions.row_reaper.verdict import RunFacts
 from lapse.edges.rows.delete import Normalize, owners_of, slices
 from lapse.edges.rows.model import BoundGuard, BoundTarget, PendingRun
+from lapse.functions.row_reaper.verdict import RunFacts
 
 
 async def read_facts(

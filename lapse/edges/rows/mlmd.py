@@ -15,7 +15,7 @@ from sqlalchemy import Table, delete, or_, select, true
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from functions.row_reaper.mlmd import (
+from lapse.functions.row_reaper.mlmd import (
     CONTEXT_TYPE_KIND,
     DELETE_ORDER,
     PIPELINE_RUN_CONTEXT_TYPE,

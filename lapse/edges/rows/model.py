@@ -9,9 +9,9 @@ from typing import Any
 from sqlalchemy import Column, Table
 from sqlalchemy.sql.elements import ColumnElement
 
-from functions.row_reaper.targets import TargetSpec
-from functions.row_reaper.verdict import RunFacts
 from lapse.edges.rows.mlmd import MlmdTables
+from lapse.functions.row_reaper.targets import TargetSpec
+from lapse.functions.row_reaper.verdict import RunFacts
 
 
 class BadKey(Exception):

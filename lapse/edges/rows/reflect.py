@@ -11,7 +11,11 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from functions.row_reaper.targets import (
+from lapse.config import ConfigError
+from lapse.edges.rows.mlmd import COLUMNS as MLMD_COLUMNS
+from lapse.edges.rows.mlmd import MlmdTables
+from lapse.edges.rows.model import Bound, BoundGuard, BoundTarget, Coerce
+from lapse.functions.row_reaper.targets import (
     ARGO_ARCHIVE,
     KFP,
     ML_METADATA,
@@ -20,10 +24,6 @@ from functions.row_reaper.targets import (
     TargetSpec,
     kfp_schema,
 )
-from lapse.config import ConfigError
-from lapse.edges.rows.mlmd import COLUMNS as MLMD_COLUMNS
-from lapse.edges.rows.mlmd import MlmdTables
-from lapse.edges.rows.model import Bound, BoundGuard, BoundTarget, Coerce
 
 
 class SchemaMismatch(ConfigError):

@@ -9,16 +9,6 @@ from typing import Final
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from functions.row_reaper.mlmd import DELETE_ORDER, MlmdRun, facts, footprint
-from functions.row_reaper.ports import (
-    Contradicted,
-    Counted,
-    Rejected,
-    RunResult,
-    RunRows,
-    Unavailable,
-)
-from functions.row_reaper.targets import TargetSpec
 from lapse.edges.rows.delete import delete_target, normalizer
 from lapse.edges.rows.failures import DATABASE_ERRORS, classify_failure, is_conflict
 from lapse.edges.rows.guard import read_facts
@@ -26,6 +16,16 @@ from lapse.edges.rows.mlmd import delete_footprint, read_run
 from lapse.edges.rows.model import BadKey, BoundTarget, PendingRun
 from lapse.edges.rows.reflect import SchemaMismatch, reflect_targets
 from lapse.errors import LapseError
+from lapse.functions.row_reaper.mlmd import DELETE_ORDER, MlmdRun, facts, footprint
+from lapse.functions.row_reaper.ports import (
+    Contradicted,
+    Counted,
+    Rejected,
+    RunResult,
+    RunRows,
+    Unavailable,
+)
+from lapse.functions.row_reaper.targets import TargetSpec
 
 DEFAULT_TIMEOUT: Final = 60.0
 # Deadlocks between overlapping batches are retried in place this many times.
@@ -41,7 +41,7 @@ class DatabaseUnavailable(LapseError):
 
 
 class SqlRowStore:
-    """`functions.row_reaper.ports.RowStore` on a SQLAlchemy async engine."""
+    """`lapse.functions.row_reaper.ports.RowStore` on a SQLAlchemy async engine."""
 
     def __init__(
         self,

@@ -9,12 +9,12 @@ from typing import Any, Final, Literal, Protocol
 
 from cloudevents.core.base import BaseCloudEvent
 
-from events.run import Target
-from events.types import EventType
 from lapse.edges.kubernetes import (
     api_failure,
 )
 from lapse.errors import LapseError
+from lapse.events.run import Target
+from lapse.events.types import EventType
 
 # Whole objects are listed (the planner needs status and spec, which a metadata-only list
 # lacks), so pages are kept small: a page is what reconcile holds, twice with the prefetch.

@@ -10,8 +10,8 @@ from sqlalchemy import Row, column, func, select, table
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from events.adapters import argo
-from events.run import KFP_RUN_ID_LABEL, Engine, RunRef
+from lapse.events.adapters import argo
+from lapse.events.run import KFP_RUN_ID_LABEL, Engine, RunRef
 from lapse.operations.reconcile.counts import one_line
 
 # KFP in single-user mode leaves run_details.Namespace empty; its runs live in the

@@ -19,17 +19,17 @@ from kubernetes.client.exceptions import ApiException
 from sqlalchemy import Row
 from sqlalchemy import exc as sa_exc
 
-from events.adapters.objects import adapt
-from events.builder import build_event
-from events.errors import InvalidEvent
-from events.kinds import ARGO_WORKFLOW, KindSpec
-from events.models import RunFinished
-from events.run import KFP_RUN_ID_LABEL, RunRef, Target
-from events.types import EventType
-from functions.policy import Action, Decision, Policy, decide
-from functions.trust import Trust
-from functions.ttl_planner import Planner
 from lapse.edges.kubernetes import Page, finished_pages, list_metadata
+from lapse.events.adapters.objects import adapt
+from lapse.events.builder import build_event
+from lapse.events.errors import InvalidEvent
+from lapse.events.kinds import ARGO_WORKFLOW, KindSpec
+from lapse.events.models import RunFinished
+from lapse.events.run import KFP_RUN_ID_LABEL, RunRef, Target
+from lapse.events.types import EventType
+from lapse.functions.policy import Action, Decision, Policy, decide
+from lapse.functions.trust import Trust
+from lapse.functions.ttl_planner import Planner
 from lapse.operations.reconcile.counts import (
     NoProgress,
     Options,

@@ -9,12 +9,12 @@ from cloudevents.core.base import BaseCloudEvent
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from events.run import Target
-from functions.ports import PendingSchedule, ScheduleStore
-from functions.ttl_planner import Planner
 from lapse.config import Streams
 from lapse.edges.kubernetes.policies import policies_in_effect
 from lapse.edges.schedules import NatsScheduleStore
+from lapse.events.run import Target
+from lapse.functions.ports import PendingSchedule, ScheduleStore
+from lapse.functions.ttl_planner import Planner
 from lapse.operations.reconcile.counts import ReconcileError
 from lapse.runtime.resources import Resources
 
