@@ -98,6 +98,7 @@ async def test_the_brake_trips_once_for_the_deployment_and_a_command_releases_it
     assert (await lapse("brake", "status")).splitlines() == [
         "kubernetes: not engaged",
         "database: not engaged",
+        "artifacts: not engaged",
     ]
     again = await workers(own_nats.url, "brake", 1, max_due=max_due, window=60)
     assert all(d["admitted"] for r in again for d in r["decisions"])
