@@ -271,8 +271,9 @@ def _unversioned(label: str) -> str:
 async def preview(resources: Resources, args: argparse.Namespace, now: datetime) -> Preview:
     namespace, pattern = namespace_of(args)
     result = Preview()
-    policies, chosen = await _policies(resources, args, namespace, result)
+    # Flags are checked before anything is read: a typo is a usage error, not a connection.
     wanted = kinds_of(args, resources.config.kinds)
+    policies, chosen = await _policies(resources, args, namespace, result)
     # The artifacts target is planned only where object stores are configured.
     targets = tuple(
         t for t in Target if t is not Target.ARTIFACTS or resources.config.artifacts.stores

@@ -95,7 +95,7 @@ async def test_reconcile_schedules_and_lapse_up_drains_a_backlog(
     summary = json.loads(reconciled.stdout)
     runs = summary["runs"]
     assert (runs["listed"], runs["scheduled"], runs["unchanged"]) == (COUNT, COUNT, 0)
-    assert runs["deadlines"] == {"kubernetes": COUNT, "database": 0}
+    assert runs["deadlines"] == {"kubernetes": COUNT, "database": 0, "artifacts": 0}
     assert (runs["failed"], runs["errors"]) == (0, 0)
     assert "done" in reconciled.stderr  # plain progress lines: stderr is not a terminal
     # Reconcile only schedules: nothing is deleted until a reaper runs.
