@@ -24,6 +24,8 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
+from lapse.edges.nats import key_value_bucket
+
 BUCKET: Final = "LAPSE_HEALTH"
 KEEP_SECONDS: Final = 60.0
 RELIST_PREFIX: Final = "relist."
@@ -61,17 +63,13 @@ def process_key() -> str:
 
 
 async def bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
-    try:
-        return await js.key_value(BUCKET)
-    except BucketNotFoundError:
-        return await js.create_key_value(
-            KeyValueConfig(
-                bucket=BUCKET,
-                description="What each lapse process is waiting out (lapse status)",
-                ttl=KEEP_SECONDS,
-                replicas=replicas,
-            )
-        )
+    config = KeyValueConfig(
+        bucket=BUCKET,
+        description="What each lapse process is waiting out (lapse status)",
+        ttl=KEEP_SECONDS,
+        replicas=replicas,
+    )
+    return await key_value_bucket(js, config)
 
 
 async def report(kv: KeyValue, key: str, waiting: dict[str, tuple[float, int, str]]) -> None:

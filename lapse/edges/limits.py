@@ -43,13 +43,12 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
-    APIError,
-    BucketNotFoundError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
 )
 from nats.js.kv import KeyValue
 
+from lapse.edges.nats import key_value_bucket
 from lapse.functions.ports import RetryLater
 from lapse.functions.ratelimit import ADMITTED, BrakeDecision
 
@@ -73,21 +72,15 @@ MIN_MAX_AGE: Final = 600.0
 async def limits_bucket(js: JetStreamContext, *, window: float, replicas: int = 1) -> KeyValue:
     """The shared bucket, created on first use (every process may try: creating an existing
     bucket with the same settings is a no-op)."""
-    try:
-        return await js.key_value(BUCKET)
-    except BucketNotFoundError:
-        config = KeyValueConfig(
-            bucket=BUCKET,
-            description="lapse: deletion rate and mass-deletion brake shared by every reaper",
-            history=1,
-            ttl=max(MIN_MAX_AGE, 3 * window),
-            storage=StorageType.FILE,
-            replicas=replicas,
-        )
-        try:
-            return await js.create_key_value(config=config)
-        except APIError:  # another process created it first (perhaps for another window)
-            return await js.key_value(BUCKET)
+    config = KeyValueConfig(
+        bucket=BUCKET,
+        description="lapse: deletion rate and mass-deletion brake shared by every reaper",
+        history=1,
+        ttl=max(MIN_MAX_AGE, 3 * window),
+        storage=StorageType.FILE,
+        replicas=replicas,
+    )
+    return await key_value_bucket(js, config)
 
 
 @contextlib.asynccontextmanager

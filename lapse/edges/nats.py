@@ -21,6 +21,9 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig
+from nats.js.errors import APIError, BucketNotFoundError
+from nats.js.kv import KeyValue
 
 from lapse.config import ConfigError, NatsConfig
 from lapse.config.redact import redact
@@ -207,3 +210,17 @@ def max_payload(js: JetStreamContext) -> int | None:
     client = getattr(js, "_nc", None)
     limit = getattr(client, "max_payload", None)
     return limit if isinstance(limit, int) and limit > 0 else None
+
+
+async def key_value_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    """The key-value bucket `config` names, created on first use. Every process may try at
+    once: the one that loses the race (an APIError, perhaps for other settings) opens the
+    bucket the winner made."""
+    assert config.bucket is not None
+    try:
+        return await js.key_value(config.bucket)
+    except BucketNotFoundError:
+        try:
+            return await js.create_key_value(config=config)
+        except APIError:
+            return await js.key_value(config.bucket)

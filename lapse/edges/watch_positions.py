@@ -21,8 +21,10 @@ from typing import Final
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
+
+from lapse.edges.nats import key_value_bucket
 
 BUCKET: Final = "LAPSE_WATCH"
 
@@ -37,17 +39,13 @@ class WatchPositions:
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
-            try:
-                self._kv = await self._js.key_value(BUCKET)
-            except BucketNotFoundError:
-                self._kv = await self._js.create_key_value(
-                    KeyValueConfig(
-                        bucket=BUCKET,
-                        description="Where each kind's watch resumes (lapse up's watcher)",
-                        history=1,
-                        replicas=self._replicas,
-                    )
-                )
+            config = KeyValueConfig(
+                bucket=BUCKET,
+                description="Where each kind's watch resumes (lapse up's watcher)",
+                history=1,
+                replicas=self._replicas,
+            )
+            self._kv = await key_value_bucket(self._js, config)
         return self._kv
 
     async def get(self, kind: str, cluster: str) -> str | None:

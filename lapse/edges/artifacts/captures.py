@@ -24,10 +24,11 @@ from typing import Final
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
+from lapse.edges.nats import key_value_bucket
 from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture
 from lapse.functions.ports import RetryLater
 
@@ -54,20 +55,14 @@ class NatsCaptures:
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
-            try:
-                self._kv = await self._js.key_value(BUCKET)
-            except BucketNotFoundError:
-                config = KeyValueConfig(
-                    bucket=BUCKET,
-                    description="lapse: each run's artifacts, captured when it was planned",
-                    history=1,
-                    storage=StorageType.FILE,
-                    replicas=self._replicas,
-                )
-                try:
-                    self._kv = await self._js.create_key_value(config=config)
-                except APIError:  # another process created it first
-                    self._kv = await self._js.key_value(BUCKET)
+            config = KeyValueConfig(
+                bucket=BUCKET,
+                description="lapse: each run's artifacts, captured when it was planned",
+                history=1,
+                storage=StorageType.FILE,
+                replicas=self._replicas,
+            )
+            self._kv = await key_value_bucket(self._js, config)
         return self._kv
 
     async def put(self, capture: RunCapture) -> None:
