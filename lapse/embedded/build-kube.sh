@@ -19,6 +19,19 @@ OUT="$CACHE_ROOT/kube/$KUBE_VERSION"
 # Bump when the way the binaries are built changes, so caches from an older recipe rebuild.
 RECIPE=2
 
+# Callers that find nothing to build never wait. The others take turns: test sessions and
+# `make` targets starting at once would otherwise compile the same packages side by side.
+if [ -z "${LAPSE_KUBE_BUILD_LOCKED:-}" ]; then
+  mkdir -p "$CACHE_ROOT/kube"
+  missing=0
+  for name in kube-apiserver etcd "$@"; do [ -x "$OUT/$name" ] || missing=1; done
+  [ "$(cat "$OUT/recipe" 2>/dev/null)" = "$RECIPE" ] || missing=1
+  if [ "$missing" = 1 ]; then
+    export LAPSE_KUBE_BUILD_LOCKED=1
+    exec flock "$CACHE_ROOT/kube/$KUBE_VERSION.lock" bash "$0" "$@"
+  fi
+fi
+
 core=1
 if [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/etcd" ] && [ "$(cat "$OUT/recipe" 2>/dev/null)" = "$RECIPE" ]; then
   core=0
@@ -36,7 +49,7 @@ fi
 command -v go >/dev/null || { echo "kube-binaries: the 'go' tool is required" >&2; exit 1; }
 
 staging_version="v0.${KUBE_VERSION#v1.}"
-# One work directory per run: builds of different binaries may run at the same time.
+# One work directory per run (the lock above makes runs take turns).
 mkdir -p "$CACHE_ROOT/kube" "$OUT"
 work=$(mktemp -d "$CACHE_ROOT/kube/build-$KUBE_VERSION.XXXXXX")
 trap 'rm -rf "$work"' EXIT
