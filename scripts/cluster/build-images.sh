@@ -20,6 +20,12 @@ source "$(dirname "$0")/lib.sh"
 RECIPE=1
 IMAGES="$CLUSTER_CACHE/images"
 mkdir -p "$IMAGES"
+# One build at a time: `make test` builds every image in the background (build-all.sh)
+# while start.sh and knative.sh ask for theirs; a caller waits for the build, never repeats it.
+if [ -z "${LAPSE_CLUSTER_IMAGES_LOCKED:-}" ]; then
+  export LAPSE_CLUSTER_IMAGES_LOCKED=1
+  exec flock "$IMAGES/.lock" bash "$0" "$@"
+fi
 export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -buildvcs=false" GONOSUMDB="${GONOSUMDB:-knative.dev}"
 
 cached() { [ -f "$1" ] && [ "$(cat "$1.recipe" 2>/dev/null)" = "$RECIPE" ]; }

@@ -9,6 +9,12 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 out="$CLUSTER_CACHE/netpol/kube-router-$KUBE_ROUTER_VERSION"
 if [ -x "$out/kube-router" ]; then echo "$out/kube-router"; exit 0; fi
+# Built once however many callers ask at the same time (build-all.sh runs in the background).
+if [ -z "${LAPSE_NETPOL_LOCKED:-}" ]; then
+  mkdir -p "$CLUSTER_CACHE/netpol"
+  export LAPSE_NETPOL_LOCKED=1
+  exec flock "$CLUSTER_CACHE/netpol/.lock" bash "$0" "$@"
+fi
 command -v go >/dev/null || die "the 'go' tool is required"
 mkdir -p "$out"
 work=$(mktemp -d "$out.XXXXXX"); trap 'rm -rf "$work"' EXIT
