@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,17 +21,23 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from nats.js import JetStreamContext
 
+from bench.report import parse_timestamp
+from lapse.config import LapseConfig
 from lapse.edges.kubernetes import KubeObjects, finished_pages_within, list_metadata
+from lapse.embedded.nats import EmbeddedNats
 from lapse.events.adapters.objects import adapt
 from lapse.events.errors import InvalidEvent
 from lapse.events.kinds import ARGO_WORKFLOW
 from lapse.events.models import RunFinished
+from lapse.operations.reconcile import Options, reconcile
+from lapse.runtime.resources import Resources
 from tests.conftest import KubeStack
 from tests.e2e.apiserver_audit import audited_kube_stack
 from tests.unit.test_object_reaper_verdict import argo_workflow
 
-pytestmark = [pytest.mark.kube]
+pytestmark = [pytest.mark.kube, pytest.mark.nats]
 
 PAGE = 100
 PER_NAMESPACE = 1000
@@ -143,3 +150,33 @@ async def test_every_list_is_paged_and_memory_stays_flat(
     assert 20 <= count[NAMESPACES[2]] <= 22
     assert 12 <= count[NAMESPACES[3]] <= 14
     assert not any(e["objectRef"]["namespace"] == "other" for e in by_namespace)
+
+
+async def test_reconcile_lists_a_glob_one_namespace_at_a_time(
+    audited: tuple[KubeStack, Path], nats_server: EmbeddedNats, lapse_streams: JetStreamContext
+) -> None:
+    kube, audit_log = audited
+    objects = KubeObjects(kube.api_client, kube.executor)
+    sizes = {"glob-a1": 3, "glob-a2": 2, "glob-b": 2}
+    for namespace, count in sizes.items():
+        kube.namespace(namespace)
+        await fill(objects, namespace, count)
+    config = LapseConfig.model_validate(
+        {"nats": {"url": nats_server.url}, "kubernetes": {"kubeconfig": str(kube.kubeconfig)}}
+    )
+    started = time.time()
+    async with Resources(config) as resources:
+        summary = await reconcile(resources, Options(namespace="glob-a*", rows=False, page_size=2))
+    assert summary.ok, summary.problems
+    assert summary.runs is not None and summary.runs.listed == 5
+
+    lists = [
+        e
+        for e in workflow_lists(audit_log)
+        if parse_timestamp(e["requestReceivedTimestamp"]) >= started
+    ]
+    where = [e["objectRef"].get("namespace") for e in lists]
+    # Each matching namespace, by pages of 2; never the whole kind, never glob-b.
+    assert set(where) == {"glob-a1", "glob-a2"}, where
+    assert all(query(e)["limit"] == ["2"] for e in lists)
+    assert where.count("glob-a1") >= 2
