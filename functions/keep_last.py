@@ -2,10 +2,10 @@
 
 A policy's `keep_last` clause (functions/policy.py) names a group (`group_by`: a label, a
 field of the object, or `auto`: the first of the engines' own labels the run carries) and
-how many of its newest
-finished runs stay: `succeeded` and `failed` apiece, or `total`. Every other run of the
-group is counted out: due at the moment the run that pushed it out finished (so the
-deadline is the same whoever counts, and whenever), or earlier if its TTL says so.
+how many of its newest finished runs stay: `succeeded` and `failed` apiece, or `total`.
+Every other run of the group is counted out: due at the moment the run that pushed it out
+finished (so the deadline is the same whoever counts, and whenever), or earlier if its TTL
+says so.
 
 What is counted is what the caller listed from the API server a moment ago: the objects
 that exist now, never runs already deleted. Runs being deleted (`deletionTimestamp`),

@@ -59,15 +59,10 @@ LIST_CONCURRENCY: Final = 4
 # lacks a permission): stop instead of failing every remaining run slowly.
 MAX_ERRORS: Final = 50
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_GLOB_CHARS = re.compile(r"[*?\[]")
 
 
 def namespace_matches(namespace: str, pattern: str | None) -> bool:
     return pattern is None or fnmatch.fnmatchcase(namespace, pattern)
-
-
-def is_glob(pattern: str) -> bool:
-    return bool(_GLOB_CHARS.search(pattern))
 
 
 def is_label_value(value: str) -> bool:
