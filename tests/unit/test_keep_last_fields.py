@@ -23,6 +23,7 @@ from lapse.functions.keep_last import (
 )
 from lapse.functions.object_reaper.verdict import Delete, Reschedule, classify, counts
 from lapse.functions.policy import Policy, counted_out, keep_last_group
+from lapse.functions.policy_objects import effective
 from lapse.functions.safety import SafetyConfig
 from tests.unit.test_keep_last import (
     CRON,
@@ -36,6 +37,7 @@ from tests.unit.test_keep_last import (
     scenarios,
 )
 from tests.unit.test_object_reaper_verdict import argo_workflow, as_read, due_for
+from tests.unit.test_policy_objects import ALLOW_TEAMS, lapse_policy
 
 TEMPLATE = "field:spec.workflowTemplateRef.name"
 PIPELINE = "field:spec.pipelineRef.name"
@@ -259,3 +261,14 @@ def test_the_reaper_recounts_a_field_group_from_the_namespace() -> None:
     moved = classify(old, due, ARGO_WORKFLOW, policies, SafetyConfig(), NOW, (), [old, renamed])
     assert isinstance(moved, Reschedule)
     assert CRON not in old["metadata"]["labels"]
+
+
+def test_a_lapse_policy_may_group_by_a_field_in_its_own_namespace() -> None:
+    spec = {"keepLast": {"groupBy": TEMPLATE, "total": 1}}
+    found = effective([lapse_policy("tpl", "team-a", spec)], [ALLOW_TEAMS])
+    assert found.verdicts[0].accepted, found.verdicts[0]
+    objects = [run(f"r{i}", i, group="etl", by="field") for i in range(3)]
+    assert sorted(counted_out(refs(objects), found.policies, NOW)) == ["uid-r1", "uid-r2"]
+    elsewhere = as_read(argo_workflow("x", namespace="team-b", finished_at=NOW), uid="uid-x")
+    elsewhere["spec"]["workflowTemplateRef"] = {"name": "etl"}
+    assert keep_last_group(refs([elsewhere])[0], found.policies) is None
