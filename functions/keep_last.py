@@ -1,10 +1,11 @@
 """Keep the last N runs of a group: the counting, pure (no I/O, no clock).
 
-A policy's `keep_last` clause (functions/policy.py) names a group (`group_by`: a label, or
-`auto`: the first of the engines' own labels the run carries) and how many of its newest
-finished runs stay: `succeeded` and `failed` apiece, or `total`. Every other run of the
-group is counted out: due at the moment the run that pushed it out finished (so the
-deadline is the same whoever counts, and whenever), or earlier if its TTL says so.
+A policy's `keep_last` clause (functions/policy.py) names a group (`group_by`: a label, a
+field of the object, or `auto`: the first of the engines' own labels the run carries) and
+how many of its newest finished runs stay: `succeeded` and `failed` apiece, or `total`.
+Every other run of the group is counted out: due at the moment the run that pushed it out
+finished (so the deadline is the same whoever counts, and whenever), or earlier if its TTL
+says so.
 
 What is counted is what the caller listed from the API server a moment ago: the objects
 that exist now, never runs already deleted. Runs being deleted (`deletionTimestamp`),
@@ -21,13 +22,14 @@ group as it is now, whoever deletes first, in whatever order: the N newest stay.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from lapse.events.adapters import Ignored
 from lapse.events.adapters.objects import adapt
@@ -56,18 +58,64 @@ _LABEL_KEY = re.compile(
 )
 _NEWEST: Final = datetime.max.replace(tzinfo=UTC)
 
+# A field path: dot-separated names (`spec.workflowTemplateRef.name`), and a map key that
+# holds dots or slashes (an annotation's) in brackets and quotes:
+# `metadata.annotations['pipelines.kubeflow.org/run_name']`.
+_NAME = r"[A-Za-z0-9_-]+"
+_QUOTED = r"\['([^'\]\s]+)'\]|\[\"([^\"\]\s]+)\"\]"
+_SEGMENT = re.compile(rf"(?:^|\.)({_NAME})|{_QUOTED}")
+MAX_FIELD_DEPTH: Final = 16
+
+
+@functools.lru_cache(maxsize=256)
+def parse_field_path(path: str) -> tuple[str, ...]:
+    """The keys of a field path, outermost first; ValueError when it is not one."""
+    keys: list[str] = []
+    at = 0
+    while at < len(path):
+        found = _SEGMENT.match(path, at)
+        if found is None:
+            raise ValueError(
+                f"{path!r} is not a field path (dot-separated names, e.g. "
+                "spec.workflowTemplateRef.name; a key with dots in brackets: "
+                "metadata.annotations['example.com/key'])"
+            )
+        keys.append(next(g for g in found.groups() if g is not None))
+        at = found.end()
+    if not keys or path.startswith("."):
+        raise ValueError(f"{path!r} is not a field path (it names no field, or starts with a dot)")
+    if len(keys) > MAX_FIELD_DEPTH:
+        raise ValueError(f"{path!r} is deeper than {MAX_FIELD_DEPTH} fields")
+    return tuple(keys)
+
+
+def field_value(obj: Mapping[str, Any], keys: Sequence[str]) -> str | None:
+    """The group key at `keys` in an object as the API server returned it: a non-empty
+    string, or an integer as its digits; None when the field is missing or holds anything
+    else (a map, a list, a boolean: no group)."""
+    value: Any = obj
+    for key in keys:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    return value if isinstance(value, str) and value else None
+
 
 def _group_by(value: str) -> str:
     if value == AUTO:
         return value
     how, sep, key = value.partition(":")
     if how == "field" and sep:
-        raise ValueError(
-            "field:<path> grouping is not supported yet: the group must be one the API server "
-            "can list by label selector; use label:<key> (or auto)"
-        )
+        parse_field_path(key)
+        return value
     if how != "label" or not sep or not _LABEL_KEY.fullmatch(key):
-        raise ValueError(f"{value!r} is not a group (auto, or label:<key> with a label key)")
+        raise ValueError(
+            f"{value!r} is not a group (auto, label:<key> with a label key, or field:<path>)"
+        )
     return value
 
 
@@ -94,8 +142,17 @@ class KeepLast(BaseModel):
             raise ValueError("set total, or succeeded and/or failed")
         return self
 
+    @property
+    def field_path(self) -> tuple[str, ...] | None:
+        """The keys of the field that names the group (`field:<path>`), None for a label."""
+        how, _, path = self.group_by.partition(":")
+        return parse_field_path(path) if how == "field" else None
+
     def group_label(self, labels: Mapping[str, str]) -> tuple[str, str] | None:
-        """(key, value) of the label that names the run's group, or None (not grouped)."""
+        """(key, value) of the label that names the run's group, or None (not grouped, or
+        grouped by a field: see `field_path`)."""
+        if self.group_by.startswith("field:"):
+            return None
         keys = WELL_KNOWN_GROUP_LABELS if self.group_by == AUTO else (self.group_by[6:],)
         for key in keys:
             value = labels.get(key)
@@ -160,9 +217,27 @@ def count_out(members: Sequence[RunRef], rule: KeepLast, now: datetime) -> list[
     return out
 
 
+class ListedRun(RunRef):
+    """A run as listed from the API server, with the object it was read from: what a
+    `field:` group is read from (a run event carries labels, not the object's fields).
+    Serialized (in an event) it is a RunRef: the object is not a field of it."""
+
+    _object: Mapping[str, Any] = PrivateAttr(default_factory=dict)
+
+    @property
+    def listed_object(self) -> Mapping[str, Any]:
+        return self._object
+
+
+def listed_object(run: RunRef) -> Mapping[str, Any] | None:
+    """The object `run` was listed as, None when it was not listed (a run event's)."""
+    return run.listed_object if isinstance(run, ListedRun) else None
+
+
 def listed_runs(objects: Sequence[Mapping[str, Any]], kind: KindSpec) -> list[RunRef]:
     """The finished runs among objects listed from the API server: not being deleted, not
-    running again, and readable (an unreadable object is left out, never counted out)."""
+    running again, and readable (an unreadable object is left out, never counted out).
+    Each is a `ListedRun`: its `field:` groups are read from the object listed."""
     runs: list[RunRef] = []
     for obj in objects:
         metadata = obj.get("metadata")
@@ -175,5 +250,7 @@ def listed_runs(objects: Sequence[Mapping[str, Any]], kind: KindSpec) -> list[Ru
         if isinstance(adapted, Ignored):
             continue
         assert isinstance(adapted, RunFinished)
-        runs.append(adapted.run)
+        listed = ListedRun.model_construct(adapted.run.model_fields_set, **dict(adapted.run))
+        listed._object = obj
+        runs.append(listed)
     return runs

@@ -73,7 +73,7 @@ from lapse.functions.durations import (
     format_duration,
     parse_ttl,
 )
-from lapse.functions.keep_last import CountedOut, KeepLast, count_out
+from lapse.functions.keep_last import CountedOut, KeepLast, count_out, field_value, listed_object
 
 KEEP_ANNOTATION: Final = "lapse.dev/keep"
 EXPIRES_ANNOTATION: Final = "lapse.dev/expires"
@@ -341,34 +341,62 @@ def plan(
 @dataclass(frozen=True, slots=True)
 class Group:
     """Runs counted together: one policy's `keep_last`, in one namespace, of one kind, with
-    one value of the group's label. `selector` lists them from the API server."""
+    one value of the group's label (or field, when `field`). `selector` lists them from
+    the API server.
+
+    A field is not selectable server-side (custom resources offer only metadata.name and
+    metadata.namespace, and the `selectableFields` of a CRD that declares them: none of
+    the engines' does), so a field group is listed as its whole namespace's objects of
+    the kind, paged, and counted client-side: `selector` is empty. Its `value` is None
+    when the run was not listed (a run event carries labels, not fields): the listing
+    tells which group the run is in, and the count of a listing is right for every group
+    it holds whole."""
 
     policy: str
     namespace: str
     api_group: str
     kind: str
-    label: str
-    value: str
+    label: str  # the label key, or the field path (`field`)
+    value: str | None
+    field: bool = False
 
     @property
     def selector(self) -> str:
-        return f"{self.label}={self.value}"
+        """The label selector that lists the group (a field group: all, "")."""
+        return "" if self.field else f"{self.label}={self.value}"
+
+    def describe(self) -> str:
+        if not self.field:
+            return self.selector
+        value = "(read from the listing)" if self.value is None else repr(self.value)
+        return f"field {self.label}={value}"
 
 
 def keep_last_group(run: RunRef, policies: Sequence[Policy]) -> tuple[Group, KeepLast] | None:
     """The group `run` is counted in, with its rule: the first matching policy that has a
-    `keep_last` whose group label the run carries (else the next one is asked, like a
-    clock); None when no policy counts it."""
+    `keep_last` whose group label (or field) the run carries (else the next one is asked,
+    like a clock); None when no policy counts it. Of a run not listed (no object to read
+    a field from), a field group is the first matching policy's, with `value` None: the
+    caller lists the namespace, whose count settles the run's group."""
     for policy in policies:
         rule = policy.keep_last
         if rule is None or not policy.match.matches(run):
             continue
+        api_group = run.api_version.rpartition("/")[0]
+        path = rule.field_path
+        if path is not None:
+            listed = listed_object(run)
+            value = None if listed is None else field_value(listed, path)
+            if listed is not None and value is None:
+                continue
+            field = rule.group_by[len("field:") :]
+            group = Group(policy.name, run.namespace, api_group, run.kind, field, value, True)
+            return group, rule
         found = rule.group_label(run.labels)
         if found is None:
             continue
-        label, value = found
-        api_group = run.api_version.rpartition("/")[0]
-        return Group(policy.name, run.namespace, api_group, run.kind, label, value), rule
+        label, label_value = found
+        return Group(policy.name, run.namespace, api_group, run.kind, label, label_value), rule
     return None
 
 
@@ -388,13 +416,16 @@ def counted_out(
 ) -> dict[str, Counted]:
     """Every run counted out of its group, by uid, among `runs`: finished runs as listed
     from the API server a moment ago (functions/keep_last.py: `listed_runs`). Runs of
-    other groups in `runs` are counted in their own group."""
+    other groups in `runs` are counted in their own group. A run of a `field:` group that
+    was not listed (a plain RunRef: its field is unknown) is not counted."""
     groups: dict[Group, tuple[KeepLast, list[RunRef]]] = {}
     for run in runs:
         found = keep_last_group(run, policies)
         if found is None or pinned(run, policies, now):
             continue
         group, rule = found
+        if group.field and group.value is None:
+            continue  # not listed: which field group it is in is unknown, so never counted
         groups.setdefault(group, (rule, []))[1].append(run)
     return {
         out.uid: (group, out)
@@ -418,7 +449,7 @@ def with_count(decision: Decision, counted: Counted | None) -> Decision:
         Action.SCHEDULE,
         out.at,
         f"{KEEP_LAST_SOURCE}:{group.policy}",
-        f"policy {group.policy!r} keep_last.{out.bucket}={out.limit} for {group.selector}: "
+        f"policy {group.policy!r} keep_last.{out.bucket}={out.limit} for {group.describe()}: "
         f"not among the {out.limit} newest since {out.pushed_out_by} finished",
     )
 

@@ -9,7 +9,7 @@ exist after every step, and once every step has run exactly they are left.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -55,16 +55,27 @@ def run(
     group: str = "etl",
     keep: bool = False,
     rv: str = "1",
+    by: str = "label",
 ) -> dict[str, Any]:
+    """A finished Workflow of `group`: by its cron label, or (`by="field"`) by the
+    WorkflowTemplate it was submitted from, without the label."""
     annotations = {"lapse.dev/keep": "true"} if keep else {}
     body = argo_workflow(
         name,
         phase=phase,
         finished_at=NOW - timedelta(minutes=minutes_ago),
-        labels={CRON: group},
+        labels={CRON: group} if by == "label" else {},
         annotations=annotations,
     )
+    if by == "field":
+        body["spec"]["workflowTemplateRef"] = {"name": group}
     return as_read(body, uid=f"uid-{name}", rv=rv)
+
+
+def group_key(obj: Mapping[str, Any]) -> str:
+    """The group an object of `run` is in, read apart from the code under test."""
+    labels = obj["metadata"]["labels"]
+    return str(labels[CRON] if CRON in labels else obj["spec"]["workflowTemplateRef"]["name"])
 
 
 def refs(objects: list[dict[str, Any]]) -> list[RunRef]:
@@ -80,7 +91,8 @@ def refs(objects: list[dict[str, Any]]) -> list[RunRef]:
         ({}, "set total, or succeeded and/or failed"),
         ({"total": 3, "failed": 1}, "not both"),
         ({"succeeded": -1}, "greater than or equal to 0"),
-        ({"total": 2, "group_by": "field:spec.workflowTemplateRef.name"}, "not supported yet"),
+        ({"total": 2, "group_by": "field:spec..name"}, "is not a field path"),
+        ({"total": 2, "group_by": "field:"}, "is not a field path"),
         ({"total": 2, "group_by": "annotation:x"}, "is not a group"),
         ({"total": 2, "group_by": "label:bad key"}, "is not a group"),
         ({"total": 2, "extra": 1}, "Extra inputs"),
@@ -260,8 +272,11 @@ class Reaper:
 GROUPS = ("etl", "other")
 
 
+Scenario = tuple[list[dict[str, Any]], list[int], Policy]
+
+
 @st.composite
-def scenarios(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[int], Policy]:
+def scenarios(draw: st.DrawFn, by: str = "label") -> Scenario:
     count = draw(st.integers(min_value=1, max_value=14))
     objects = []
     for i in range(count):
@@ -272,6 +287,7 @@ def scenarios(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[int], Policy]
                 phase=draw(st.sampled_from(["Succeeded", "Failed", "Error"])),
                 group=draw(st.sampled_from(GROUPS)),
                 keep=draw(st.integers(min_value=0, max_value=3)) == 0,
+                by=by,
             )
         )
     # Which step goes next, as indices into what is pending then (taken modulo).
@@ -286,6 +302,8 @@ def scenarios(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[int], Policy]
             st.builds(dict, total=st.integers(min_value=0, max_value=5)),
         )
     )
+    if by == "field":
+        rule["group_by"] = "field:spec.workflowTemplateRef.name"
     return objects, choices, nightly(**rule)
 
 
@@ -296,7 +314,7 @@ def expected_survivors(objects: list[dict[str, Any]], policy: Policy) -> set[str
     assert rule is not None
     keep: set[str] = set()
     for group in GROUPS:
-        members = [o for o in objects if o["metadata"]["labels"][CRON] == group]
+        members = [o for o in objects if group_key(o) == group]
         pinned = {o["metadata"]["uid"] for o in members if o["metadata"]["annotations"]}
         keep |= pinned
         free = [o for o in members if o["metadata"]["uid"] not in pinned]
@@ -318,15 +336,28 @@ def expected_survivors(objects: list[dict[str, Any]], policy: Policy) -> set[str
 
 
 def group_of(world: World, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The LIST by the group's label selector."""
     label = obj["metadata"]["labels"][CRON]
-    return [dict(o) for o in world.objects.values() if o["metadata"]["labels"][CRON] == label]
+    return [dict(o) for o in world.objects.values() if o["metadata"]["labels"].get(CRON) == label]
+
+
+def namespace_of(world: World, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The LIST a field group costs: every object of the namespace (fields are not
+    selectable server-side)."""
+    return [dict(o) for o in world.objects.values()]
 
 
 @settings(max_examples=300, deadline=None)
 @given(scenarios())
-def test_every_interleaving_keeps_exactly_the_newest_n(
-    scenario: tuple[list[dict[str, Any]], list[int], Policy],
+def test_every_interleaving_keeps_exactly_the_newest_n(scenario: Scenario) -> None:
+    interleave(scenario, group_of)
+
+
+def interleave(
+    scenario: Scenario, list_group: Callable[[World, Mapping[str, Any]], list[dict[str, Any]]]
 ) -> None:
+    """Plays the scenario's steps in its order; `list_group` is the LIST a planner and a
+    reaper make of a run's group."""
     objects, choices, policy = scenario
     policies = [policy]
     world = World()
@@ -349,7 +380,7 @@ def test_every_interleaving_keeps_exactly_the_newest_n(
             world.objects[obj["metadata"]["uid"]] = obj
             planners.append(Planner(obj["metadata"]["uid"]))
         elif what == "plan" and actor.listed is None:
-            actor.listed = group_of(
+            actor.listed = list_group(
                 world, world.objects.get(actor.uid) or objects_by_uid[actor.uid]
             )
         elif what == "plan":
@@ -361,7 +392,7 @@ def test_every_interleaving_keeps_exactly_the_newest_n(
             if actor.read is None:
                 actor.done = True  # already_gone
         elif actor.listed is None:
-            actor.listed = group_of(world, actor.read)
+            actor.listed = list_group(world, actor.read)
         else:
             actor.done = True
             due = due_for(actor.read, NOW, policy="keep_last:nightly")

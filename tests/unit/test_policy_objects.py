@@ -167,9 +167,9 @@ def test_keep_last_in_an_object_becomes_the_policys_clause_named_by_the_object()
     assert (rule.succeeded, rule.failed, group.policy) == (3, 1, "lapsepolicy:team-a/last@2")
     # Not in another namespace, whatever its labels.
     assert keep_last_group(run("team-b", labels={"app": "train"}), found.policies) is None
-    # What the model refuses (field: grouping, not supported yet) is a refusal with the
-    # reason, never a policy half applied.
-    field = {"keepLast": {"groupBy": "field:spec.x", "total": 2}}
+    # What the model refuses (a field path the schema's pattern lets through) is a
+    # refusal with the reason, never a policy half applied.
+    field = {"keepLast": {"groupBy": "field:spec..x", "total": 2}}
     verdict = effective([lapse_policy("f", "team-a", field)], [ALLOW_TEAMS]).verdicts[0]
     assert (verdict.accepted, verdict.reason) == (False, "Invalid")
-    assert "field:<path> grouping is not supported yet" in verdict.message
+    assert "is not a field path" in verdict.message

@@ -8,6 +8,7 @@ from lapse.edges.kubernetes.client import (
     load_api_client,
 )
 from lapse.edges.kubernetes.events import KubeEvents
+from lapse.edges.kubernetes.namespaces import finished_pages_within, namespace_names
 from lapse.edges.kubernetes.objects import (
     KubeObjects,
     Page,
@@ -29,7 +30,9 @@ __all__ = [
     "api_failure",
     "continue_after_expiry",
     "finished_pages",
+    "finished_pages_within",
     "finished_workflow_pages",
     "list_metadata",
     "load_api_client",
+    "namespace_names",
 ]

@@ -62,6 +62,8 @@ class KubeObjects:
     ) -> None:
         self._api = client.CustomObjectsApi(api_client)
         self._executor = executor
+        self.api_client = api_client  # for the calls outside custom objects (namespaces)
+        self.executor = executor
         self._server = server_attributes(api_client)
         # Which API server this is (its URL): resourceVersions are only comparable within one.
         self.cluster = str(api_client.configuration.host)

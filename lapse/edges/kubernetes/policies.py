@@ -4,16 +4,14 @@ KindSpec); lapse writes only their status subresource."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from lapse.edges.kubernetes.client import request, server_attributes
+# Where it was first defined: still importable from here.
+from lapse.edges.kubernetes.namespaces import namespace_names as namespace_names
 from lapse.edges.kubernetes.objects import KubeObjects, finished_pages
 from lapse.events.kinds import KindSpec
 from lapse.events.timeutil import format_rfc3339
@@ -81,25 +79,6 @@ def says(current: dict[str, Any] | None, wanted: dict[str, Any]) -> bool:
         if c.get("type") == ACCEPTED
     ]
     return have == [{k: wanted["conditions"][0][k] for k in keys}]
-
-
-async def namespace_names(api_client: client.ApiClient, executor: ThreadPoolExecutor) -> list[str]:
-    """Every namespace's name (paged): where a ClusterLapsePolicy's globs are matched."""
-    core = client.CoreV1Api(api_client)
-    names: list[str] = []
-    token: str | None = None
-    while True:
-        kwargs: dict[str, Any] = {"limit": 500}
-        if token:
-            kwargs["_continue"] = token
-        call = functools.partial(core.list_namespace_with_http_info, **kwargs)
-        page = await request(
-            executor, server_attributes(api_client), "GET", "/api/v1/namespaces", None, call
-        )
-        names += [item.metadata.name for item in page.items]
-        token = page.metadata._continue
-        if not token:
-            return names
 
 
 async def read_policy_objects(

@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from sqlalchemy import Row
 from sqlalchemy import exc as sa_exc
 
-from lapse.edges.kubernetes import Page, finished_pages, list_metadata
+from lapse.edges.kubernetes import Page, finished_pages_within, list_metadata
 from lapse.events.adapters.objects import adapt
 from lapse.events.builder import build_event
 from lapse.events.errors import InvalidEvent
@@ -59,15 +59,10 @@ LIST_CONCURRENCY: Final = 4
 # lacks a permission): stop instead of failing every remaining run slowly.
 MAX_ERRORS: Final = 50
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_GLOB_CHARS = re.compile(r"[*?\[]")
 
 
 def namespace_matches(namespace: str, pattern: str | None) -> bool:
     return pattern is None or fnmatch.fnmatchcase(namespace, pattern)
-
-
-def is_glob(pattern: str) -> bool:
-    return bool(_GLOB_CHARS.search(pattern))
 
 
 def is_label_value(value: str) -> bool:
@@ -83,6 +78,11 @@ async def bounded(work: Iterable[Awaitable[None]], limit: int) -> None:
             await item
 
     await asyncio.gather(*(one(item) for item in work))
+
+
+async def _pages(within: AsyncIterator[tuple[str | None, Page]]) -> AsyncIterator[Page]:
+    async for _, page in within:
+        yield page
 
 
 async def prefetched(pages: AsyncIterator[Page]) -> AsyncGenerator[list[dict[str, Any]], None]:
@@ -158,12 +158,16 @@ class Reconciler:
         return counts
 
     async def _reconcile_kind(self, kind: KindSpec, counts: RunCounts) -> None:
-        pages = finished_pages(
-            self.resources.objects(),
-            kind,
-            self._list_namespace(),
-            page_size=self.options.page_size,
-            label_selector=self.options.label_selector,
+        # A glob is listed one matching namespace at a time (lapse/edges/kubernetes/
+        # namespaces.py), not as the whole kind filtered here.
+        pages = _pages(
+            finished_pages_within(
+                self.resources.objects(),
+                kind,
+                self.options.namespace,
+                page_size=self.options.page_size,
+                label_selector=self.options.label_selector,
+            )
         )
         try:
             async with aclosing(prefetched(pages)) as items:
@@ -189,10 +193,6 @@ class Reconciler:
                 raise ReconcileError(
                     f"gave up after {counts.errors} runs could not be planned: {self.problems[0]}"
                 )
-
-    def _list_namespace(self) -> str | None:
-        pattern = self.options.namespace
-        return pattern if pattern is not None and not is_glob(pattern) else None
 
     def _in_scope(self, obj: dict[str, Any]) -> bool:
         namespace = obj.get("metadata", {}).get("namespace", "")
