@@ -23,7 +23,7 @@ from lapse.cli.common import (
     reach_nats,
     read_waiting_out_nats,
 )
-from lapse.cli.output import Column, Row, add_output, emit, resource_name
+from lapse.cli.output import Column, Row, add_output, emit, human_bytes, resource_name
 from lapse.cli.parsing import closed_set
 from lapse.cli.watch import add_watch, run_watch, watch
 from lapse.config import LapseConfig
@@ -112,18 +112,6 @@ def freed(row: Row) -> tuple[int | None, int | None]:
     if match is None:
         return None, None
     return int(match.group(1)), int(match.group(2))
-
-
-def human_bytes(size: int | None) -> str:
-    """`1.5 MiB`; exact below 1 KiB; empty when not known."""
-    if size is None:
-        return ""
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def total_line(rows: list[Row]) -> str | None:
