@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import IO
+from typing import IO, Final
 
 from cloudevents.core.base import BaseCloudEvent
 
@@ -22,7 +23,7 @@ from lapse.cli.common import (
     reach_nats,
     read_waiting_out_nats,
 )
-from lapse.cli.output import Column, Row, add_output, emit, resource_name
+from lapse.cli.output import Column, Row, add_output, emit, human_bytes, resource_name
 from lapse.cli.parsing import closed_set
 from lapse.cli.watch import add_watch, run_watch, watch
 from lapse.config import LapseConfig
@@ -43,7 +44,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Print the audit trail from the audit stream: every cleanup outcome (deleted, "
             "already gone, kept, skipped, rescheduled, dry run, failed) with its deadline, "
-            "lateness and reason. Use --all to include schedules and cancellations."
+            "lateness and reason; for the artifacts target, the objects deleted and bytes "
+            "freed (FREED; bytesFreed and objectsDeleted in json/yaml), with their total "
+            "under the table. Use --all to include schedules and cancellations."
         ),
     )
     add_namespace(history)
@@ -90,7 +93,39 @@ def audit_row(event: BaseCloudEvent) -> Row | None:
         run = None
     row["kind"] = run.kind if run else None
     row["apiVersion"] = run.api_version if run else None
+    row["objectsDeleted"], row["bytesFreed"] = freed(row)
     return row
+
+
+# How the artifact reaper records what it deleted: the first part of its outcome's detail
+# (`describe` in lapse/functions/artifact_reaper/handler.py; tests/cli/test_history_status.py
+# reads one back through it, so a change there fails here).
+_DELETED: Final = re.compile(r"^deleted (\d+) objects, (\d+) bytes(?:;|$)")
+
+
+def freed(row: Row) -> tuple[int | None, int | None]:
+    """(objects deleted, bytes freed) by an artifacts outcome that deleted; (None, None)
+    where nothing says (other targets, dry runs, failures, a detail of another shape)."""
+    if row.get("target") != Target.ARTIFACTS.value or row.get("outcome") != Outcome.DELETED.value:
+        return None, None
+    match = _DELETED.match(str(row.get("detail") or ""))
+    if match is None:
+        return None, None
+    return int(match.group(1)), int(match.group(2))
+
+
+def total_line(rows: list[Row]) -> str | None:
+    """What the rows' artifacts outcomes freed together; None when none says."""
+    counted = [r for r in rows if r.get("bytesFreed") is not None]
+    if not counted:
+        return None
+    objects = sum(int(r["objectsDeleted"]) for r in counted)
+    size = sum(int(r["bytesFreed"]) for r in counted)
+    runs = "run" if len(counted) == 1 else "runs"
+    return (
+        f"freed in total: {human_bytes(size)} ({size} bytes) in {objects} objects, "
+        f"artifacts of {len(counted)} {runs}"
+    )
 
 
 @dataclass(frozen=True)
@@ -160,6 +195,7 @@ COLUMNS = [
     Column("EVENT", lambda r: r["event"], wide_only=True),
     Column("OUTCOME", lambda r: r["outcome"]),
     Column("LATE (S)", lambda r: r["latencySeconds"]),
+    Column("FREED", lambda r: human_bytes(r.get("bytesFreed"))),
     Column("DEADLINE", lambda r: r["deadline"], wide_only=True),
     Column("UID", lambda r: r["uid"], wide_only=True),
     Column("DETAIL", lambda r: r["detail"]),
@@ -179,6 +215,11 @@ def run_history(args: argparse.Namespace) -> int:
     async def draw(resources: Resources, out: IO[str]) -> None:
         rows = await read_waiting_out_nats(lambda: read_rows(resources, config, args, filters))
         emit(rows, COLUMNS, args, out, name=_name)
+        # Under the table, for people: json and yaml stay a list of rows (sum bytesFreed),
+        # and without headers the table stays rows alone, for awk and grep.
+        total = total_line(rows)
+        if total and args.output in ("table", "wide") and not args.no_headers:
+            out.write(total + "\n")
 
     if args.watch:
 

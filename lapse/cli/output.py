@@ -66,6 +66,19 @@ def table(
     ]
 
 
+def human_bytes(size: int | None) -> str:
+    """`1.5 MiB` (binary units); exact below 1 KiB;
+    empty when not known."""
+    if size is None:
+        return ""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
 def resource_name(api_version: str | None, kind: str | None, name: str | None) -> str:
     """kubectl's `-o name`: `workflow.argoproj.io/train`, `job.batch/nightly`."""
     group = (api_version or "").rpartition("/")[0]

@@ -26,16 +26,18 @@ from lapse.cli.common import (
     namespace_of,
     warn,
 )
+from lapse.cli.footprint import ArtifactFootprint, Footprints, describe
 from lapse.cli.output import Column, Row, add_output, emit, resource_name
 from lapse.edges.kubernetes import KubeObjects, finished_pages
 from lapse.edges.kubernetes.policies import read_policy_objects
 from lapse.events.adapters.objects import adapt
+from lapse.events.artifacts import RunArtifacts
 from lapse.events.errors import InvalidEvent
 from lapse.events.kinds import KindSpec
 from lapse.events.models import RunFinished
 from lapse.events.run import RunRef, Target
 from lapse.events.timeutil import format_rfc3339, parse_rfc3339
-from lapse.functions.policy import Decision, Policy, counted_out, plan, with_count
+from lapse.functions.policy import Action, Decision, Policy, counted_out, plan, with_count
 from lapse.functions.policy_objects import (
     API_VERSION,
     CLUSTER_LAPSE_POLICY,
@@ -62,8 +64,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Kubernetes object and the database rows), the deadline lapse would set and the "
             "rule that set it. With database.targets.kfp enabled, also the KFP run rows whose "
             "Workflow is gone and whose database deadline has passed (what `lapse reconcile` "
-            "would schedule; not with -l, which only objects carry). Reads only; changes "
-            "nothing."
+            "would schedule; not with -l, which only objects carry). With artifacts.stores "
+            "configured, the artifacts target too: its deadline and what it will delete (the "
+            "run's captured artifacts and prefixes; their objects and bytes with "
+            "--list-artifacts). Reads only; changes nothing."
         ),
     )
     add_namespace(parser)
@@ -96,6 +100,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "without NAME, the ones in -f"
         ),
     )
+    parser.add_argument(
+        "--list-artifacts",
+        action="store_true",
+        help=(
+            "count the objects and bytes of each run's artifacts: LISTs the object stores "
+            "under every captured artifact (without it, the bytes are unknown: neither the "
+            "run nor the capture records sizes)"
+        ),
+    )
     add_output(parser)
     parser.set_defaults(run=run_plan)
 
@@ -105,8 +118,21 @@ class PlannedRun:
     run: RunRef
     decisions: dict[Target, Decision]
     object_gone: bool = False  # a KFP run whose Workflow is gone: only its rows remain
+    artifacts: ArtifactFootprint | None = None  # what the artifacts target will delete
 
     def as_json(self) -> dict[str, Any]:
+        targets: dict[str, dict[str, Any]] = {
+            target.value: {
+                "action": d.action.value,
+                "deadline": format_rfc3339(d.deadline) if d.deadline else None,
+                "policy": d.policy,
+                "reason": d.reason,
+            }
+            for target, d in self.decisions.items()
+        }
+        artifacts = targets.get(Target.ARTIFACTS.value)
+        if artifacts is not None and self.artifacts is not None:
+            artifacts["footprint"] = self.artifacts.as_json()
         return {
             "namespace": self.run.namespace,
             "name": self.run.name,
@@ -117,15 +143,7 @@ class PlannedRun:
             "finishedAt": format_rfc3339(self.run.finished_at) if self.run.finished_at else None,
             "kfpRunId": self.run.kfp_run_id,
             "objectGone": self.object_gone,
-            "targets": {
-                target.value: {
-                    "action": d.action.value,
-                    "deadline": format_rfc3339(d.deadline) if d.deadline else None,
-                    "policy": d.policy,
-                    "reason": d.reason,
-                }
-                for target, d in self.decisions.items()
-            },
+            "targets": targets,
         }
 
 
@@ -137,6 +155,18 @@ async def finished_runs(
     selector: str | None = None,
 ) -> AsyncIterator[RunRef]:
     """Every finished run of `kind`, page by page, so memory stays flat on large clusters."""
+    async for finished in finished_events(objects, kind, namespace, pattern, selector):
+        yield finished.run
+
+
+async def finished_events(
+    objects: KubeObjects,
+    kind: KindSpec,
+    namespace: str | None = None,
+    pattern: str | None = None,
+    selector: str | None = None,
+) -> AsyncIterator[RunFinished]:
+    """`finished_runs`, with what each run recorded besides itself (its artifacts)."""
     pages = finished_pages(objects, kind, namespace, page_size=PAGE_SIZE, label_selector=selector)
     async for page in pages:
         for obj in page.items:
@@ -148,7 +178,7 @@ async def finished_runs(
                 continue
             if not in_namespace(result.run.namespace, namespace, pattern):
                 continue
-            yield result.run
+            yield result
 
 
 class _NoSchedules:
@@ -278,14 +308,17 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
     targets = tuple(
         t for t in Target if t is not Target.ARTIFACTS or resources.config.artifacts.stores
     )
+    footprints = Footprints(resources, resources.config.artifacts, args.list_artifacts)
     for kind in resources.config.kinds:
         if wanted and kind.name not in wanted:
             continue
-        runs = finished_runs(resources.objects(), kind, namespace, pattern, args.selector)
+        runs = finished_events(resources.objects(), kind, namespace, pattern, args.selector)
         listed: list[RunRef] = []
+        recorded: dict[str, RunArtifacts | None] = {}
         try:
-            async for run in runs:
-                listed.append(run)
+            async for finished in runs:
+                listed.append(finished.run)
+                recorded[finished.run.uid] = finished.artifacts
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -304,7 +337,12 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
                 continue
             if args.target:
                 decisions = {t: d for t, d in decisions.items() if t.value == args.target}
-            result.runs.append(PlannedRun(run, decisions))
+            footprint = None
+            artifacts = decisions.get(Target.ARTIFACTS)
+            if artifacts is not None and artifacts.action is Action.SCHEDULE:
+                footprint = await footprints.of(run, kind.name, recorded.get(run.uid))
+            result.runs.append(PlannedRun(run, decisions, artifacts=footprint))
+    result.notes += footprints.notes
     if args.selector and any(p.keep_last for p in policies):
         result.notes.append(
             "keep_last is not previewed with -l: a group is counted whole (run without -l)"
@@ -327,7 +365,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
     result = asyncio.run(collect())
     rows = [planned.as_json() for planned in result.runs]
-    emit(rows, columns(now), args, sys.stdout, name=_name)
+    with_artifacts = any(Target.ARTIFACTS.value in row["targets"] for row in rows)
+    emit(rows, columns(now, artifacts=with_artifacts), args, sys.stdout, name=_name)
     for problem in [*result.notes, *result.problems]:
         warn(problem)
     return 1 if result.problems else 0
@@ -357,8 +396,15 @@ def _policy(target: str) -> Any:
     return lambda row: (row["targets"].get(target) or {}).get("policy")
 
 
-def columns(now: datetime) -> list[Column]:
-    return [
+def _footprint(row: Row) -> str:
+    found = (row["targets"].get(Target.ARTIFACTS.value) or {}).get("footprint")
+    return describe(ArtifactFootprint.from_json(found) if found else None)
+
+
+def columns(now: datetime, *, artifacts: bool = False) -> list[Column]:
+    """The table's columns; the artifacts target's only where a run has one (artifacts.stores
+    configured), so a deployment without object stores sees the table it always did."""
+    shown = [
         Column("NAMESPACE", lambda r: r["namespace"]),
         Column("NAME", lambda r: r["name"]),
         Column("KIND", lambda r: r["kind"]),
@@ -367,6 +413,15 @@ def columns(now: datetime) -> list[Column]:
         Column("BY", _policy("kubernetes")),
         Column("DATABASE", _describe("database", now)),
         Column("BY", _policy("database")),
+    ]
+    if artifacts:
+        shown += [
+            Column("ARTIFACTS", _describe(Target.ARTIFACTS.value, now)),
+            Column("BY", _policy(Target.ARTIFACTS.value)),
+            Column("WILL DELETE", _footprint),
+        ]
+    return [
+        *shown,
         Column("FINISHED", lambda r: r["finishedAt"], wide_only=True),
         Column("UID", lambda r: r["uid"], wide_only=True),
         Column("KFP RUN", lambda r: r["kfpRunId"], wide_only=True),

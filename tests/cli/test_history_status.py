@@ -24,6 +24,7 @@ from lapse.events.builder import build_event
 from lapse.events.models import CleanupCompleted
 from lapse.events.run import Engine, RunRef, Target
 from lapse.events.types import EventType, Outcome
+from lapse.functions.artifact_reaper.handler import Tally, describe
 from tests.cli.conftest import Shell
 
 pytestmark = [pytest.mark.nats]
@@ -35,7 +36,13 @@ KINDS = {
 
 
 async def record(
-    js: JetStreamContext, namespace: str, name: str, kind: str, target: Target
+    js: JetStreamContext,
+    namespace: str,
+    name: str,
+    kind: str,
+    target: Target,
+    outcome: Outcome = Outcome.DELETED,
+    detail: str | None = None,
 ) -> None:
     """One cleanup outcome on the audit stream, as a reaper emits it."""
     engine, api_version = KINDS[kind]
@@ -52,9 +59,11 @@ async def record(
     completed = CleanupCompleted.of(
         run=run,
         target=target,
-        outcome=Outcome.DELETED,
+        outcome=outcome,
         completed_at=now,
         deadline=now - timedelta(seconds=1),
+        detail=detail,
+        dry_run=outcome is Outcome.DRY_RUN,
     )
     event = build_event(EventType.CLEANUP_COMPLETED, source="/test", data=completed, target=target)
     await NatsEmitter(js, Streams()).emit(event)
@@ -102,6 +111,47 @@ async def test_history_filters_and_formats(
     assert table[0].split()[:3] == ["TIME", "NAMESPACE", "NAME"] and len(table) == 4
     bare = shell("history", "-n", a, "--no-headers", "--nats-url", nats_server.url)
     assert len(bare.stdout.splitlines()) == 3 and "NAMESPACE" not in bare.stdout
+
+
+async def test_history_shows_the_bytes_the_artifact_reaper_freed_and_their_total(
+    shell: Shell, nats_server: EmbeddedNats, lapse_streams: JetStreamContext
+) -> None:
+    ns = f"hist-art-{uuid.uuid4().hex[:6]}"
+    # The details as the artifact reaper writes them (its own `describe`).
+    two = describe(Tally(objects=2, bytes=1536))
+    big = describe(Tally(objects=3, bytes=3 * 1024 * 1024))
+    dry = describe(Tally(objects=9, bytes=999), dry_run=True)
+    await record(lapse_streams, ns, "a", "Workflow", Target.ARTIFACTS, detail=two)
+    await record(lapse_streams, ns, "b", "Workflow", Target.ARTIFACTS, detail=big)
+    await record(lapse_streams, ns, "c", "Workflow", Target.ARTIFACTS, Outcome.DRY_RUN, dry)
+    await record(lapse_streams, ns, "a", "Workflow", Target.KUBERNETES)
+    rows = _json(shell, nats_server, "history", "-n", ns)
+    assert isinstance(rows, list)
+    freed = {(r["name"], r["target"]): (r["objectsDeleted"], r["bytesFreed"]) for r in rows}
+    assert freed == {
+        ("a", "artifacts"): (2, 1536),
+        ("b", "artifacts"): (3, 3 * 1024 * 1024),
+        ("c", "artifacts"): (None, None),  # a dry run frees nothing
+        ("a", "kubernetes"): (None, None),  # an object's size is not recorded
+    }
+    table = shell("history", "-n", ns, "--nats-url", nats_server.url).stdout.splitlines()
+    header = table[0].split()
+    assert "FREED" in header
+    cells = {tuple(line.split()[2:4]): line for line in table[1:5]}
+    assert "1.5 KiB" in cells[("a", "artifacts")] and "3.0 MiB" in cells[("b", "artifacts")]
+    assert "KiB" not in cells[("a", "kubernetes")] + cells[("c", "artifacts")]
+    assert table[5] == (
+        f"freed in total: 3.0 MiB ({3 * 1024 * 1024 + 1536} bytes) in 5 objects, "
+        "artifacts of 2 runs"
+    )
+    assert len(table) == 6
+    # Without headers the table is rows alone, and json stays a list of rows.
+    bare = shell("history", "-n", ns, "--no-headers", "--nats-url", nats_server.url).stdout
+    assert len(bare.splitlines()) == 4 and "in total" not in bare
+    only = _json(shell, nats_server, "history", "-n", ns, "--target", "kubernetes")
+    assert isinstance(only, list) and len(only) == 1
+    none = shell("history", "-n", ns, "--target", "kubernetes", "--nats-url", nats_server.url)
+    assert "in total" not in none.stdout
 
 
 async def test_status_filters_and_formats(

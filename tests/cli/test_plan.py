@@ -1,5 +1,6 @@
 """`lapse plan` (and reconcile's namespace flags) against a real kube-apiserver and
-PostgreSQL: formats, -n/-A/-l against what the API says, KFP rows whose Workflow is gone."""
+PostgreSQL: formats, -n/-A/-l against what the API says, KFP rows whose Workflow is gone;
+and, with a real S3 server (SeaweedFS), what each run's artifacts target will delete."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import obstore
 import pytest
 import yaml
 
 from lapse.edges.database import create_engine
+from lapse.embedded.seaweedfs import REGION, EmbeddedSeaweedFS
 from tests.cli.conftest import Shell
-from tests.conftest import KubeStack
+from tests.conftest import ARTIFACT_BUCKET, KubeStack
+from tests.integration.test_artifact_reaper import client, present
 from tests.integration.test_cli_plan_infra import finished_workflow
 from tests.kfp_schema import create_kfp_tables, insert_kfp_runs
 from tests.stack import Database, scratch_database
@@ -267,3 +271,112 @@ async def test_plan_names_keep_last_when_the_count_sets_the_deadline(
         "policy:nightly"
     }
     assert "keep_last is not previewed with -l" in selected.stderr
+
+
+def _with_outputs(name: str, keys: list[str], **spec: Any) -> dict[str, Any]:
+    """A finished Workflow whose outputs are where Argo records them (its status), in a
+    repository named inline."""
+    workflow = finished_workflow(name, "Succeeded", FINISHED, spec=spec)
+    artifacts = [{"name": key.rsplit("/", 1)[-1], "s3": {"key": key}} for key in keys]
+    workflow["status"]["artifactRepositoryRef"] = {
+        "default": True,
+        "artifactRepository": {"s3": {"bucket": ARTIFACT_BUCKET}},
+    }
+    workflow["status"]["nodes"] = {f"{name}-1": {"outputs": {"artifacts": artifacts}}}
+    return workflow
+
+
+async def test_plan_shows_what_the_artifacts_target_deletes_and_lists_sizes_only_when_asked(
+    shell: Shell, kube: KubeStack, seaweedfs: EmbeddedSeaweedFS, tmp_path: Path
+) -> None:
+    ns = kube.namespace(f"plan-art-{uuid.uuid4().hex[:6]}")
+    base = f"plan/{ns}"
+    outputs = [f"{base}/wf/main.log", f"{base}/wf/model.tgz"]
+    logs = f"plan/logs/{ns}/wf/"  # the declared prefix, rendered for this run
+    sizes = {outputs[0]: 1000, outputs[1]: 2 * 1024 * 1024, f"{logs}a.txt": 24, f"{logs}b/c": 0}
+    beside = [f"{base}/wf/main.log.1", f"{base}/wf2/main.log", f"plan/logs/{ns}/wf2/a.txt"]
+    s3 = client(seaweedfs)
+    for key, size in sizes.items():
+        await obstore.put_async(s3, key, b"x" * size)
+    for key in beside:
+        await obstore.put_async(s3, key, b"not this run's")
+    await kube.workflows.create(ns, _with_outputs("wf", [*outputs, "elsewhere/x.tgz"]))
+    await kube.workflows.create(
+        ns,
+        _with_outputs("gc", [f"{base}/gc/out.tgz"], artifactGC={"strategy": "OnWorkflowDeletion"}),
+    )
+    config = tmp_path / "lapse.yaml"
+    config.write_text(
+        "policies:\n"
+        "  - name: clocks\n"
+        "    kubernetes: {ttl: 1h}\n"
+        "    artifacts: {ttl: 30d}\n"
+        "artifacts:\n"
+        "  stores:\n"
+        f"    - name: argo\n"
+        f"      url: 's3://{ARTIFACT_BUCKET}/plan/'\n"
+        f"      endpoint: '{seaweedfs.endpoint}'\n"
+        f"      region: {REGION}\n"
+        "      min_prefix_depth: 3\n"
+        # The second template renders to 2 parts, fewer than min_prefix_depth: refused.
+        "      capture: {argo-workflow: ['logs/{namespace}/{name}/', '{name}/']}\n"
+    )
+
+    def plan(*args: str) -> Any:
+        result = shell(
+            "plan", "--kubeconfig", str(kube.kubeconfig), "--config", str(config), "-n", ns,
+            *args, env=seaweedfs.env(),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result
+
+    rows = {r["name"]: r for r in json.loads(plan("-o", "json").stdout)}
+    artifacts = rows["wf"]["targets"]["artifacts"]
+    # The existing keys stay; the footprint is added beside them.
+    assert set(artifacts) == {"action", "deadline", "policy", "reason", "footprint"}
+    assert (artifacts["deadline"], artifacts["policy"]) == ("2026-12-20T10:00:00Z", "policy:clocks")
+    assert artifacts["footprint"] == {
+        "artifacts": 2,
+        "prefixes": 2,
+        "objects": None,  # no LIST without --list-artifacts: unknown, not 0
+        "bytes": None,
+        "listed": False,
+        "refused": 1,
+        "outside": 1,  # elsewhere/x.tgz: under no store's root
+        "leftTo": None,
+    }
+    assert "artifactGC" in rows["gc"]["targets"]["artifacts"]["footprint"]["leftTo"]
+    assert "footprint" not in rows["wf"]["targets"]["kubernetes"]
+    table = plan().stdout.splitlines()
+    header = table[0].split()
+    assert "ARTIFACTS" in header and "WILL" in header
+    by_name = {line.split()[1]: line for line in table[1:]}
+    assert (
+        "2 artifacts, 2 prefixes, bytes unknown; 1 refused; 1 outside the stores" in (by_name["wf"])
+    )
+    assert "left to the engine" in by_name["gc"]
+
+    listed = {r["name"]: r for r in json.loads(plan("--list-artifacts", "-o", "json").stdout)}
+    footprint = listed["wf"]["targets"]["artifacts"]["footprint"]
+    # Exactly what the reaper would delete: the keys and what lies under the prefix,
+    # none of the objects beside them.
+    assert (footprint["objects"], footprint["bytes"]) == (4, sum(sizes.values()))
+    assert footprint["listed"] is True
+    assert listed["gc"]["targets"]["artifacts"]["footprint"]["objects"] is None
+    table = plan("--list-artifacts").stdout
+    assert "4 objects, 2.0 MiB" in table
+    # Listing deleted nothing.
+    assert {*sizes, *beside} <= await present(s3, "plan/")
+
+    # A store that does not answer: the size is unknown, said on stderr, the plan still made.
+    down = config.read_text().replace(seaweedfs.endpoint, "http://127.0.0.1:1")
+    config.write_text(down)
+    result = plan("--list-artifacts", "-o", "json")
+    footprint = {r["name"]: r for r in json.loads(result.stdout)}["wf"]["targets"]["artifacts"]
+    assert footprint["footprint"]["bytes"] is None
+    assert f"{ns}/wf: artifacts not listed" in result.stderr
+
+    # Without object stores configured, the table is the one it always was.
+    config.write_text("policies:\n  - name: clocks\n    kubernetes: {ttl: 1h}\n")
+    plain = plan().stdout.splitlines()[0].split()
+    assert "ARTIFACTS" not in plain and "WILL" not in plain

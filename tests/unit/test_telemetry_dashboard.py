@@ -84,6 +84,7 @@ REQUIRED_PANELS = {
     "Dead-letter depth",
     "Retries per second",
     "API calls per deletion",
+    "Artifacts deleted per second",
 }
 
 
@@ -195,6 +196,73 @@ def test_an_outcome_links_to_its_traces() -> None:
         p for p in panels(DASHBOARD["panels"]) if p["title"] == "Deletion lateness p50 / p99"
     ]
     assert all(target.get("exemplar") for target in lateness["targets"])
+
+
+def test_artifacts_deleted_and_bytes_freed_are_on_the_dashboard() -> None:
+    (panel,) = [
+        p for p in panels(DASHBOARD["panels"]) if p["title"] == "Artifacts deleted per second"
+    ]
+    read = {target["refId"]: selectors(target["expr"]) for target in panel["targets"]}
+    assert [name for name, _ in read["A"]] == ["lapse_artifacts_deleted_total"]
+    assert [name for name, _ in read["B"]] == ["lapse_artifacts_freed_bytes_total"]
+    (bytes_axis,) = panel["fieldConfig"]["overrides"]
+    assert bytes_axis["matcher"]["options"] == "B"
+    assert {"id": "unit", "value": "Bps"} in bytes_axis["properties"]
+
+
+# --- the PodMonitors ------------------------------------------------------------------------
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels and matchExpressions) against pod labels."""
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator = expression["key"], expression["operator"]
+        values = expression.get("values") or []
+        held = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }
+        if not held[operator]:
+            return False
+    return True
+
+
+def knative_pods() -> dict[str, dict[str, str]]:
+    """Each lapse function's pod labels as Knative sets them: the revision template's
+    labels, and serving.knative.dev/service naming the Service. The artifact-reaper is
+    opt-in (infra/components/artifacts) and still scraped once deployed."""
+    files = ("knative/functions.yaml", "components/artifacts/service.yaml")
+    pods = {}
+    for file in files:
+        for doc in yaml.safe_load_all(infra.read_text(file)):
+            if doc and doc["apiVersion"].startswith("serving.knative.dev/"):
+                name = doc["metadata"]["name"]
+                template = doc["spec"]["template"].get("metadata") or {}
+                pods[name] = {**template.get("labels", {}), "serving.knative.dev/service": name}
+    return pods
+
+
+def test_the_pod_monitors_scrape_every_function_the_artifact_reaper_too() -> None:
+    monitors = [
+        doc
+        for doc in yaml.safe_load_all(infra.read_text("components/monitoring/podmonitors.yaml"))
+        if doc and doc["kind"] == "PodMonitor"
+    ]
+    pods = knative_pods()
+    assert {"lapse-ttl-planner", "lapse-object-reaper", "lapse-row-reaper",
+            "lapse-artifact-reaper"} <= set(pods)  # fmt: skip
+    for name, labels in pods.items():
+        scraping = [m for m in monitors if selects(m["spec"]["selector"], labels)]
+        ports = {e["port"] for m in scraping for e in m["spec"]["podMetricsEndpoints"]}
+        # Knative's one declared port, re-addressed to the metrics port beside it.
+        assert "user-port" in ports, f"no PodMonitor scrapes {name}"
+        # job="lapse", as every alert rule and panel aggregates by.
+        assert all(m["spec"]["jobLabel"] == "app.kubernetes.io/part-of" for m in scraping)
 
 
 # --- the Collector configuration ------------------------------------------------------------
