@@ -179,11 +179,13 @@ def embedded_stack(
     without the footprint run's artifacts and says so."""
     with contextlib.ExitStack() as servers:
         s3_server = _seaweedfs(state_dir)
-        # SeaweedFS comes up while the API server does (both take seconds).
-        pool = servers.enter_context(ThreadPoolExecutor(max_workers=1))
-        s3_started = pool.submit(s3_server.start) if s3_server is not None else None
         if s3_server is not None:
             servers.callback(s3_server.stop)
+        # SeaweedFS comes up while the API server does (both take seconds). Entered after
+        # its stop, so a start still under way is waited for before the stop (last in,
+        # first out), and no server is left running.
+        pool = servers.enter_context(ThreadPoolExecutor(max_workers=1))
+        s3_started = pool.submit(s3_server.start) if s3_server is not None else None
         # Always a free port: a `lapse up` on the default port must not be disturbed.
         nats = EmbeddedNats(state_dir / "nats").start()
         servers.callback(nats.stop)
