@@ -186,7 +186,7 @@ class FootprintLeft:
                 "left": sum(self.metadata_left.values()),
                 "pipelineContextKept": self.pipeline_context_kept,
             },
-            "artifacts": {
+            "s3": {
                 "objects": self.artifacts,
                 "left": len(self.artifacts_left),
                 "beside": self.beside,

@@ -172,7 +172,7 @@ def print_summary(console: Console, summary: DemoSummary) -> None:
 def footprint_lines(footprint: dict[str, Any]) -> list[str]:
     """Each part of the footprint run: its clock, what happened, and what the final check
     read in the database and the S3 server."""
-    metadata, artifacts = footprint["metadata"], footprint["artifacts"]
+    metadata, artifacts = footprint["metadata"], footprint["s3"]
 
     def part(name: str, what: str, checked: str) -> str:
         p = footprint[name]

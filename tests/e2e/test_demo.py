@@ -62,7 +62,7 @@ def test_demo_deletes_what_it_should_and_keeps_what_it_should(tmp_path: Path) ->
     for part in parts:
         assert 0 <= part["latenessSeconds"] < LATENESS_BOUND
     assert footprint["metadata"] == {"rows": 29, "left": 0, "pipelineContextKept": True}
-    assert footprint["artifacts"] == {"objects": 3, "left": 0, "beside": 3, "besideLeft": 3}
+    assert footprint["s3"] == {"objects": 3, "left": 0, "beside": 3, "besideLeft": 3}
     assert footprint["note"] is None
     for target in ("object", "rows", "artifacts"):
         assert re.search(rf"deleted +{target} +kfp-footprint ", result.stderr), result.stderr
