@@ -126,7 +126,7 @@ class EmbeddedSeaweedFS:
         (self.data_dir / "data").mkdir(exist_ok=True)
         p = self.ports
         args = [
-            str(weed_binary()), "server",
+            str(weed_binary()), *self._log_flags(), "server",
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-dir={self.data_dir / 'data'}",
             f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
@@ -149,6 +149,10 @@ class EmbeddedSeaweedFS:
             self._created = True
         return self
 
+    def _log_flags(self) -> list[str]:
+        # Its logger otherwise writes files into $TMPDIR, left behind after the server stops.
+        return [f"-logdir={self.data_dir}"]
+
     def _ready(self) -> bool:
         if not (port_open(self.ports["s3"]) and port_open(self.ports["filer"])):
             return False
@@ -165,7 +169,13 @@ class EmbeddedSeaweedFS:
         p = self.ports
         master = f"127.0.0.1:{p['master']}.{p['master.grpc']}"
         filer = f"127.0.0.1:{p['filer']}.{p['filer.grpc']}"
-        command = [str(weed_binary()), "shell", f"-master={master}", f"-filer={filer}"]
+        command = [
+            str(weed_binary()),
+            *self._log_flags(),
+            "shell",
+            f"-master={master}",
+            f"-filer={filer}",
+        ]
         result = subprocess.run(
             command,
             input=f"s3.bucket.create -name {name}\nexit\n",
@@ -173,8 +183,10 @@ class EmbeddedSeaweedFS:
             text=True,
             timeout=timeout,
         )
-        said = result.stdout.lower()
-        if "already exist" in said:  # made by an earlier start on the same data directory
+        said = (result.stdout + result.stderr).lower()
+        if (
+            f"bucket {name} already exists" in said
+        ):  # made by an earlier start on the same data directory
             return
         if result.returncode != 0 or "error" in said:
             raise ServerStartError(
