@@ -67,10 +67,10 @@ format: install ## Apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-run: install ## Run lapse (lapse up) on embedded defaults where nothing is configured
+run: install seaweedfs ## Run lapse (lapse up) on embedded defaults where nothing is configured
 	$(BIN)/lapse up
 
-demo: install ## A self-contained tour on embedded servers (about a minute)
+demo: install seaweedfs ## A self-contained tour on embedded servers (about a minute)
 	$(BIN)/lapse demo
 
 bench: install databases kube seaweedfs ## Benchmarks (printed figures; see bench/), ending with bench-quick's full-size run

@@ -1,10 +1,13 @@
 """`lapse demo`: a self-contained tour of lapse on embedded servers.
 
-It starts a nats-server, a local kube-apiserver with the Argo Workflow CRD and a SQLite
-file with KFP's run tables, all in a temporary directory; runs the whole pipeline in this
-process; creates finished sample workflows (and KFP rows) with short, varied TTLs; shows
-them being deleted as their deadlines come; and checks the end state against the API
-server and the database. Exit code 0 when everything expected happened, 1 otherwise.
+It starts a nats-server, a local kube-apiserver with the Argo Workflow CRD, an S3 server
+(SeaweedFS, when `make seaweedfs` built it) and a SQLite file with KFP's run tables and ML
+Metadata's, all in a temporary directory; runs the whole pipeline in this process; creates
+finished sample workflows (and KFP rows) with short, varied TTLs, and one KFP run with its
+whole footprint (object, KFP rows, ML Metadata rows, artifacts in S3) on three clocks;
+shows them being deleted as their deadlines come; and checks the end state against the API
+server, the database and the S3 server. Exit code 0 when everything expected happened, 1
+otherwise.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
 
@@ -28,11 +33,14 @@ from rich.console import Console
 from lapse.cli.common import UsageError
 from lapse.cli.up import start_embedded_kube
 from lapse.config import load_config
+from lapse.demo.artifacts import S3Access
 from lapse.demo.progress import DemoSummary
-from lapse.demo.scenario import make_samples, write_config
-from lapse.demo.tour import tour
+from lapse.demo.scenario import ARTIFACT_BUCKET, footprint_sample, make_samples, write_config
+from lapse.demo.tour import NO_S3_NOTE, tour
 from lapse.demo.view import Output, print_summary
 from lapse.embedded.nats import EmbeddedNats
+from lapse.embedded.process import ServerStartError
+from lapse.embedded.seaweedfs import REGION, EmbeddedSeaweedFS, weed_binary
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +55,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="a self-contained tour: watch lapse delete sample runs on time",
         description=(
             "Start an embedded nats-server, a local kube-apiserver with the Argo, Tekton and "
-            "TrainJob CRDs and a SQLite file with KFP's run tables (in a temporary "
+            "TrainJob CRDs, an S3 server (SeaweedFS, once `make seaweedfs` built it) and a "
+            "SQLite file with KFP's run tables and ML Metadata's (in a temporary "
             "directory), run the whole pipeline, create finished sample runs with short and "
             "varied TTLs (lapse.dev/ttl, Argo ttlStrategy on Succeeded and Failed runs, "
             "lapse.dev/keep, KFP runs whose rows live on a separate, longer clock, a Tekton "
-            "PipelineRun, a Job with ttlSecondsAfterFinished), and show them being "
-            "deleted. Ends with a summary; exits 1, naming what went wrong, if anything "
-            "expected did not happen. Ignores --config (the tour writes its own) and refuses "
-            "--kubeconfig, --context and --nats-url: it runs only on the servers it starts."
+            "PipelineRun, a Job with ttlSecondsAfterFinished) and one more KFP run, "
+            "kfp-footprint, whose object, KFP rows and ML Metadata rows, and artifacts in "
+            "S3 go on three clocks, and show them being deleted. Ends with a summary; exits "
+            "1, naming what went wrong, if anything expected did not happen. Ignores "
+            "--config (the tour writes its own) and refuses --kubeconfig, "
+            "--context and --nats-url: it runs only on the servers it starts."
         ),
     )
     parser.add_argument(
@@ -124,11 +135,13 @@ def run_demo(args: argparse.Namespace) -> int:
         out.note("stopping the pipeline and the servers ...")
 
     try:
-        out.note(f"starting nats-server, kube-apiserver and SQLite in {state_dir} ...")
-        with embedded_stack(state_dir) as (nats, config_path):
+        out.note(f"starting nats-server, kube-apiserver, SeaweedFS and SQLite in {state_dir} ...")
+        with embedded_stack(state_dir) as (nats, config_path, s3):
+            if s3 is None:
+                out.note(f"kfp-footprint: {NO_S3_NOTE}")
             config = load_config(config_path, env={})  # the tour's own, whatever the shell says
-            samples = make_samples(args.count)
-            asyncio.run(tour(config, nats.url, samples, out, begun, report))
+            samples = [*make_samples(args.count), footprint_sample(with_artifacts=s3 is not None)]
+            asyncio.run(tour(config, nats.url, samples, out, begun, report, s3))
     finally:
         if args.keep:
             out.note(f"kept {state_dir} (lapse.yaml, kfp.db, server logs)")
@@ -158,22 +171,72 @@ def print_report(summary: DemoSummary, output: str, console: Console) -> None:
 
 
 @contextlib.contextmanager
-def embedded_stack(state_dir: Path) -> Iterator[tuple[EmbeddedNats, Path]]:
+def embedded_stack(
+    state_dir: Path,
+) -> Iterator[tuple[EmbeddedNats, Path, S3Access | None]]:
     """The servers the tour needs and lapse's config for them; the servers are stopped on
-    the way out whatever happens."""
+    the way out whatever happens. No S3 server when SeaweedFS is not built: the tour runs
+    without the footprint run's artifacts and says so."""
     with contextlib.ExitStack() as servers:
+        s3_server = _seaweedfs(state_dir)
+        if s3_server is not None:
+            servers.callback(s3_server.stop)
+        # SeaweedFS comes up while the API server does (both take seconds). Entered after
+        # its stop, so a start still under way is waited for before the stop (last in,
+        # first out), and no server is left running.
+        pool = servers.enter_context(ThreadPoolExecutor(max_workers=1))
+        s3_started = pool.submit(s3_server.start) if s3_server is not None else None
         # Always a free port: a `lapse up` on the default port must not be disturbed.
         nats = EmbeddedNats(state_dir / "nats").start()
         servers.callback(nats.stop)
         kube = start_embedded_kube(state_dir)
         servers.callback(kube.stop)
+        s3 = None
+        if s3_server is not None and s3_started is not None:
+            s3_started.result()
+            s3 = S3Access(s3_server.endpoint, REGION, s3_server.access_key, s3_server.secret_key)
+            # lapse's S3 client finds the keys where S3 users keep them, never in lapse.yaml.
+            servers.enter_context(_environment(s3_server.env()))
         config_path = write_config(
             state_dir / "lapse.yaml",
             nats_url=nats.url,
             kubeconfig=kube.kubeconfig_path,
             database_url=f"sqlite:///{state_dir / 'kfp.db'}",
+            s3_endpoint=s3.endpoint if s3 else None,
+            s3_region=REGION,
         )
-        yield nats, config_path
+        yield nats, config_path, s3
+
+
+def _seaweedfs(state_dir: Path) -> EmbeddedSeaweedFS | None:
+    try:
+        weed_binary()
+    except ServerStartError:
+        return None
+    return EmbeddedSeaweedFS(state_dir / "seaweedfs", buckets=(ARTIFACT_BUCKET,))
+
+
+# A session token or profile of another S3 account would be mixed into the demo's requests.
+_FOREIGN_AWS: Final = ("AWS_SESSION_TOKEN", "AWS_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE")
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """`values` in this process's environment (and no other S3 account's) while the body
+    runs; the shell's own afterwards."""
+    names = (*values, *_FOREIGN_AWS)
+    saved = {name: os.environ.get(name) for name in names}
+    for name in _FOREIGN_AWS:
+        os.environ.pop(name, None)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def make_output(args: argparse.Namespace) -> Output:

@@ -28,7 +28,9 @@ from lapse.embedded.nats_identities import (
     ensure_passwords,
     password_file,
 )
-from lapse.embedded.process import free_port, port_open
+from lapse.embedded.process import ServerStartError, free_port, port_open
+from lapse.embedded.seaweedfs import REGION, EmbeddedSeaweedFS, weed_binary
+from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
 from lapse.runtime.ingress import listen_token
 from lapse.runtime.pipeline import Pipeline
 
@@ -49,7 +51,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "database.url), and a local kube-apiserver with the CRDs of the built-in kinds "
             "(no cluster chosen: --kubeconfig/--context, kubernetes.kubeconfig or "
             "in_cluster, or a pod's ServiceAccount; an ambient $KUBECONFIG or "
-            "~/.kube/config is never used by lapse up). Their addresses are written there "
+            "~/.kube/config is never used by lapse up), and beside that local cluster, when no "
+            "artifacts.stores are configured, an S3 server (SeaweedFS, once `make seaweedfs` "
+            "built it) whose bucket lapse-artifacts is the artifacts target's store (its "
+            "keys generated there, 0600). Their addresses are written there "
             "too (nats.url, database.url, kubeconfig.path), and the other commands use them "
             "when nothing is configured. On a real cluster lapse deletes only in the "
             "namespaces safety.namespaces.include names (['*'] for all); with none named it "
@@ -103,6 +108,61 @@ def as_process(config: LapseConfig, state_dir: Path) -> LapseConfig:
     return config.model_copy(update={"nats": nats})
 
 
+# The embedded S3 server's one bucket and the store lapse configures for it.
+EMBEDDED_BUCKET = "lapse-artifacts"
+EMBEDDED_STORE = "embedded"
+# Credentials of another S3 account in the shell would be mixed with the embedded
+# server's keys (a session token signs every request): not used while it runs.
+_FOREIGN_AWS = ("AWS_SESSION_TOKEN", "AWS_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE")
+
+
+def start_embedded_s3(state_dir: Path) -> EmbeddedSeaweedFS | None:
+    """An S3 server (SeaweedFS) in the state directory, for the artifacts target on the
+    embedded cluster; None, said in one line, when its binary is not built: `lapse up`
+    runs on without the artifacts target rather than failing for an optional part."""
+    try:
+        weed_binary()
+    except ServerStartError:
+        log.warning(
+            "no S3 server: SeaweedFS is not built (`make seaweedfs` builds it once); running "
+            "without the artifacts target"
+        )
+        return None
+    # The keys an earlier `lapse up` made are used again: its objects are there.
+    server = EmbeddedSeaweedFS.in_state(state_dir / "seaweedfs", buckets=(EMBEDDED_BUCKET,))
+    server.data_dir.mkdir(parents=True, exist_ok=True)
+    server.data_dir.chmod(0o700)
+    try:
+        server.start()
+    except ServerStartError as exc:
+        server.stop()
+        log.warning(
+            "no S3 server: SeaweedFS did not start (%s; its log: %s); running without the "
+            "artifacts target",
+            str(exc).splitlines()[0],
+            server.log_path,
+        )
+        return None
+    # Where S3 clients find credentials (obstore reads them there): never lapse.yaml.
+    for name in _FOREIGN_AWS:
+        os.environ.pop(name, None)
+    os.environ.update(server.env())
+    return server
+
+
+def embedded_store(server: EmbeddedSeaweedFS) -> ArtifactsConfig:
+    """One store over the embedded bucket: what a run records there (an Argo Workflow's
+    output artifacts and archived logs, KFP's through its Workflow) is deleted on the
+    artifacts clock."""
+    store = ArtifactStore(
+        name=EMBEDDED_STORE,
+        url=f"s3://{EMBEDDED_BUCKET}/",
+        endpoint=server.endpoint,
+        region=REGION,
+    )
+    return ArtifactsConfig(stores=(store,))
+
+
 # How long the embedded API server may take to serve the CRDs it was just given.
 CRD_SERVED_TIMEOUT = 60.0
 
@@ -153,6 +213,7 @@ def run_up(args: argparse.Namespace) -> int:
     state.write(state_dir, state.UP, f"{version('lapse')} {os.getpid()}")
     nats_server: EmbeddedNats | None = None
     kube: EmbeddedKube | None = None
+    s3: EmbeddedSeaweedFS | None = None
     try:
         if config.nats.url is None:
             nats_server = start_embedded_nats(state_dir)
@@ -185,6 +246,20 @@ def run_up(args: argparse.Namespace) -> int:
             )
             state.write(state_dir, state.KUBECONFIG, str(kube.kubeconfig_path))
             log.info("local cluster at %s, kubeconfig %s", kube.url, kube.kubeconfig_path)
+            # Only beside the embedded cluster: on a real one, artifacts live in the
+            # user's own stores (artifacts.stores), never in a server lapse made up.
+            if not config.artifacts.stores:
+                s3 = start_embedded_s3(state_dir)
+            if s3 is not None:
+                config = config.model_copy(update={"artifacts": embedded_store(s3)})
+                log.info(
+                    "no artifacts.stores configured: started an S3 server (SeaweedFS) at %s, "
+                    "bucket %s, store %r (its keys in %s, 0600)",
+                    s3.endpoint,
+                    EMBEDDED_BUCKET,
+                    EMBEDDED_STORE,
+                    s3.identities_path,
+                )
         config = _announce_scope(config, embedded=kube is not None)
         nats_url = nats_server.url if nats_server else config.nats.url
         asyncio.run(
@@ -194,6 +269,8 @@ def run_up(args: argparse.Namespace) -> int:
         )
     finally:
         state.remove(state_dir, state.UP)
+        if s3 is not None:
+            s3.stop()
         if kube is not None:
             state.remove(state_dir, state.KUBECONFIG)
             kube.stop()

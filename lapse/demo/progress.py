@@ -59,9 +59,12 @@ class RunProgress:
     finished_at: datetime
     kubernetes: TargetProgress = field(default_factory=lambda: TargetProgress(State.PENDING))
     database: TargetProgress = field(default_factory=lambda: TargetProgress(State.NONE))
+    artifacts: TargetProgress = field(default_factory=lambda: TargetProgress(State.NONE))
 
     def target(self, target: Target) -> TargetProgress:
-        return self.kubernetes if target is Target.KUBERNETES else self.database
+        if target is Target.KUBERNETES:
+            return self.kubernetes
+        return self.artifacts if target is Target.ARTIFACTS else self.database
 
     @property
     def object_due(self) -> datetime:
@@ -86,6 +89,8 @@ class Tracker:
         for run in self.runs.values():
             if run.sample.rows_ttl is not None:
                 run.database.state = State.PENDING
+            if run.sample.artifacts_ttl is not None:
+                run.artifacts.state = State.PENDING
         self.failures: list[str] = []
 
     def apply(self, event: BaseCloudEvent) -> Change | None:
@@ -100,6 +105,8 @@ class Tracker:
         run = self.runs.get(payload.run.name)
         if run is None:
             return None
+        if payload.target is Target.ARTIFACTS and run.sample.artifacts_ttl is None:
+            return None  # planned on the database clock, with nothing captured: not shown
         progress = run.target(payload.target)
         if isinstance(payload, CleanupScheduled):
             progress.policy, progress.deadline = payload.policy, payload.deadline
@@ -128,6 +135,8 @@ class Tracker:
         self.failures.append(f"{who} failed ({payload.stage}): {payload.reason}")
         if run is None or payload.target is None:
             return None
+        if payload.target is Target.ARTIFACTS and run.sample.artifacts_ttl is None:
+            return None
         progress = run.target(payload.target)
         progress.state, progress.detail = State.FAILED, payload.reason
         return Change(run, payload.target, "failed")
@@ -147,7 +156,7 @@ class Tracker:
     @property
     def settled(self) -> bool:
         return all(
-            run.kubernetes.state is not State.PENDING and run.database.state is not State.PENDING
+            State.PENDING not in (run.kubernetes.state, run.database.state, run.artifacts.state)
             for run in self.runs.values()
         )
 
@@ -156,11 +165,44 @@ class Tracker:
 
 
 @dataclass(frozen=True)
+class FootprintLeft:
+    """The footprint run's parts at the end, read from the database and the S3 server."""
+
+    run: str  # the sample's name
+    metadata_rows: int  # its ML Metadata rows written before the tour
+    metadata_left: Mapping[str, int]  # MLMD table -> the run's rows still there
+    pipeline_context_kept: bool  # the pipeline's context (every run's) is still there
+    artifacts: int  # objects planted under the run's prefix (0: no S3 server)
+    artifacts_left: tuple[str, ...]  # of those, the keys still there
+    beside: int  # objects planted beside the prefix (another run's, a sibling prefix)
+    beside_left: int  # of those, how many are still there (all of them, or it went wrong)
+    note: str | None = None  # a part the demo could not show, and why
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "metadata": {
+                "rows": self.metadata_rows,
+                "left": sum(self.metadata_left.values()),
+                "pipelineContextKept": self.pipeline_context_kept,
+            },
+            "s3": {
+                "objects": self.artifacts,
+                "left": len(self.artifacts_left),
+                "beside": self.beside,
+                "besideLeft": self.beside_left,
+            },
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True)
 class Leftovers:
-    """What the API server and the database hold at the end."""
+    """What the API server, the database and the S3 server hold at the end."""
 
     objects: frozenset[str]  # workflow names still present
     rows: Mapping[str, int]  # KFP run id -> rows still present
+    footprint: FootprintLeft | None = None
 
 
 @dataclass(frozen=True)
@@ -206,6 +248,9 @@ class DemoSummary:
     problems: tuple[str, ...]
     # Runs per Kubernetes kind (Workflow, PipelineRun, Job), and how many of each went.
     kinds: dict[str, dict[str, int]] = field(default_factory=dict)
+    # The footprint run: each part's state, deadline (s after finishing) and lateness, and
+    # what the database and the S3 server still hold of it.
+    footprint: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -237,6 +282,7 @@ class DemoSummary:
                 "tour": round(self.timing.tour, 2),
                 "total": round(self.timing.total, 2),
             },
+            "footprint": self.footprint,
             "problems": list(self.problems),
         }
 
@@ -262,7 +308,7 @@ def summarize(
             for r in runs
             if (p := r.target(target)).state is State.DELETED and p.lateness is not None
         ]
-        for target in (Target.KUBERNETES, Target.DATABASE)  # the demo's targets
+        for target in (Target.KUBERNETES, Target.DATABASE, Target.ARTIFACTS)
     }
     return DemoSummary(
         runs=len(runs),
@@ -278,7 +324,29 @@ def summarize(
         timing=timing,
         problems=tuple(problems(runs, leftovers, tracker.failures)),
         kinds=_by_kind(runs, objects_deleted),
+        footprint=_footprint(tracker, leftovers.footprint),
     )
+
+
+def _footprint(tracker: Tracker, left: FootprintLeft | None) -> dict[str, Any] | None:
+    if left is None or left.run not in tracker.runs:
+        return None
+    run = tracker.runs[left.run]
+
+    def part(progress: TargetProgress) -> dict[str, Any]:
+        due = progress.deadline
+        return {
+            "state": progress.state.value,
+            "dueSeconds": None if due is None else (due - run.finished_at).total_seconds(),
+            "latenessSeconds": progress.lateness,
+        }
+
+    return {
+        "object": part(run.kubernetes),
+        "rows": part(run.database),
+        "artifacts": part(run.artifacts),
+        **left.as_json(),
+    }
 
 
 def _by_kind(runs: list[RunProgress], deleted: list[RunProgress]) -> dict[str, dict[str, int]]:
@@ -310,11 +378,36 @@ def problems(
         left = leftovers.rows.get(_run_id(run), 0)
         if left:
             found.append(f"{left} KFP row(s) of {name} are still in the database ({_state(db)})")
-        for target, progress in ((Target.KUBERNETES, k8s), (Target.DATABASE, db)):
+        if run.sample.artifacts_ttl is not None and run.artifacts.state is not State.DELETED:
+            found.append(f"the artifacts of {name} were not deleted ({_state(run.artifacts)})")
+        for target in (Target.KUBERNETES, Target.DATABASE, Target.ARTIFACTS):
+            progress = run.target(target)
             if progress.lateness is not None and progress.lateness < 0:
                 found.append(
                     f"{target} cleanup of {name} ran {-progress.lateness:.2f}s before its deadline"
                 )
+    if leftovers.footprint is not None:
+        found += footprint_problems(leftovers.footprint)
+    return found
+
+
+def footprint_problems(left: FootprintLeft) -> list[str]:
+    found = []
+    if left.metadata_left:
+        tables = ", ".join(f"{t} {n}" for t, n in sorted(left.metadata_left.items()))
+        found.append(f"ML Metadata rows of {left.run} are still in the database ({tables})")
+    if not left.pipeline_context_kept:
+        found.append(f"the pipeline's ML Metadata context went with {left.run} (it is shared)")
+    if left.artifacts_left:
+        found.append(
+            f"{len(left.artifacts_left)} artifact(s) of {left.run} are still in the S3 server: "
+            + ", ".join(left.artifacts_left[:3])
+        )
+    if left.beside_left < left.beside:
+        found.append(
+            f"{left.beside - left.beside_left} object(s) beside {left.run}'s prefix were "
+            "deleted: lapse reached outside the run's artifacts"
+        )
     return found
 
 

@@ -6,6 +6,10 @@ run, `lapse.dev/keep`, KFP runs whose object and rows follow the admin's policy 
 separate clocks, and runs of two other engines: a Tekton PipelineRun (`lapse.dev/ttl`) and
 a batch/v1 Job (its own `spec.ttlSecondsAfterFinished`). TTLs stay short (at most
 `MAX_TTL` seconds): the tour takes about 20 s.
+
+Beside them, one KFP run with its whole footprint (`footprint_sample`): its Workflow, its
+KFP rows, its ML Metadata rows and its artifacts in the embedded S3 server, each part on
+its own clock (object, then rows and metadata on the database clock, then artifacts).
 """
 
 from __future__ import annotations
@@ -35,6 +39,18 @@ KFP_ROWS_TTL: Final = 15
 KFP_SDK_TTL: Final = 9
 KEPT_TTL: Final = 4  # the annotation `keep` overrides; shown to prove it is ignored
 MAX_TTL: Final = 20
+# The footprint run's three clocks (its metadata rows go on the database clock).
+FOOTPRINT_POLICY: Final = "kfp-footprint"
+FOOTPRINT_OBJECT_TTL: Final = 4
+FOOTPRINT_ROWS_TTL: Final = 10
+FOOTPRINT_ARTIFACTS_TTL: Final = 16
+# KFP's default pipeline root is minio://mlpipeline/v2/artifacts; a run's outputs are under
+# <pipeline name>/<run id>/ there. The pipeline name is a label the demo's pipeline sets.
+PIPELINE_NAME_LABEL: Final = "pipeline-name"
+PIPELINE_NAME: Final = "train"
+ARTIFACT_BUCKET: Final = "mlpipeline"
+ARTIFACT_ROOT: Final = "v2/artifacts/"
+ARTIFACT_STORE: Final = "pipeline-root"
 
 
 class Kind(StrEnum):
@@ -45,6 +61,7 @@ class Kind(StrEnum):
     KFP = "kfp"
     TEKTON = "tekton"
     JOB = "job"
+    FOOTPRINT = "kfp-footprint"
 
 
 # One of each way to expire per eight runs.
@@ -76,6 +93,7 @@ class Sample:
     labels: Mapping[str, str] = field(default_factory=dict)
     ttl_strategy: Mapping[str, int] | None = None
     run_kind: KindSpec = ARGO_WORKFLOW
+    artifacts_ttl: int | None = None  # None: no artifacts of its own in the S3 server
 
     @property
     def kept(self) -> bool:
@@ -94,6 +112,26 @@ def make_samples(count: int) -> list[Sample]:
         nth = seen[kind] = seen.get(kind, -1) + 1
         samples.append(_sample(f"{kind.value}-{index:02d}", kind, nth))
     return samples
+
+
+def footprint_sample(*, with_artifacts: bool) -> Sample:
+    """The KFP run whose whole footprint goes, each part on its own clock."""
+    labels = {
+        KFP_RUN_ID_LABEL: str(uuid.uuid4()),
+        KFP_PERSISTED_LABEL: "true",
+        PIPELINE_NAME_LABEL: PIPELINE_NAME,
+    }
+    hint = f"KFP: policy {FOOTPRINT_POLICY}"
+    return Sample(
+        Kind.FOOTPRINT.value, Kind.FOOTPRINT, "Succeeded", FOOTPRINT_OBJECT_TTL, hint,
+        FOOTPRINT_ROWS_TTL, labels=labels,
+        artifacts_ttl=FOOTPRINT_ARTIFACTS_TTL if with_artifacts else None,
+    )  # fmt: skip
+
+
+def artifact_prefix(sample: Sample) -> str:
+    """Where KFP writes the run's outputs in its pipeline root (the bucket's key)."""
+    return f"{ARTIFACT_ROOT}{PIPELINE_NAME}/{sample.kfp_run_id}/"
 
 
 def _sample(name: str, kind: Kind, nth: int) -> Sample:
@@ -207,22 +245,57 @@ def workflow(sample: Sample, finished_at: datetime) -> dict[str, Any]:
     }
 
 
-def write_config(path: Path, *, nats_url: str, kubeconfig: Path, database_url: str) -> Path:
-    """lapse's configuration for the tour: what an admin of a KFP installation would write."""
-    config = {
+def write_config(
+    path: Path,
+    *,
+    nats_url: str,
+    kubeconfig: Path,
+    database_url: str,
+    s3_endpoint: str | None = None,
+    s3_region: str = "us-east-1",
+) -> Path:
+    """lapse's configuration for the tour: what an admin of a KFP installation would write.
+    With an S3 endpoint, KFP's pipeline root there is an artifacts store (its credentials
+    are in the environment, never here)."""
+    footprint: dict[str, Any] = {
+        "name": FOOTPRINT_POLICY,
+        "match": {"has_labels": [PIPELINE_NAME_LABEL]},
+        "kubernetes": {"ttl": f"{FOOTPRINT_OBJECT_TTL}s"},
+        "database": {"ttl": f"{FOOTPRINT_ROWS_TTL}s"},
+    }
+    config: dict[str, Any] = {
         "nats": {"url": nats_url},
         "kubernetes": {"kubeconfig": str(kubeconfig)},
-        "database": {"url": database_url, "targets": {"kfp": {"enabled": True}}},
+        "database": {
+            "url": database_url,
+            "targets": {"kfp": {"enabled": True}, "ml_metadata": {"enabled": True}},
+        },
         "policies": [
+            footprint,
             {
                 "name": POLICY_NAME,
                 "match": {"has_labels": [KFP_RUN_ID_LABEL]},
                 "kubernetes": {"ttl": f"{KFP_OBJECT_TTL}s"},
                 "database": {"ttl": f"{KFP_ROWS_TTL}s"},
-            }
+            },
         ],
         # Every KFP run comes due in the same second: let them all through at once.
         "safety": {"max_deletions_per_second": 200},
     }
+    if s3_endpoint is not None:
+        footprint["artifacts"] = {"ttl": f"{FOOTPRINT_ARTIFACTS_TTL}s"}
+        config["artifacts"] = {
+            "stores": [
+                {
+                    "name": ARTIFACT_STORE,
+                    "url": f"s3://{ARTIFACT_BUCKET}/{ARTIFACT_ROOT}",
+                    "endpoint": s3_endpoint,
+                    "region": s3_region,
+                    # v2/artifacts/<pipeline>/<run id>/: nothing shallower is ever deleted.
+                    "min_prefix_depth": 4,
+                    "capture": {"argo-workflow": [f"{{label:{PIPELINE_NAME_LABEL}}}/{{run_id}}/"]},
+                }
+            ]
+        }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path

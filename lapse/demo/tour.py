@@ -9,6 +9,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
 
@@ -22,9 +23,27 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from lapse import telemetry
 from lapse.config import LapseConfig
-from lapse.demo import kfp
-from lapse.demo.progress import DemoSummary, Leftovers, Timing, Tracker, summarize
-from lapse.demo.scenario import MAX_TTL, NAMESPACE, RUN_KINDS, Sample, run_object
+from lapse.demo import artifacts, kfp, mlmd
+from lapse.demo.artifacts import S3Access
+from lapse.demo.progress import (
+    DemoSummary,
+    FootprintLeft,
+    Leftovers,
+    Timing,
+    Tracker,
+    summarize,
+)
+from lapse.demo.scenario import (
+    ARTIFACT_BUCKET,
+    MAX_TTL,
+    NAMESPACE,
+    PIPELINE_NAME,
+    RUN_KINDS,
+    Kind,
+    Sample,
+    artifact_prefix,
+    run_object,
+)
 from lapse.demo.view import Output, change_line, live_table
 from lapse.edges.kubernetes import KubeObjects, finished_pages
 from lapse.events.errors import InvalidEvent
@@ -56,6 +75,7 @@ async def tour(
     out: Output,
     begun: float,
     report: Callable[[DemoSummary], None],
+    s3: S3Access | None = None,
 ) -> None:
     """Set up, run the tour, and `report` the verdict as soon as it is known: stopping the
     pipeline and the servers afterwards can take a while."""
@@ -63,9 +83,12 @@ async def tour(
         workflows = resources.objects()
         engine = resources.database()
         await prepare_cluster(resources.kube_client(), workflows, samples)
+        # Before the pipeline starts: it reflects the tables it deletes in at start-up.
         await kfp.create_tables(engine)
+        await mlmd.create_tables(engine)
         kfp_runs = [(s.kfp_run_id, s.name) for s in samples if s.kfp_run_id is not None]
         await kfp.insert_runs(engine, kfp_runs, NAMESPACE)
+        footprint = await plant_footprint(engine, samples, s3)
         # In-process spans, so the tour can show one run's whole path without a backend.
         recorder = telemetry.install_in_memory("lapse-demo")
         async with running_pipeline(config, nats_url) as pipeline:
@@ -75,6 +98,8 @@ async def tour(
                 f"runs in namespace {NAMESPACE} ({_kinds(samples)}; {len(kfp_runs)} with KFP "
                 "rows)"
             )
+            if footprint is not None:
+                out.note(footprint_plan(footprint))
             pool = resources.kube_client().configuration.connection_pool_maxsize
             tracker = Tracker(samples, datetime.now(UTC))
             async with following_audit(js, config.nats.streams.audit, tracker, out):
@@ -82,10 +107,15 @@ async def tour(
                 await create_all(workflows, samples, tracker.finished_at, at_once=pool)
                 await follow(tracker, workflows, out, pipeline)
             tour_seconds = time.monotonic() - out.started
-            leftovers = await inspect_leftovers(workflows, engine, samples)
+            leftovers = await inspect_leftovers(workflows, engine, samples, footprint)
             timing = Timing(out.started - begun, tour_seconds)
             report(summarize(tracker, leftovers, timing, kfp.ROWS_PER_RUN))
-            traced = next((s.name for s in samples if s.kfp_run_id is not None), samples[0].name)
+            # The footprint run's trace shows every reaper; else the first KFP run's.
+            traced = (
+                footprint.sample.name
+                if footprint is not None
+                else next((s.name for s in samples if s.kfp_run_id is not None), samples[0].name)
+            )
             out.trace(traced, trace_of(recorder.spans(), traced))
 
 
@@ -278,9 +308,89 @@ async def object_names(objects: KubeObjects) -> set[str]:
     return names
 
 
+@dataclass(frozen=True)
+class Planted:
+    """What the tour wrote of the footprint run beyond its object and KFP rows."""
+
+    sample: Sample
+    metadata: mlmd.Recorded
+    s3: S3Access | None
+    outputs: list[str]
+    beside: list[str]
+
+
+# MLMD's last update of the run: before the Workflow finished (lapse's row-reaper checks
+# that the database's own account of the run ended no later than the run it planned).
+_METADATA_AGE_MS: Final = 60_000
+
+
+async def plant_footprint(
+    engine: AsyncEngine, samples: Sequence[Sample], s3: S3Access | None
+) -> Planted | None:
+    """The footprint run's ML Metadata rows, and its outputs in the S3 server (with
+    objects beside them that are not its own)."""
+    sample = next((s for s in samples if s.kind is Kind.FOOTPRINT), None)
+    if sample is None or sample.kfp_run_id is None:
+        return None
+    recorded = await mlmd.record_run(
+        engine,
+        run_id=sample.kfp_run_id,
+        pipeline=PIPELINE_NAME,
+        tasks=artifacts.output_uris(sample),
+        updated_ms=int(time.time() * 1000) - _METADATA_AGE_MS,
+    )
+    if s3 is None or sample.artifacts_ttl is None:
+        return Planted(sample, recorded, None, [], [])
+    outputs, beside = artifacts.output_keys(sample), artifacts.beside_keys(sample)
+    await artifacts.plant(s3, outputs + beside)
+    return Planted(sample, recorded, s3, outputs, beside)
+
+
+def footprint_plan(planted: Planted) -> str:
+    """What the footprint run holds and when each part is due, before the tour starts."""
+    sample = planted.sample
+    parts = [
+        f"object due {sample.object_ttl}s",
+        f"KFP rows and {planted.metadata.rows} ML Metadata rows due {sample.rows_ttl}s",
+    ]
+    if planted.s3 is not None:
+        prefix = artifact_prefix(sample)
+        parts.append(
+            f"{len(planted.outputs)} artifacts in s3://{ARTIFACT_BUCKET}/{prefix} "
+            f"due {sample.artifacts_ttl}s ({len(planted.beside)} objects planted beside it "
+            "must stay)"
+        )
+    else:
+        parts.append(NO_S3_NOTE)
+    return f"{sample.name}: one KFP run's footprint, " + "; ".join(parts) + " after finishing"
+
+
+NO_S3_NOTE: Final = (
+    "no S3 server (SeaweedFS is not built: `make seaweedfs` builds it), so the artifacts "
+    "part was left out"
+)
+
+
 async def inspect_leftovers(
-    workflows: KubeObjects, engine: AsyncEngine, samples: list[Sample]
+    workflows: KubeObjects,
+    engine: AsyncEngine,
+    samples: list[Sample],
+    footprint: Planted | None = None,
 ) -> Leftovers:
     run_ids = [s.kfp_run_id for s in samples if s.kfp_run_id is not None]
     objects = await object_names(workflows)
-    return Leftovers(frozenset(objects), await kfp.rows_left(engine, run_ids))
+    left = None
+    if footprint is not None:
+        s3 = footprint.s3
+        left = FootprintLeft(
+            run=footprint.sample.name,
+            metadata_rows=footprint.metadata.rows,
+            metadata_left=await mlmd.rows_left(engine, footprint.metadata),
+            pipeline_context_kept=await mlmd.pipeline_context_present(engine, footprint.metadata),
+            artifacts=len(footprint.outputs),
+            artifacts_left=tuple(await artifacts.present(s3, footprint.outputs)) if s3 else (),
+            beside=len(footprint.beside),
+            beside_left=len(await artifacts.present(s3, footprint.beside)) if s3 else 0,
+            note=None if s3 else NO_S3_NOTE,
+        )
+    return Leftovers(frozenset(objects), await kfp.rows_left(engine, run_ids), left)

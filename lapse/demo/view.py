@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -57,6 +58,19 @@ def _rows_source(run: RunProgress) -> str:
     return run.database.policy or f"policy ({run.sample.rows_ttl}s)"
 
 
+def _artifacts_source(run: RunProgress) -> str:
+    if run.sample.artifacts_ttl is None:
+        return "no artifacts"
+    return run.artifacts.policy or f"policy ({run.sample.artifacts_ttl}s)"
+
+
+_TARGET_WORDS = {
+    Target.KUBERNETES: "object",
+    Target.DATABASE: "rows",
+    Target.ARTIFACTS: "artifacts",
+}
+
+
 def counts_line(tracker: Tracker) -> str:
     runs = list(tracker.runs.values())
     objects = [r for r in runs if not r.sample.kept]
@@ -77,20 +91,26 @@ def live_table(tracker: Tracker, now: datetime, elapsed: float) -> RenderableTyp
         title_justify="left",
         expand=False,
     )
-    for column in ("NAME", "PHASE", "OBJECT TTL FROM", "OBJECT", "ROWS TTL FROM", "ROWS"):
+    columns = ("NAME", "PHASE", "OBJECT TTL FROM", "OBJECT", "ROWS TTL FROM", "ROWS")
+    artifacts = any(run.sample.artifacts_ttl is not None for run in tracker.runs.values())
+    for column in (*columns, *(("ARTIFACTS",) if artifacts else ())):
         table.add_column(column, no_wrap=True)
     for run in tracker.runs.values():
-        table.add_row(
+        cells: list[str | Text] = [
             run.sample.name,
             run.sample.phase,
             _object_source(run),
             _cell(run.kubernetes, now),
             _rows_source(run),
             _cell(run.database, now),
-        )
+        ]
+        if artifacts:
+            cells.append(_cell(run.artifacts, now))
+        table.add_row(*cells)
     legend = Text(
-        "OBJECT: the Workflow in the API server.  ROWS: its KFP rows in the database "
-        "(their own, longer clock).",
+        "OBJECT: the run in the API server.  ROWS: its KFP rows (and, for kfp-footprint, its "
+        "ML Metadata) in the database (their own, longer clock)."
+        + ("  ARTIFACTS: its outputs in the S3 server (a third clock)." if artifacts else ""),
         style="dim",
     )
     return Group(table, legend)
@@ -99,7 +119,7 @@ def live_table(tracker: Tracker, now: datetime, elapsed: float) -> RenderableTyp
 def change_line(change: Change, elapsed: float) -> str:
     """One plain line per step, for logs and CI."""
     run = change.run
-    target = "object" if change.target is Target.KUBERNETES else "rows"
+    target = _TARGET_WORDS[change.target]
     progress = run.target(change.target)
     if change.what == "scheduled" and progress.deadline is not None:
         due = (progress.deadline - run.finished_at).total_seconds()
@@ -110,7 +130,7 @@ def change_line(change: Change, elapsed: float) -> str:
         why = f"{run.sample.hint}: TTL ran out, still there"
     else:
         why = progress.detail or run.sample.hint
-    return f"  t+{elapsed:5.1f}s  {change.what:<9} {target:<6} {run.sample.name:<16} ({why})"
+    return f"  t+{elapsed:5.1f}s  {change.what:<9} {target:<9} {run.sample.name:<16} ({why})"
 
 
 def print_summary(console: Console, summary: DemoSummary) -> None:
@@ -139,12 +159,55 @@ def print_summary(console: Console, summary: DemoSummary) -> None:
     for label, value in rows:
         table.add_row(label, value)
     console.print(table)
+    if summary.footprint is not None:
+        print_footprint(console, summary.footprint)
     if summary.ok:
         console.print("[green]Everything expected happened.[/green]")
         return
     console.print("[bold red]Not as expected:[/bold red]")
     for problem in summary.problems:
         console.print(f"  - {problem}", markup=False, highlight=False)
+
+
+def footprint_lines(footprint: dict[str, Any]) -> list[str]:
+    """Each part of the footprint run: its clock, what happened, and what the final check
+    read in the database and the S3 server."""
+    metadata, artifacts = footprint["metadata"], footprint["s3"]
+
+    def part(name: str, what: str, checked: str) -> str:
+        p = footprint[name]
+        seconds = p["dueSeconds"]
+        due = "no deadline" if seconds is None else f"due {seconds:.0f}s after finishing"
+        late = "" if p["latenessSeconds"] is None else f", {p['latenessSeconds']:.2f}s late"
+        return f"  {what:<34} {due:<28} {p['state']}{late}; {checked}"
+
+    lines = [f"footprint of {footprint['run']} (one KFP run, each part on its own clock):"]
+    lines.append(part("object", "Workflow (kubernetes clock)", "checked in the API server"))
+    lines.append(
+        part(
+            "rows",
+            "KFP rows + ML Metadata (database)",
+            f"{metadata['left']}/{metadata['rows']} metadata rows left, pipeline context "
+            + ("kept" if metadata["pipelineContextKept"] else "GONE"),
+        )
+    )
+    if artifacts["objects"]:
+        lines.append(
+            part(
+                "artifacts",
+                "artifacts in S3 (artifacts clock)",
+                f"{artifacts['left']}/{artifacts['objects']} objects left, "
+                f"{artifacts['besideLeft']}/{artifacts['beside']} beside the prefix kept",
+            )
+        )
+    if footprint.get("note"):
+        lines.append(f"  note: {footprint['note']}")
+    return lines
+
+
+def print_footprint(console: Console, footprint: dict[str, Any]) -> None:
+    for line in footprint_lines(footprint):
+        console.print(line, markup=False, highlight=False)
 
 
 def _lateness_text(values: list[float]) -> str:

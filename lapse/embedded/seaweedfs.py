@@ -39,6 +39,20 @@ def weed_binary(version: str = SEAWEEDFS_VERSION) -> Path:
     return path
 
 
+def identities_path(data_dir: Path) -> Path:
+    return data_dir / "s3-identities.json"
+
+
+def read_keys(data_dir: Path) -> tuple[str, str] | None:
+    """(access key, secret key) from the identities file a start wrote, if any."""
+    try:
+        config = json.loads(identities_path(data_dir).read_text(encoding="utf-8"))
+        credentials = config["identities"][0]["credentials"][0]
+        return str(credentials["accessKey"]), str(credentials["secretKey"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
 def _ports() -> dict[str, int]:
     # Every port explicit: SeaweedFS derives gRPC ports as HTTP port + 10000 otherwise, past
     # 65535 for most free ports.
@@ -75,8 +89,23 @@ class EmbeddedSeaweedFS:
             "AWS_REGION": REGION,
         }
 
+    @classmethod
+    def in_state(cls, data_dir: Path, buckets: tuple[str, ...] = ()) -> EmbeddedSeaweedFS:
+        """The server `lapse up` keeps in its state directory: the keys an earlier start
+        wrote there are used again (its objects were written under them, and a user's
+        client configured with them keeps working); the first start makes them."""
+        known = read_keys(data_dir)
+        if known is None:
+            return cls(data_dir, buckets=buckets)
+        return cls(data_dir, buckets=buckets, access_key=known[0], secret_key=known[1])
+
+    @property
+    def identities_path(self) -> Path:
+        """The 0600 file that holds the keys (the server's identities)."""
+        return identities_path(self.data_dir)
+
     def _identities(self) -> Path:
-        path = self.data_dir / "s3-identities.json"
+        path = self.identities_path
         config = {
             "identities": [
                 {
@@ -87,6 +116,7 @@ class EmbeddedSeaweedFS:
             ]
         }
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # also when an older file was left wider open
         with os.fdopen(fd, "w") as out:
             json.dump(config, out)
         return path
@@ -96,7 +126,7 @@ class EmbeddedSeaweedFS:
         (self.data_dir / "data").mkdir(exist_ok=True)
         p = self.ports
         args = [
-            str(weed_binary()), "server",
+            str(weed_binary()), *self._log_flags(), "server",
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-dir={self.data_dir / 'data'}",
             f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
@@ -119,6 +149,10 @@ class EmbeddedSeaweedFS:
             self._created = True
         return self
 
+    def _log_flags(self) -> list[str]:
+        # Its logger otherwise writes files into $TMPDIR, left behind after the server stops.
+        return [f"-logdir={self.data_dir}"]
+
     def _ready(self) -> bool:
         if not (port_open(self.ports["s3"]) and port_open(self.ports["filer"])):
             return False
@@ -135,7 +169,13 @@ class EmbeddedSeaweedFS:
         p = self.ports
         master = f"127.0.0.1:{p['master']}.{p['master.grpc']}"
         filer = f"127.0.0.1:{p['filer']}.{p['filer.grpc']}"
-        command = [str(weed_binary()), "shell", f"-master={master}", f"-filer={filer}"]
+        command = [
+            str(weed_binary()),
+            *self._log_flags(),
+            "shell",
+            f"-master={master}",
+            f"-filer={filer}",
+        ]
         result = subprocess.run(
             command,
             input=f"s3.bucket.create -name {name}\nexit\n",
@@ -143,7 +183,12 @@ class EmbeddedSeaweedFS:
             text=True,
             timeout=timeout,
         )
-        if result.returncode != 0 or "error" in result.stdout.lower():
+        said = (result.stdout + result.stderr).lower()
+        if (
+            f"bucket {name} already exists" in said
+        ):  # made by an earlier start on the same data directory
+            return
+        if result.returncode != 0 or "error" in said:
             raise ServerStartError(
                 f"SeaweedFS: creating bucket {name} failed: {result.stdout[-2000:]}"
                 f"{result.stderr[-2000:]}"

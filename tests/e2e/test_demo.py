@@ -30,24 +30,42 @@ def test_demo_deletes_what_it_should_and_keeps_what_it_should(tmp_path: Path) ->
     assert summary["ok"] is True
     assert summary["problems"] == []
     # Eight runs are one of each way to expire: four plain Workflows (two with Argo's
-    # ttlStrategy), two KFP runs with rows, one kept, a Tekton PipelineRun and a Job.
-    assert summary["workflows"] == 8
+    # ttlStrategy), two KFP runs with rows, one kept, a Tekton PipelineRun and a Job; and
+    # the ninth is the KFP run whose whole footprint goes (kfp-footprint).
+    assert summary["workflows"] == 9
     assert summary["kinds"] == {
-        "Workflow": {"runs": 6, "deleted": 5},
+        "Workflow": {"runs": 7, "deleted": 6},
         "PipelineRun": {"runs": 1, "deleted": 1},
         "Job": {"runs": 1, "deleted": 1},
     }
-    assert summary["objects"] == {"expected": 7, "deleted": 7}
-    assert summary["rowSets"] == {"expected": 2, "deleted": 2, "rows": 14}
+    assert summary["objects"] == {"expected": 8, "deleted": 8}
+    assert summary["rowSets"] == {"expected": 3, "deleted": 3, "rows": 21}
     assert summary["kept"] == {"expected": 1, "present": 1}
     assert summary["failed"] == 0
 
     lateness = summary["latenessSeconds"]
-    assert lateness["count"] == 7 + 2
-    assert lateness["byTarget"]["kubernetes"]["count"] == 7
-    assert lateness["byTarget"]["database"]["count"] == 2
+    assert lateness["count"] == 8 + 3 + 1
+    assert lateness["byTarget"]["kubernetes"]["count"] == 8
+    assert lateness["byTarget"]["database"]["count"] == 3
+    assert lateness["byTarget"]["artifacts"]["count"] == 1
     assert isinstance(lateness["p99"], float)
     assert 0 <= lateness["p50"] <= lateness["p99"] < LATENESS_BOUND
+
+    # One KFP run's footprint, each part at its own deadline, and the final check read
+    # the database and the S3 server: the run's metadata rows and artifacts are gone, the
+    # pipeline's context (every run's) and the objects planted beside its prefix are not.
+    footprint = summary["footprint"]
+    assert footprint["run"] == "kfp-footprint"
+    parts = [footprint[part] for part in ("object", "rows", "artifacts")]
+    assert [p["state"] for p in parts] == ["deleted"] * 3
+    assert [p["dueSeconds"] for p in parts] == [4, 10, 16]
+    for part in parts:
+        assert 0 <= part["latenessSeconds"] < LATENESS_BOUND
+    assert footprint["metadata"] == {"rows": 29, "left": 0, "pipelineContextKept": True}
+    assert footprint["s3"] == {"objects": 3, "left": 0, "beside": 3, "besideLeft": 3}
+    assert footprint["note"] is None
+    for target in ("object", "rows", "artifacts"):
+        assert re.search(rf"deleted +{target} +kfp-footprint ", result.stderr), result.stderr
 
     assert summary["seconds"]["tour"] < 60
     assert not list(tmp_path.iterdir()), "the demo leaves nothing behind without --keep"
