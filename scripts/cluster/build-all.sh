@@ -7,6 +7,8 @@
 # A no-op when everything is cached (docs/cluster.md, "Figures").
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
+# What the image builds pack with (start.sh installs the same, and more, to run the node).
+bash "$HERE/../debian-packages.sh" umoci skopeo mmdebstrap gcc libc6-dev
 bash "$HERE/build-node.sh" >/dev/null
 bash "$HERE/build-images.sh" pause coredns python eventing serving envoy observability >/dev/null
 bash "$HERE/build-netpol.sh" >/dev/null
