@@ -42,15 +42,18 @@ seaweedfs: ## Build SeaweedFS (an S3 server, for the artifacts target's tests) f
 
 stack: databases kube kubectl helm crds observability seaweedfs images mlmd-venv ## Everything the integration tests need (NATS is started by the tests)
 
-# The cluster's builds (scripts/cluster/build-all.sh) run in the background, niced, while
-# pytest runs: on empty caches they use the cores the tests leave idle, and test-cluster's
-# start waits on their locks. The cluster's tests run even when pytest failed: one run
-# reports both.
-CLUSTER_BUILD_LOG ?= $(or $(TMPDIR),/tmp)/lapse-cluster-build.log
-test: install stack ## Run the whole test suite against real servers, then on the real cluster
-	@( nice -n 19 bash scripts/cluster/build-all.sh >$(CLUSTER_BUILD_LOG) 2>&1 & )
-	@echo "cluster builds: in the background (log: $(CLUSTER_BUILD_LOG))"
-	$(BIN)/pytest; status=$$?; \
+# The tests in three steps, so that on empty caches the builds only some of them need use the
+# cores the others leave idle: scripts/build-late.sh builds those and the cluster in the
+# background (niced) while every test but the `late_build` ones runs; `make stack` then
+# waits for those builds (each holds its cache's lock); the `late_build` tests run; then the
+# cluster's. Every step runs even when one before it failed: one run reports them all.
+BUILD_LOG ?= $(or $(TMPDIR),/tmp)/lapse-build-late.log
+test: install databases kube kubectl crds ## Run the whole test suite against real servers, then on the real cluster
+	@( nice -n 19 bash scripts/build-late.sh >$(BUILD_LOG) 2>&1 & )
+	@echo "helm, images, SeaweedFS, observability, the cluster: building in the background (log: $(BUILD_LOG))"
+	$(BIN)/pytest -m "not late_build"; status=$$?; \
+	  $(MAKE) stack || status=1; \
+	  $(BIN)/pytest -m late_build || status=1; \
 	  $(MAKE) test-cluster || status=1; \
 	  exit $$status
 

@@ -27,6 +27,35 @@ from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.seaweedfs import EmbeddedSeaweedFS
 from tests.stack import Database, scratch_database
 
+# What `make test` builds in the background while the other tests run (scripts/build-late.sh:
+# helm, ML Metadata's venv, the images, SeaweedFS, the observability backends): the tests
+# that need one of them are marked `late_build` and run in a second session, after those
+# builds (Makefile, "test"; docs/install.md). On warm caches the split costs a second start.
+LATE_BUILD_MODULES: frozenset[str] = frozenset(
+    {
+        "tests.integration.test_chart",  # helm
+        "tests.integration.test_ml_metadata",  # the MLMD venv
+        "tests.integration.test_images",  # the images
+        "tests.integration.test_alert_rules",  # Prometheus' promtool
+        "tests.integration.test_otel_collector",  # the Collector
+        "tests.e2e.test_real_backends",  # the Collector, Prometheus, Jaeger
+        "tests.e2e.test_artifacts_up",  # SeaweedFS, in the ones below too
+        "tests.e2e.test_up_embedded_s3",
+        "tests.e2e.test_demo",
+        "tests.e2e.test_footprint_kfp",
+        "tests.e2e.test_footprint_tekton",
+    }
+)
+LATE_BUILD_FIXTURES: frozenset[str] = frozenset({"seaweedfs"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = getattr(item, "module", None)
+        late = module is not None and module.__name__ in LATE_BUILD_MODULES
+        if late or LATE_BUILD_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.late_build)
+
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
