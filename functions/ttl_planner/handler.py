@@ -167,10 +167,11 @@ class Planner:
         now = self.clock()
         attributes = {RUN_NAMESPACE: run.namespace, RUN_NAME: run.name, RUN_UID: run.uid}
         with step_span("count keep_last", {**attributes, POLICY: group.policy}):
+            # Only finished objects count: where the kind labels them (Argo), a field group
+            # (selector "") lists the namespace's finished ones, not every running one too.
+            selector = ",".join(s for s in (kind.finished_selector, group.selector) if s)
             try:
-                objects = await self.lister.list_items(
-                    kind, run.namespace, label_selector=group.selector
-                )
+                objects = await self.lister.list_items(kind, run.namespace, label_selector=selector)
             except RetryLater:
                 raise
             except Exception as exc:
@@ -179,8 +180,8 @@ class Planner:
                 failed = CleanupFailed(
                     run=run,
                     target=Target.KUBERNETES,
-                    reason=f"keep_last: cannot list {kind.kind} {group.selector} in "
-                    f"{run.namespace!r}: {exc}; nothing was counted out",
+                    reason=f"keep_last: cannot list {kind.kind} objects of {group.describe()} "
+                    f"in {run.namespace!r}: {exc}; nothing was counted out",
                     stage=STAGE,
                 )
                 return {}, [_event(EventType.CLEANUP_FAILED, failed)], False

@@ -28,7 +28,7 @@ from lapse.cli.common import (
 )
 from lapse.cli.footprint import ArtifactFootprint, Footprints, describe
 from lapse.cli.output import Column, Row, add_output, emit, resource_name
-from lapse.edges.kubernetes import KubeObjects, finished_pages
+from lapse.edges.kubernetes import KubeObjects, finished_pages_within
 from lapse.edges.kubernetes.policies import read_policy_objects
 from lapse.events.adapters.objects import adapt
 from lapse.events.artifacts import RunArtifacts
@@ -37,6 +37,7 @@ from lapse.events.kinds import KindSpec
 from lapse.events.models import RunFinished
 from lapse.events.run import RunRef, Target
 from lapse.events.timeutil import format_rfc3339, parse_rfc3339
+from lapse.functions.keep_last import listed_object, listed_runs
 from lapse.functions.policy import Action, Decision, Policy, counted_out, plan, with_count
 from lapse.functions.policy_objects import (
     API_VERSION,
@@ -147,38 +148,74 @@ class PlannedRun:
         }
 
 
-async def finished_runs(
+# A run as plan holds it: the run, and the object it was listed as (its artifacts are read
+# from the object only where the artifacts target will delete them).
+Listed = tuple[RunRef, dict[str, Any]]
+
+
+async def finished_listings(
     objects: KubeObjects,
     kind: KindSpec,
     namespace: str | None = None,
     pattern: str | None = None,
     selector: str | None = None,
-) -> AsyncIterator[RunRef]:
-    """Every finished run of `kind`, page by page, so memory stays flat on large clusters."""
-    async for finished in finished_events(objects, kind, namespace, pattern, selector):
-        yield finished.run
+) -> AsyncIterator[list[Listed]]:
+    """The finished runs of `kind` in scope, listed page by page, in the API server's
+    order: one namespace's at a time where the scope is namespaces (-n, or
+    --namespace-glob's matching namespaces in turn), the cluster's at once otherwise.
+    keep_last's groups never cross a namespace, so each listing is counted whole on its
+    own, and plan holds one namespace's runs at a time, not the cluster's."""
+    scope = namespace if namespace is not None else pattern
+    pages = finished_pages_within(
+        objects, kind, scope, page_size=PAGE_SIZE, label_selector=selector
+    )
+    held: list[Listed] = []
+    held_in: str | None = None
+    async for listed_in, page in pages:
+        if listed_in != held_in and held:
+            yield held
+            held = []
+        held_in = listed_in
+        held += [
+            (run, obj)
+            for run, obj in _finished(page.items, kind)
+            if in_namespace(run.namespace, namespace, pattern)
+        ]
+    if held:
+        yield held
 
 
-async def finished_events(
-    objects: KubeObjects,
-    kind: KindSpec,
-    namespace: str | None = None,
-    pattern: str | None = None,
-    selector: str | None = None,
-) -> AsyncIterator[RunFinished]:
-    """`finished_runs`, with what each run recorded besides itself (its artifacts)."""
-    pages = finished_pages(objects, kind, namespace, page_size=PAGE_SIZE, label_selector=selector)
-    async for page in pages:
-        for obj in page.items:
-            try:
-                result = adapt(obj, kind)
-            except InvalidEvent:
-                continue
-            if not isinstance(result, RunFinished):
-                continue
-            if not in_namespace(result.run.namespace, namespace, pattern):
-                continue
-            yield result
+def _finished(items: list[dict[str, Any]], kind: KindSpec) -> list[Listed]:
+    """A page's finished runs in listing order: as keep_last counts them (`listed_runs`:
+    a `field:` group is read from the object listed), and, never counted, those being
+    deleted (their rows still have a deadline: plan always showed them)."""
+    counted = {run.uid: run for run in listed_runs(items, kind)}
+    found: list[Listed] = []
+    for obj in items:
+        metadata = obj.get("metadata") or {}
+        run = counted.get(str(metadata.get("uid", "")))
+        if run is None and metadata.get("deletionTimestamp"):
+            run = _adapted(obj, kind)
+        if run is not None:
+            found.append((run, obj))
+    return found
+
+
+def _adapted(obj: dict[str, Any], kind: KindSpec) -> RunRef | None:
+    try:
+        result = adapt(obj, kind)
+    except InvalidEvent:
+        return None
+    return result.run if isinstance(result, RunFinished) else None
+
+
+def _artifacts(obj: dict[str, Any], kind: KindSpec) -> RunArtifacts | None:
+    """What the run recorded of its artifacts, read from the object as the planner reads it."""
+    try:
+        result = adapt(obj, kind)
+    except InvalidEvent:
+        return None
+    return result.artifacts if isinstance(result, RunFinished) else None
 
 
 class _NoSchedules:
@@ -312,36 +349,17 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
     for kind in resources.config.kinds:
         if wanted and kind.name not in wanted:
             continue
-        runs = finished_events(resources.objects(), kind, namespace, pattern, args.selector)
-        listed: list[RunRef] = []
-        recorded: dict[str, RunArtifacts | None] = {}
+        listings = finished_listings(resources.objects(), kind, namespace, pattern, args.selector)
         try:
-            async for finished in runs:
-                listed.append(finished.run)
-                recorded[finished.run.uid] = finished.artifacts
+            async for listed in listings:
+                await _preview_listing(
+                    listed, kind, args, policies, chosen, targets, footprints, now, result
+                )
         except ApiException as exc:
             if exc.status != 404:
                 raise
             # Not installed here (no Tekton, no Trainer): nothing of it to plan.
             result.notes.append(f"{kind.describe()} is not served by this API server")
-        # keep_last counts each group among the runs listed here: all of them, unless -l
-        # shows only some (then the count would be wrong, and is not previewed).
-        counted = {} if args.selector else counted_out(listed, policies, now)
-        for run in listed:
-            decisions = plan(run, policies, now, targets)
-            k8s = Target.KUBERNETES
-            decisions[k8s] = with_count(decisions[k8s], counted.get(run.uid))
-            if args.policy is not None and not any(
-                _unversioned(d.policy) in chosen for d in decisions.values()
-            ):
-                continue
-            if args.target:
-                decisions = {t: d for t, d in decisions.items() if t.value == args.target}
-            footprint = None
-            artifacts = decisions.get(Target.ARTIFACTS)
-            if artifacts is not None and artifacts.action is Action.SCHEDULE:
-                footprint = await footprints.of(run, kind.name, recorded.get(run.uid))
-            result.runs.append(PlannedRun(run, decisions, artifacts=footprint))
     result.notes += footprints.notes
     if args.selector and any(p.keep_last for p in policies):
         result.notes.append(
@@ -353,6 +371,40 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
         gone, result.problems = await orphaned_rows(resources, pattern or namespace, now, policies)
         result.runs.extend(gone)
     return result
+
+
+async def _preview_listing(
+    listed: list[Listed],
+    kind: KindSpec,
+    args: argparse.Namespace,
+    policies: tuple[Policy, ...],
+    chosen: set[str],
+    targets: tuple[Target, ...],
+    footprints: Footprints,
+    now: datetime,
+    result: Preview,
+) -> None:
+    # keep_last counts each group among the runs listed here (a namespace's, or the
+    # cluster's: a group never crosses a namespace): all of them, unless -l shows only
+    # some (then the count would be wrong, and is not previewed). Runs being deleted are
+    # not counted, as the planner and the reaper do not count them.
+    counting = [run for run, _ in listed if listed_object(run) is not None]
+    counted = {} if args.selector else counted_out(counting, policies, now)
+    for run, obj in listed:
+        decisions = plan(run, policies, now, targets)
+        k8s = Target.KUBERNETES
+        decisions[k8s] = with_count(decisions[k8s], counted.get(run.uid))
+        if args.policy is not None and not any(
+            _unversioned(d.policy) in chosen for d in decisions.values()
+        ):
+            continue
+        if args.target:
+            decisions = {t: d for t, d in decisions.items() if t.value == args.target}
+        footprint = None
+        artifacts = decisions.get(Target.ARTIFACTS)
+        if artifacts is not None and artifacts.action is Action.SCHEDULE:
+            footprint = await footprints.of(run, kind.name, _artifacts(obj, kind))
+        result.runs.append(PlannedRun(run, decisions, artifacts=footprint))
 
 
 def run_plan(args: argparse.Namespace) -> int:

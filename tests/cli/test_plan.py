@@ -273,6 +273,54 @@ async def test_plan_names_keep_last_when_the_count_sets_the_deadline(
     assert "keep_last is not previewed with -l" in selected.stderr
 
 
+async def test_plan_previews_a_field_groups_surplus_namespace_by_namespace(
+    shell: Shell, kube: KubeStack, tmp_path: Path
+) -> None:
+    # Grouped by the WorkflowTemplate in each Workflow's spec (no label says it): plan reads
+    # the group from the objects it listed. Namespace b's run of the same template is the
+    # newest of all, but a group never crosses a namespace: it pushes nothing out of a.
+    tag = uuid.uuid4().hex[:6]
+    a, b = kube.namespace(f"plan-fa-{tag}"), kube.namespace(f"plan-fb-{tag}")
+
+    def submitted(name: str, template: str, finished: str) -> dict[str, Any]:
+        workflow = finished_workflow(name, "Succeeded", finished)
+        workflow["spec"]["workflowTemplateRef"] = {"name": template}
+        return workflow
+
+    for i in range(3):  # train-0 the oldest, train-2 the newest
+        await kube.workflows.create(a, submitted(f"train-{i}", "train", f"2026-11-20T10:0{i}:00Z"))
+    await kube.workflows.create(a, submitted("other", "other", "2026-11-20T09:00:00Z"))
+    await kube.workflows.create(b, submitted("train-b", "train", "2026-11-20T11:00:00Z"))
+    running = finished_workflow("train-running", "Running", "")
+    del running["metadata"]["labels"]["workflows.argoproj.io/completed"]
+    running["spec"]["workflowTemplateRef"] = {"name": "train"}
+    del running["status"]["finishedAt"]
+    await kube.workflows.create(a, running)  # not finished: never listed, never counted
+    config = tmp_path / "lapse.yaml"
+    config.write_text(
+        "policies:\n"
+        "  - name: templates\n"
+        "    kubernetes: {ttl: 3650d}\n"
+        "    keep_last: {group_by: 'field:spec.workflowTemplateRef.name', total: 1}\n"
+    )
+    glob = a.replace("plan-fa-", "plan-f?-")  # matches a and b, listed one at a time
+    for scope in (["--namespace-glob", glob], ["-A"]):
+        result = _plan(shell, kube, "--config", str(config), *scope, "-o", "json")
+        rows = [r for r in json.loads(result.stdout) if r["namespace"] in (a, b)]
+        by_name = {(r["namespace"], r["name"]): r["targets"]["kubernetes"] for r in rows}
+        assert set(by_name) == {(a, f"train-{i}") for i in range(3)} | {
+            (a, "other"),
+            (b, "train-b"),
+        }
+        for newest in ((a, "train-2"), (a, "other"), (b, "train-b")):
+            assert by_name[newest]["policy"] == "policy:templates", (scope, newest)
+        for old, pusher in (("train-0", "10:01"), ("train-1", "10:02")):
+            assert by_name[(a, old)]["policy"] == "keep_last:templates", scope
+            assert by_name[(a, old)]["deadline"] == f"2026-11-20T{pusher}:00Z"
+            reason = by_name[(a, old)]["reason"]
+            assert "keep_last.total=1" in reason and "spec.workflowTemplateRef.name" in reason
+
+
 def _with_outputs(name: str, keys: list[str], **spec: Any) -> dict[str, Any]:
     """A finished Workflow whose outputs are where Argo records them (its status), in a
     repository named inline."""
