@@ -11,7 +11,8 @@ believed (docs/architecture.md, "How a deletion is made safe"; docs/security.md)
    with ML Metadata's account of a KFP run's artifacts when the row-reaper recorded it.
    None: `already_gone`. Artifacts Argo collects itself (its artifactGC): `skipped`, left
    to Argo, whose finalizer lapse never touches. A KFP run whose account is still to be
-   recorded (its database deadline to come): `rescheduled` until just after it.
+   recorded (its database deadline to come): `rescheduled` until just after it, then every
+   `safety.gate_retry.backoff` up to `max_wait`, then a `cleanup.failed`.
 4. **Judgement**, per item, against the configuration this reaper runs with: configured
    store, under its prefix root, at least `min_prefix_depth` deep, no other run's capture
    holds it (`shared`, kept). Refused items are said in the outcome, never deleted.
@@ -56,11 +57,13 @@ from lapse.functions.artifact_reaper.ports import (
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig
 from lapse.functions.artifact_reaper.verdict import (
     Allowed,
+    GiveUp,
     NotYet,
     Proven,
     Refused,
     Shared,
     Unbacked,
+    Wait,
     awaits_metadata,
     belongs,
     judge,
@@ -226,12 +229,18 @@ class ArtifactReaper:
             return _Ended(run, Outcome.SKIPPED, due.deadline, why)
         if self.metadata_expected:
             database = await self.schedules.get(Target.DATABASE, run.uid)
-            if (until := awaits_metadata(run, capture, database, self.clock())) is not None:
-                why = (
-                    "waiting for ML Metadata's account of the run's artifacts, recorded "
-                    f"when its rows are deleted; again at {until.isoformat()}"
-                )
-                return _Waiting(due, until, why)
+            retry = self.safety.gate_retry
+            match awaits_metadata(run, capture, database, self.clock(), retry):
+                case Wait(until=until):
+                    why = (
+                        "waiting for ML Metadata's account of the run's artifacts, recorded "
+                        f"when its rows are deleted; again at {until.isoformat()}"
+                    )
+                    return _Waiting(due, until, why)
+                case GiveUp(reason=reason):
+                    return _Failed(run, reason)
+                case None:
+                    pass
         # 4. Judgement, per item, against this reaper's configuration.
         allowed: list[CapturedItem] = []
         refused: list[Refused] = []

@@ -16,8 +16,9 @@ configuration the reaper runs with:
   listed under it either, `shielded`).
 
 A KFP run's artifacts due before ML Metadata's account was recorded (the artifacts clock
-earlier than the database clock) wait for it (`awaits_metadata`): the account is what says
-which objects under the run's prefix a later run still uses.
+earlier than the database clock, or its rows kept) wait for it (`awaits_metadata`), then
+give up loudly: the account is what says which objects under the run's prefix a later run
+still uses.
 
 An object listed under an item is deleted only if it is the item's own key or lies under
 it (`belongs`): a listing of `runs/a` also returns `runs/ab`, which is another run's.
@@ -35,15 +36,18 @@ from lapse.functions.artifact_reaper.capture import CapturedItem, KeptItem, RunC
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig
 from lapse.functions.ports import PendingSchedule
 from lapse.functions.row_reaper.verdict import NotYet, Proof, Proven, Unbacked, prove
+from lapse.functions.safety import GateRetry
 
 __all__ = [
     "Allowed",
+    "GiveUp",
     "NotYet",
     "Proof",
     "Proven",
     "Refused",
     "Shared",
     "Unbacked",
+    "Wait",
     "awaits_metadata",
     "belongs",
     "depth",
@@ -118,13 +122,43 @@ def shielded(store: str, path: str, kept: Sequence[KeptItem]) -> bool:
     return any(k.item.store == store and belongs(k.item, path) for k in kept)
 
 
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Not yet: again at `until`."""
+
+    until: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """Waited long enough: nothing is deleted, and that is said loudly."""
+
+    reason: str
+
+
 def awaits_metadata(
-    run: RunRef, captured: RunCapture, database: PendingSchedule | None, now: datetime
-) -> datetime | None:
-    """Until when a KFP run's artifacts wait for ML Metadata's account, or None. They wait
-    while the run's database deadline (when the row-reaper records the account) is to
-    come, or just passed; without a database schedule there is no account to wait for."""
+    run: RunRef,
+    captured: RunCapture,
+    database: PendingSchedule | None,
+    now: datetime,
+    retry: GateRetry,
+) -> Wait | GiveUp | None:
+    """Whether a KFP run's artifacts wait for ML Metadata's account (None: they go on).
+
+    They wait until just after the run's database deadline (when the row-reaper records
+    the account); still without one (its rows kept because MLMD says a task runs, or the
+    row-reaper waiting out its database), every `retry.backoff` up to `retry.max_wait`
+    past that deadline, then give up loudly, as a closed gate does. Without a database
+    schedule there is no account to wait for."""
     if run.kfp_run_id is None or captured.metadata is not None or database is None:
         return None
-    until = database.deadline + METADATA_GRACE
-    return until if until > now else None
+    first = database.deadline + METADATA_GRACE
+    if now < first:
+        return Wait(first)
+    if now < database.deadline + retry.max_wait:
+        return Wait(now + retry.backoff)
+    return GiveUp(
+        f"ML Metadata's account of the run's artifacts was not recorded within "
+        f"{retry.max_wait} of its database deadline (its rows kept, or not deleted yet); "
+        "nothing was deleted: replay this once the run's rows are deleted"
+    )

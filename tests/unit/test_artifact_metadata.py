@@ -17,7 +17,13 @@ from lapse.functions.artifact_reaper.capture import (
     with_metadata,
 )
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
-from lapse.functions.artifact_reaper.verdict import METADATA_GRACE, awaits_metadata, shielded
+from lapse.functions.artifact_reaper.verdict import (
+    METADATA_GRACE,
+    GiveUp,
+    Wait,
+    awaits_metadata,
+    shielded,
+)
 from lapse.functions.ports import PendingSchedule
 from lapse.functions.row_reaper.mlmd import (
     ArtifactAccount,
@@ -26,6 +32,7 @@ from lapse.functions.row_reaper.mlmd import (
     MlmdRun,
     artifact_account,
 )
+from lapse.functions.safety import GateRetry
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 COMPLETE = 3
@@ -108,12 +115,19 @@ def test_a_kfp_runs_artifacts_wait_for_the_account_until_just_after_the_database
     )  # fmt: skip
     database = PendingSchedule(Target.DATABASE, "u-a", NOW + timedelta(minutes=5))
     captured = RunCapture(uid="u-a")
-    assert awaits_metadata(run, captured, database, NOW) == database.deadline + METADATA_GRACE
-    # Past the grace, without a database schedule, once recorded, or not KFP's: no wait.
-    later = NOW + timedelta(minutes=5) + METADATA_GRACE
-    assert awaits_metadata(run, captured, database, later) is None
-    assert awaits_metadata(run, captured, None, NOW) is None
-    recorded = with_metadata(captured, [], [], _config())
-    assert awaits_metadata(run, recorded, database, NOW) is None
-    plain = run.model_copy(update={"kfp_run_id": None})
-    assert awaits_metadata(plain, captured, database, NOW) is None
+    retry = GateRetry(backoff=timedelta(seconds=10), max_wait=timedelta(hours=1))
+
+    def wait(now: datetime, run: RunRef = run, captured: RunCapture = captured) -> object:
+        return awaits_metadata(run, captured, database, now, retry)
+
+    first = database.deadline + METADATA_GRACE
+    assert wait(NOW) == Wait(first)
+    # Still no account past the grace (rows kept, or the row-reaper waiting out its
+    # database): every backoff up to max_wait past the deadline, then loudly nothing.
+    assert wait(first) == Wait(first + retry.backoff)
+    late = wait(database.deadline + retry.max_wait)
+    assert isinstance(late, GiveUp) and "nothing was deleted" in late.reason
+    # Without a database schedule, once recorded, or not KFP's: no wait.
+    assert awaits_metadata(run, captured, None, NOW, retry) is None
+    assert wait(NOW, captured=with_metadata(captured, [], [], _config())) is None
+    assert wait(NOW, run=run.model_copy(update={"kfp_run_id": None})) is None
