@@ -114,7 +114,7 @@ class ArtifactAccount:
     """ML Metadata's account of a run's artifacts, taken in the transaction that deletes
     its MLMD rows (after it, nothing says which URIs were the run's): `run_only`, the URIs
     of the artifacts deleted with the run; `shared`, each URI another run still uses, with
-    who uses it (`ML Metadata run context 8`, `ML Metadata execution 99`)."""
+    who uses it (`ML Metadata run context 8`, else `ML Metadata execution 99`)."""
 
     run_id: str
     run_only: tuple[str, ...] = ()
@@ -132,8 +132,10 @@ def artifact_account(run: MlmdRun, together: Sequence[MlmdRun] = ()) -> Artifact
         if artifact.id not in plan.shared or not artifact.uri:
             continue
         users = shared.setdefault(artifact.uri, set())
-        users |= {f"ML Metadata run context {c}" for c in artifact.other_runs - going}
-        users |= {f"ML Metadata execution {e}" for e in artifact.other_executions - leaving}
+        # The runs that use it; an execution only where no run context says so (in KFP
+        # every execution is associated with its run's context).
+        runs = {f"ML Metadata run context {c}" for c in artifact.other_runs - going}
+        users |= runs or {f"ML Metadata execution {e}" for e in artifact.other_executions - leaving}
     run_only = run_only_artifact_uris(run, together)
     return ArtifactAccount(
         run.run_id,

@@ -61,6 +61,10 @@ def test_the_account_splits_the_runs_own_uris_from_those_another_run_uses() -> N
             ("s3://b/a/stats", ("ML Metadata execution 99",)),
         ),
     )
+    # Used by another run's context and executions: named by the run.
+    both = MlmdArtifact(14, "s3://b/a/both", frozenset({8}), frozenset({99}))
+    graph = MlmdRun("a", 7, 0, (), (both,))
+    assert artifact_account(graph).shared == (("s3://b/a/both", ("ML Metadata run context 8",)),)
     # Deleted in one transaction with run 8, the model is nobody else's.
     other = MlmdRun("b", 8, 0, (MlmdExecution(2, COMPLETE, 1),), ())
     together = artifact_account(run, [run, other])
