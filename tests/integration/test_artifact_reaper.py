@@ -411,25 +411,33 @@ async def test_a_kfp_runs_artifacts_follow_ml_metadatas_account(
     """KFP v2: the planner captures the run's pipeline-root prefix; the row-reaper, deleting
     the run's ML Metadata rows, records MLMD's account into the capture (here the call it
     makes, `CaptureMetadata.record`, with the account functions/row_reaper/mlmd.py takes).
-    Due before that account (the artifacts clock earlier than the database clock), the
-    artifacts wait for it; then the run's own URIs go, inside its prefix or not, and the
-    model a later run reuses is kept, though it lies inside the prefix."""
+    Due before that account (the rows not deleted yet), the artifacts wait for it; then
+    the run's own URIs go, inside its prefix or not, and the model a later run reuses is
+    kept, though it lies inside the prefix."""
     s3 = client(seaweedfs)
     config = stores(seaweedfs, capture={"argo-workflow": ["{label:pipeline-name}/{run_id}/"]})
+    # Finished 10 min ago: its database deadline passed 2 min ago (more than the minute's
+    # grace), its rows not yet deleted; its artifacts are due now.
     early = [
         Policy.model_validate(
-            {"name": "artifacts-first", "database": {"ttl": "1h"}, "artifacts": {"ttl": "1s"}}
+            {"name": "artifacts-first", "database": {"ttl": "8m"}, "artifacts": {"ttl": "1s"}}
         )
     ]
-    lapse = Lapse(lapse_streams, config, tuple(early), metadata_expected=True)
+    safety = SafetyConfig.model_validate({"gate_retry": {"backoff": "1s", "max_wait": "1h"}})
+    lapse = Lapse(lapse_streams, config, tuple(early), safety, metadata_expected=True)
     run_id = str(uuid.uuid4())
-    run = workflow("kfp", datetime.now(UTC) - timedelta(seconds=10)).model_copy(
+    run = workflow("kfp", datetime.now(UTC) - timedelta(minutes=10)).model_copy(
         update={"kfp_run_id": run_id, "labels": {"pipeline-name": "demo"}}
     )
     prefix = f"runs/demo/{run_id}/"
-    own = {f"{prefix}train/log", f"{prefix}eval/metrics/part-0", f"runs/reports/{run_id}.html"}
     model = f"{prefix}train/model"
-    beside = {f"runs/demo/{run_id}x/train/log", f"{prefix}train/model.bak"}
+    own = {
+        f"{prefix}train/log",
+        f"{prefix}eval/metrics/part-0",
+        f"runs/reports/{run_id}.html",  # outside the prefix: MLMD's word alone
+        f"{model}.bak",  # in the prefix, beside the model: the run's, not shielded
+    }
+    beside = {f"runs/demo/{run_id}x/train/log"}
     await plant(s3, *own, model, f"{model}/saved.pb", *beside)
     sub = await lapse.due_reader()
     await lapse.finished(run)
@@ -455,10 +463,11 @@ async def test_a_kfp_runs_artifacts_follow_ml_metadatas_account(
     )
     await CaptureMetadata(NatsCaptures(lapse.js), config).record(run.uid, account)
 
-    done = outcome(await lapse.reaper.handle(event))
+    # Delivered again a backoff later, by the schedule the reaper put.
+    done = outcome(await lapse.reaper.handle(await next_due(sub, Target.ARTIFACTS)))
     assert done.outcome is Outcome.DELETED, done
     detail = done.detail or ""
-    assert detail.startswith("deleted 3 objects"), detail
+    assert detail.startswith("deleted 4 objects"), detail
     assert f"art:{model} (by ML Metadata run context 8)" in detail
     assert f"s3://{ARTIFACT_BUCKET}/elsewhere/{run_id}/x" in detail  # outside, untouched
     left = await present(s3)
