@@ -13,8 +13,11 @@ from the finished run and keeps the list beside the schedule, keyed by the run's
   holds a '/' is not rendered (it would name a shallower or another tree): said in
   `unrendered`.
 - KFP v2's artifacts under the pipeline root (`{pipeline_name}/{run_id}/`) are a declared
-  prefix of the store that holds the pipeline root; the URIs ML Metadata records for a
-  run are another source that would add items here (`RunCapture.items`).
+  prefix of the store that holds the pipeline root;
+- the URIs ML Metadata records for a KFP run (`with_metadata`): the row-reaper adds them to
+  the capture in the transaction that deletes the run's MLMD rows (after it, nothing says
+  which URIs were the run's): those the run alone used are items, those another run still
+  uses (KFP caching) are `kept`, never deleted, even inside the run's declared prefix.
 
 Nothing is judged deletable here: the reaper judges every item again, at the deadline,
 against the configuration it runs with (verdict.py).
@@ -23,9 +26,10 @@ against the configuration it runs with (verdict.py).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Final
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lapse.events.artifacts import Provider, RunArtifacts, StoredArtifact
 from lapse.events.run import RunRef
@@ -46,6 +50,27 @@ class CapturedItem(BaseModel):
     tree: bool
 
 
+class KeptItem(BaseModel):
+    """An item another run still uses (ML Metadata says so): never deleted, nor anything
+    under it, whatever other item of the run covers it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    item: CapturedItem
+    by: tuple[str, ...]
+
+
+class MetadataAccount(BaseModel):
+    """ML Metadata's account of the run's artifacts, recorded by the row-reaper just before
+    it deleted the run's MLMD rows."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    items: tuple[CapturedItem, ...] = ()
+    kept: tuple[KeptItem, ...] = ()
+    outside: tuple[str, ...] = ()
+
+
 class RunCapture(BaseModel):
     """Everything captured for one run, as kept beside its artifacts schedule."""
 
@@ -57,6 +82,20 @@ class RunCapture(BaseModel):
     outside: tuple[str, ...] = ()
     unrendered: tuple[str, ...] = ()
     collected_by_engine: str | None = None
+    # None: ML Metadata's account is not recorded (not a KFP run, or its rows not deleted).
+    metadata: MetadataAccount | None = None
+
+    @property
+    def all_items(self) -> tuple[CapturedItem, ...]:
+        """The planner's items, then ML Metadata's, each once."""
+        items = list(self.items)
+        for item in self.metadata.items if self.metadata else ():
+            _add(items, item)
+        return tuple(items)
+
+    @property
+    def kept(self) -> tuple[KeptItem, ...]:
+        return self.metadata.kept if self.metadata else ()
 
 
 def capture(
@@ -92,6 +131,58 @@ def capture(
         unrendered=tuple(unrendered[:MAX_UNRENDERED]),
         collected_by_engine=recorded.collected_by_engine if recorded else None,
     )
+
+
+# ML Metadata's URI schemes (KFP writes `minio://` for its in-cluster MinIO, an S3 server).
+URI_SCHEMES: Final[dict[str, Provider]] = {"s3": "s3", "minio": "s3", "gs": "gcs", "az": "azure"}
+
+
+def with_metadata(
+    captured: RunCapture,
+    run_only: Sequence[str],
+    shared: Sequence[tuple[str, Sequence[str]]],
+    config: ArtifactsConfig,
+) -> RunCapture:
+    """The capture with ML Metadata's account: each run-only URI a configured store holds
+    becomes an item (a file, or a directory's prefix: `tree` False covers both), others
+    are named as outside the stores; each shared URI a store holds is kept."""
+    items: list[CapturedItem] = []
+    outside: list[str] = []
+    for uri in run_only:
+        item = _item_of(uri, config)
+        if item is None:
+            outside.append(uri)
+        else:
+            _add(items, item)
+    kept = [
+        KeptItem(item=item, by=tuple(by))
+        for uri, by in shared
+        if (item := _item_of(uri, config)) is not None
+    ]
+    account = MetadataAccount(items=tuple(items), kept=tuple(kept), outside=tuple(outside))
+    return captured.model_copy(update={"metadata": account})
+
+
+def carried(earlier: RunCapture | None, new: RunCapture) -> RunCapture:
+    """A capture made again (the run planned again) keeps ML Metadata's account: the rows
+    it came from may be gone."""
+    if earlier is None or earlier.metadata is None or new.metadata is not None:
+        return new
+    return new.model_copy(update={"metadata": earlier.metadata})
+
+
+def _item_of(uri: str, config: ArtifactsConfig) -> CapturedItem | None:
+    scheme, sep, rest = uri.partition("://")
+    provider = URI_SCHEMES.get(scheme)
+    bucket, _, key = rest.partition("/")
+    if not sep or provider is None or not bucket or not key:
+        return None
+    try:
+        artifact = StoredArtifact(provider=provider, bucket=bucket, key=key.rstrip("/") or key)
+    except ValidationError:
+        return None  # not a key lapse would delete by
+    store = _holder(artifact, bucket, config)
+    return None if store is None else CapturedItem(store=store.name, key=artifact.key, tree=False)
 
 
 def render(template: str, run: RunRef) -> str | None:

@@ -7,9 +7,12 @@ believed (docs/architecture.md, "How a deletion is made safe"; docs/security.md)
 1. **Proof.** The schedule lapse stored for this (artifacts, uid) says which run and which
    deadline (`verdict.prove`). Nothing stored: `refused`. Later: `rescheduled`.
 2. **Scope.** Outside `safety.namespaces`: `skipped`, nothing read.
-3. **Capture.** What lapse captured when it planned the run (kept beside the schedule).
+3. **Capture.** What lapse captured when it planned the run (kept beside the schedule),
+   with ML Metadata's account of a KFP run's artifacts when the row-reaper recorded it.
    None: `already_gone`. Artifacts Argo collects itself (its artifactGC): `skipped`, left
-   to Argo, whose finalizer lapse never touches.
+   to Argo, whose finalizer lapse never touches. A KFP run whose account is still to be
+   recorded (its database deadline to come): `rescheduled` until just after it, then every
+   `safety.gate_retry.backoff` up to `max_wait`, then a `cleanup.failed`.
 4. **Judgement**, per item, against the configuration this reaper runs with: configured
    store, under its prefix root, at least `min_prefix_depth` deep, no other run's capture
    holds it (`shared`, kept). Refused items are said in the outcome, never deleted.
@@ -43,7 +46,7 @@ from lapse.events.original import capture_event
 from lapse.events.run import RunRef, Target
 from lapse.events.subjects import InvalidSubjectToken
 from lapse.events.types import EventType, Outcome
-from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture
+from lapse.functions.artifact_reaper.capture import CapturedItem, KeptItem, RunCapture
 from lapse.functions.artifact_reaper.ports import (
     Captures,
     ObjectStores,
@@ -54,14 +57,18 @@ from lapse.functions.artifact_reaper.ports import (
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig
 from lapse.functions.artifact_reaper.verdict import (
     Allowed,
+    GiveUp,
     NotYet,
     Proven,
     Refused,
     Shared,
     Unbacked,
+    Wait,
+    awaits_metadata,
     belongs,
     judge,
     prove,
+    shielded,
 )
 from lapse.functions.object_reaper.gates import out_of_scope
 from lapse.functions.outcomes import Outcomes
@@ -128,7 +135,16 @@ class _Held:
     deleted: int
 
 
-_End: TypeAlias = _Done | _Ended | _Failed | _Held
+@dataclass(frozen=True, slots=True)
+class _Waiting:
+    """Not yet: delivered again at `until` (the deadline stays)."""
+
+    due: CleanupDue
+    until: datetime
+    reason: str
+
+
+_End: TypeAlias = _Done | _Ended | _Failed | _Held | _Waiting
 
 
 @dataclass(frozen=True)
@@ -145,6 +161,9 @@ class ArtifactReaper:
     clock: Callable[[], datetime] = field(default=_utcnow)
     rate_limit: RateLimit | None = field(default=None, repr=False, compare=False)
     brake: Brake | None = field(default=None, repr=False, compare=False)
+    # The row-reaper records ML Metadata's account of KFP runs (database.targets.
+    # ml_metadata): a KFP run's artifacts due before it wait for it.
+    metadata_expected: bool = False
 
     def __post_init__(self) -> None:
         rate_limit, brake = local_limits(self.safety, self.clock().timestamp())
@@ -208,11 +227,26 @@ class ArtifactReaper:
             await self.captures.forget(capture)
             why = f"left to Argo's artifactGC ({capture.collected_by_engine}); lapse deletes none"
             return _Ended(run, Outcome.SKIPPED, due.deadline, why)
+        if self.metadata_expected:
+            database = await self.schedules.get(Target.DATABASE, run.uid)
+            retry = self.safety.gate_retry
+            match awaits_metadata(run, capture, database, self.clock(), retry):
+                case Wait(until=until):
+                    why = (
+                        "waiting for ML Metadata's account of the run's artifacts, recorded "
+                        f"when its rows are deleted; again at {until.isoformat()}"
+                    )
+                    return _Waiting(due, until, why)
+                case GiveUp(reason=reason):
+                    return _Failed(run, reason)
+                case None:
+                    pass
         # 4. Judgement, per item, against this reaper's configuration.
         allowed: list[CapturedItem] = []
         refused: list[Refused] = []
-        shared: list[Shared] = []
-        for item in capture.items:
+        # What ML Metadata said another run uses: kept, and shields what lies under it.
+        shared: list[Shared] = [Shared(kept.item, kept.by) for kept in capture.kept]
+        for item in capture.all_items:
             match judge(item, self.config, await self.captures.sharers(item, run.uid)):
                 case Allowed():
                     allowed.append(item)
@@ -223,12 +257,12 @@ class ArtifactReaper:
         tally = Tally(
             refused=tuple(refused),
             shared=tuple(shared),
-            outside=capture.outside,
+            outside=(*capture.outside, *(capture.metadata.outside if capture.metadata else ())),
             unrendered=capture.unrendered,
         )
         try:
             # 5. What lies under each allowed item.
-            found = await self._listed(allowed)
+            found = await self._listed(allowed, capture.kept)
             if self.dry_run:
                 return _Done(due, _counted(tally, found))
             # 6-7. Counted by the brake and the rate limit, deleted a batch at a time.
@@ -238,15 +272,18 @@ class ArtifactReaper:
         except StoreRefused as exc:
             return _Failed(run, f"the object store refused: {exc}; nothing more was deleted")
 
-    async def _listed(self, items: Sequence[CapturedItem]) -> dict[str, list[StoredObject]]:
-        """Objects per store, each once, that belong to an allowed item."""
+    async def _listed(
+        self, items: Sequence[CapturedItem], kept: Sequence[KeptItem] = ()
+    ) -> dict[str, list[StoredObject]]:
+        """Objects per store, each once, that belong to an allowed item and to nothing
+        another run still uses."""
         found: dict[str, dict[str, StoredObject]] = {}
         for item in items:
             listed = await self.stores.list(item.store, item.key)
             if not item.tree and (own := await self.stores.head(item.store, item.key)):
                 listed.append(own)
             for obj in listed:
-                if belongs(item, obj.path):
+                if belongs(item, obj.path) and not shielded(item.store, obj.path, kept):
                     found.setdefault(item.store, {})[obj.path] = obj
         return {store: list(objects.values()) for store, objects in found.items()}
 
@@ -332,6 +369,11 @@ class ArtifactReaper:
                     self._outcomes.completed(due.run, Outcome.RESCHEDULED, due.deadline, detail)
                 )
                 return produced
+            case _Waiting(due=due, until=until, reason=reason):
+                await self._put(due, fire_at=until)
+                return [
+                    self._outcomes.completed(due.run, Outcome.RESCHEDULED, due.deadline, reason)
+                ]
             case _:
                 assert_never(end)
 

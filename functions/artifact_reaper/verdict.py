@@ -11,8 +11,14 @@ configuration the reaper runs with:
 - its key is a clean path (no empty, '.' or '..' parts, no leading '/') under the store's
   prefix root;
 - it has at least the store's `min_prefix_depth` parts (`logs/a/` has 2);
-- no other run still references it (`shared`: another pending run captured the same item;
-  ML Metadata's attributions would say so for KFP's cached outputs).
+- no other run still references it (`shared`: another pending run captured the same item,
+  or ML Metadata said another run uses it: `RunCapture.kept`, never deleted, and nothing
+  listed under it either, `shielded`).
+
+A KFP run's artifacts due before ML Metadata's account was recorded (the artifacts clock
+earlier than the database clock, or its rows kept) wait for it (`awaits_metadata`), then
+give up loudly: the account is what says which objects under the run's prefix a later run
+still uses.
 
 An object listed under an item is deleted only if it is the item's own key or lies under
 it (`belongs`): a listing of `runs/a` also returns `runs/ab`, which is another run's.
@@ -20,26 +26,39 @@ it (`belongs`): a listing of `runs/a` also returns `runs/ab`, which is another r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from datetime import datetime, timedelta
+from typing import Final, TypeAlias
 
-from lapse.functions.artifact_reaper.capture import CapturedItem
+from lapse.events.run import RunRef
+from lapse.functions.artifact_reaper.capture import CapturedItem, KeptItem, RunCapture
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig
+from lapse.functions.ports import PendingSchedule
 from lapse.functions.row_reaper.verdict import NotYet, Proof, Proven, Unbacked, prove
+from lapse.functions.safety import GateRetry
 
 __all__ = [
     "Allowed",
+    "GiveUp",
     "NotYet",
     "Proof",
     "Proven",
     "Refused",
     "Shared",
     "Unbacked",
+    "Wait",
+    "awaits_metadata",
     "belongs",
     "depth",
     "judge",
     "prove",
+    "shielded",
 ]
+
+# How long after the database deadline a KFP run's artifacts wait for ML Metadata's
+# account: the row-reaper records it when it handles that deadline, within seconds.
+METADATA_GRACE: Final = timedelta(seconds=60)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,3 +115,50 @@ def belongs(item: CapturedItem, path: str) -> bool:
     if item.tree:
         return path.startswith(item.key)
     return path == item.key or path.startswith(item.key + "/")
+
+
+def shielded(store: str, path: str, kept: Sequence[KeptItem]) -> bool:
+    """Whether a listed object is (under) an item another run still uses."""
+    return any(k.item.store == store and belongs(k.item, path) for k in kept)
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Not yet: again at `until`."""
+
+    until: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """Waited long enough: nothing is deleted, and that is said loudly."""
+
+    reason: str
+
+
+def awaits_metadata(
+    run: RunRef,
+    captured: RunCapture,
+    database: PendingSchedule | None,
+    now: datetime,
+    retry: GateRetry,
+) -> Wait | GiveUp | None:
+    """Whether a KFP run's artifacts wait for ML Metadata's account (None: they go on).
+
+    They wait until just after the run's database deadline (when the row-reaper records
+    the account); still without one (its rows kept because MLMD says a task runs, or the
+    row-reaper waiting out its database), every `retry.backoff` up to `retry.max_wait`
+    past that deadline, then give up loudly, as a closed gate does. Without a database
+    schedule there is no account to wait for."""
+    if run.kfp_run_id is None or captured.metadata is not None or database is None:
+        return None
+    first = database.deadline + METADATA_GRACE
+    if now < first:
+        return Wait(first)
+    if now < database.deadline + retry.max_wait:
+        return Wait(now + retry.backoff)
+    return GiveUp(
+        f"ML Metadata's account of the run's artifacts was not recorded within "
+        f"{retry.max_wait} of its database deadline (its rows kept, or not deleted yet); "
+        "nothing was deleted: replay this once the run's rows are deleted"
+    )

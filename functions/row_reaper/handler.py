@@ -47,13 +47,14 @@ from lapse.functions.ratelimit import Brake, RateLimit, local_limits
 from lapse.functions.row_reaper.ports import (
     Contradicted,
     Counted,
+    MetadataRecorder,
     Rejected,
     RowStore,
     RunResult,
     RunRows,
     Unavailable,
 )
-from lapse.functions.row_reaper.targets import keys_for
+from lapse.functions.row_reaper.targets import ML_METADATA, keys_for
 from lapse.functions.row_reaper.verdict import (
     Keep,
     MoveTo,
@@ -142,6 +143,9 @@ class RowReaper:
     clock: Callable[[], datetime] = field(default=_utcnow)
     rate_limit: RateLimit | None = field(default=None, repr=False, compare=False)
     brake: Brake | None = field(default=None, repr=False, compare=False)
+    # Where ML Metadata's account of a run's artifacts goes before its MLMD rows are
+    # deleted (the artifacts target's capture), when both targets are configured.
+    metadata: MetadataRecorder | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         rate_limit, brake = local_limits(self.safety, self.clock().timestamp())
@@ -207,7 +211,11 @@ class RowReaper:
         def accepts(facts: RunFacts) -> bool:
             return judge_facts(due, facts, self.clock()) is None
 
-        [result] = await self.rows.delete([RunRows(keys.keys, accepts)], dry_run=self.dry_run)
+        record = None
+        if self.metadata is not None and ML_METADATA in keys.keys:
+            record = functools.partial(self.metadata.record, due.run.uid)
+        rows = RunRows(keys.keys, accepts, record=record)
+        [result] = await self.rows.delete([rows], dry_run=self.dry_run)
         return self._judged(due, result, keys.skipped)
 
     def _judged(self, due: CleanupDue, result: RunResult, skipped: Mapping[str, str]) -> _End:

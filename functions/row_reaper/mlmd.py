@@ -101,12 +101,47 @@ def footprint(run: MlmdRun, together: Sequence[MlmdRun] = ()) -> Footprint:
     return Footprint(run.context_id, executions, tuple(sorted(artifacts)), tuple(sorted(shared)))
 
 
-def run_only_artifact_uris(run: MlmdRun) -> list[str]:
+def run_only_artifact_uris(run: MlmdRun, together: Sequence[MlmdRun] = ()) -> list[str]:
     """The URIs of the artifacts that belong to this run alone: what may be deleted from
     object storage with it. An artifact another run uses (KFP caching) is left out, and so
     is one without a URI."""
-    only = set(footprint(run).artifacts)
+    only = set(footprint(run, together).artifacts)
     return sorted({a.uri for a in run.artifacts if a.id in only and a.uri})
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactAccount:
+    """ML Metadata's account of a run's artifacts, taken in the transaction that deletes
+    its MLMD rows (after it, nothing says which URIs were the run's): `run_only`, the URIs
+    of the artifacts deleted with the run; `shared`, each URI another run still uses, with
+    who uses it (`ML Metadata run context 8`, else `ML Metadata execution 99`)."""
+
+    run_id: str
+    run_only: tuple[str, ...] = ()
+    shared: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+def artifact_account(run: MlmdRun, together: Sequence[MlmdRun] = ()) -> ArtifactAccount:
+    """What object storage should know of `run` before its MLMD rows go: the same split as
+    `footprint` (runs in `together` go in the same transaction and keep nothing)."""
+    plan = footprint(run, together)
+    going = {r.context_id for r in together if r.context_id != run.context_id}
+    leaving = set(plan.executions) | {e.id for r in together for e in r.executions}
+    shared: dict[str, set[str]] = {}
+    for artifact in run.artifacts:
+        if artifact.id not in plan.shared or not artifact.uri:
+            continue
+        users = shared.setdefault(artifact.uri, set())
+        # The runs that use it; an execution only where no run context says so (in KFP
+        # every execution is associated with its run's context).
+        runs = {f"ML Metadata run context {c}" for c in artifact.other_runs - going}
+        users |= runs or {f"ML Metadata execution {e}" for e in artifact.other_executions - leaving}
+    run_only = run_only_artifact_uris(run, together)
+    return ArtifactAccount(
+        run.run_id,
+        tuple(uri for uri in run_only if uri not in shared),
+        tuple((uri, tuple(sorted(users))) for uri, users in sorted(shared.items())),
+    )
 
 
 def facts(run: MlmdRun) -> RunFacts:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
+from lapse.functions.row_reaper.mlmd import ArtifactAccount
 from lapse.functions.row_reaper.targets import TargetSpec
 from lapse.functions.row_reaper.verdict import RunFacts
 
@@ -57,6 +58,19 @@ class RunRows:
 
     keys: Mapping[str, str]
     accepts: Callable[[RunFacts], bool] | None = None
+    # Called with ML Metadata's account of the run's artifacts inside the deleting
+    # transaction, before its MLMD rows are deleted and before it commits (never in a dry
+    # run; an empty account when MLMD has no such run). What it raises is raised by
+    # `delete`, and nothing is committed: the account is never lost with the rows.
+    record: Callable[[ArtifactAccount], Awaitable[None]] | None = None
+
+
+class MetadataRecorder(Protocol):
+    """Where ML Metadata's account of a run's artifacts goes before its rows are deleted
+    (the run's artifact capture: functions/artifact_reaper/metadata.py). Raise
+    `RetryLater` when it cannot be recorded now."""
+
+    async def record(self, uid: str, account: ArtifactAccount) -> None: ...
 
 
 class RowStore(Protocol):

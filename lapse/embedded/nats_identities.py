@@ -85,8 +85,8 @@ KV: Final = tuple(f"$KV.{bucket}.>" for bucket in KV_BUCKETS)
 # The watcher's positions (lapse/edges/watch_positions.py): only `lapse up` watches.
 WATCH_BUCKET: Final = "LAPSE_WATCH"
 WATCH_KV: Final = f"$KV.{WATCH_BUCKET}.>"
-# Each run's artifact capture (lapse/edges/artifacts/captures.py): written by the planner,
-# read and removed by the artifact-reaper; nobody else's business.
+# Each run's artifact capture (lapse/edges/artifacts/captures.py): written by the planner
+# (and by the row-reaper: ML Metadata's account), read and removed by the artifact-reaper.
 CAPTURES_BUCKET: Final = "LAPSE_ARTIFACTS"
 CAPTURES_KV: Final = f"$KV.{CAPTURES_BUCKET}.>"
 
@@ -164,10 +164,13 @@ OBJECT_REAPER: Final = Identity(
     publish=(SCHEDULES, AUDIT, DLQ, *KV, *JS_WORK, INBOX),
     publish_deny=_WORKER_DENY,
 )
+# The row-reaper writes ML Metadata's account of a KFP run's artifacts into the run's
+# capture before it deletes the run's MLMD rows (functions/artifact_reaper/metadata.py).
 ROW_REAPER: Final = Identity(
     user="lapse-row-reaper",
-    role="row-reaper function: outcomes, reschedules, the shared deletion limits",
-    publish=(SCHEDULES, AUDIT, DLQ, *KV, *JS_WORK, INBOX),
+    role="row-reaper function: outcomes, reschedules, the shared deletion limits, "
+    "ML Metadata's account in artifact captures",
+    publish=(SCHEDULES, AUDIT, DLQ, *KV, CAPTURES_KV, *JS_WORK, INBOX),
     publish_deny=_WORKER_DENY,
 )
 ARTIFACT_REAPER: Final = Identity(

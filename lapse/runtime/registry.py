@@ -19,6 +19,7 @@ from lapse.edges.limits import ARTIFACTS, OBJECTS, ROWS, NatsBrake, NatsRateLimi
 from lapse.edges.rows import DatabaseUnavailable, SqlRowStore, open_row_store
 from lapse.events.kinds import KindSpec
 from lapse.functions.artifact_reaper import ArtifactReaper
+from lapse.functions.artifact_reaper.metadata import CaptureMetadata
 from lapse.functions.object_reaper import ObjectReaper
 from lapse.functions.object_reaper.failures import DEFAULT_RETRY_DELAY, TRANSIENT_STATUSES
 from lapse.functions.ports import Handler, RetryLater
@@ -130,6 +131,7 @@ async def _artifact_reaper(resources: Resources) -> Handler | None:
         safety=resources.config.safety,
         rate_limit=rate_limit,
         brake=brake,
+        metadata_expected=resources.config.database.targets.ml_metadata.enabled,
     )
 
 
@@ -166,6 +168,14 @@ async def _row_reaper(resources: Resources) -> Handler | None:
         log.info("row-reaper: %s: %s", target, schema)
     # The rows' own limits, shared by every row-reaper process (lapse/edges/limits.py).
     rate_limit, brake = await _limits(resources, ROWS)
+    # ML Metadata's account of a KFP run's artifacts goes into the run's capture before its
+    # MLMD rows are deleted: afterwards nothing says which URIs were the run's.
+    artifacts = resources.config.artifacts
+    metadata = (
+        CaptureMetadata(await _captures(resources), artifacts)
+        if artifacts.stores and resources.config.database.targets.ml_metadata.enabled
+        else None
+    )
     return RowReaper(
         rows=store,
         schedules=await resources.schedules(),
@@ -173,6 +183,7 @@ async def _row_reaper(resources: Resources) -> Handler | None:
         safety=resources.config.safety,
         rate_limit=rate_limit,
         brake=brake,
+        metadata=metadata,
     )
 
 

@@ -36,8 +36,10 @@ from lapse.events.nats_binding import from_nats
 from lapse.events.run import Engine, RunRef, Target
 from lapse.events.types import EventType, Outcome
 from lapse.functions.artifact_reaper import ArtifactReaper, ArtifactsConfig
+from lapse.functions.artifact_reaper.metadata import CaptureMetadata
 from lapse.functions.policy import Policy
 from lapse.functions.ports import RetryLater
+from lapse.functions.row_reaper.mlmd import ArtifactAccount
 from lapse.functions.safety import SafetyConfig
 from lapse.functions.trust import Trust
 from lapse.functions.ttl_planner import Planner
@@ -102,6 +104,7 @@ class Lapse:
     config: ArtifactsConfig
     policies: tuple[Policy, ...]
     safety: SafetyConfig = field(default_factory=SafetyConfig)
+    metadata_expected: bool = False  # database.targets.ml_metadata enabled
 
     def __post_init__(self) -> None:
         schedules = NatsScheduleStore(self.js, STREAMS)
@@ -120,6 +123,7 @@ class Lapse:
             emitter=emitter,
             config=self.config,
             safety=self.safety,
+            metadata_expected=self.metadata_expected,
         )
 
     async def finished(self, run: RunRef, artifacts: RunArtifacts | None = None) -> None:
@@ -399,3 +403,73 @@ async def test_a_store_that_refuses_the_credentials_is_a_loud_failure(
     assert "not-the-secret" not in reason
     assert keys <= await present(s3)
     assert await NatsCaptures(lapse_streams).get(run.uid) is not None
+
+
+async def test_a_kfp_runs_artifacts_follow_ml_metadatas_account(
+    lapse_streams: JetStreamContext, seaweedfs: EmbeddedSeaweedFS, s3_env: None
+) -> None:
+    """KFP v2: the planner captures the run's pipeline-root prefix; the row-reaper, deleting
+    the run's ML Metadata rows, records MLMD's account into the capture (here the call it
+    makes, `CaptureMetadata.record`, with the account functions/row_reaper/mlmd.py takes).
+    Due before that account (the rows not deleted yet), the artifacts wait for it; then
+    the run's own URIs go, inside its prefix or not, and the model a later run reuses is
+    kept, though it lies inside the prefix."""
+    s3 = client(seaweedfs)
+    config = stores(seaweedfs, capture={"argo-workflow": ["{label:pipeline-name}/{run_id}/"]})
+    # Finished 10 min ago: its database deadline passed 2 min ago (more than the minute's
+    # grace), its rows not yet deleted; its artifacts are due now.
+    early = [
+        Policy.model_validate(
+            {"name": "artifacts-first", "database": {"ttl": "8m"}, "artifacts": {"ttl": "1s"}}
+        )
+    ]
+    safety = SafetyConfig.model_validate({"gate_retry": {"backoff": "1s", "max_wait": "1h"}})
+    lapse = Lapse(lapse_streams, config, tuple(early), safety, metadata_expected=True)
+    run_id = str(uuid.uuid4())
+    run = workflow("kfp", datetime.now(UTC) - timedelta(minutes=10)).model_copy(
+        update={"kfp_run_id": run_id, "labels": {"pipeline-name": "demo"}}
+    )
+    prefix = f"runs/demo/{run_id}/"
+    model = f"{prefix}train/model"
+    own = {
+        f"{prefix}train/log",
+        f"{prefix}eval/metrics/part-0",
+        f"runs/reports/{run_id}.html",  # outside the prefix: MLMD's word alone
+        f"{model}.bak",  # in the prefix, beside the model: the run's, not shielded
+    }
+    beside = {f"runs/demo/{run_id}x/train/log"}
+    await plant(s3, *own, model, f"{model}/saved.pb", *beside)
+    sub = await lapse.due_reader()
+    await lapse.finished(run)
+    event = await next_due(sub, Target.ARTIFACTS)
+
+    waiting = outcome(await lapse.reaper.handle(event))
+    assert waiting.outcome is Outcome.RESCHEDULED, waiting
+    assert "waiting for ML Metadata's account" in (waiting.detail or "")
+    assert own | beside <= await present(s3)
+
+    def uri(key: str) -> str:
+        return f"s3://{ARTIFACT_BUCKET}/{key}"
+
+    account = ArtifactAccount(
+        run_id,
+        (
+            uri(f"{prefix}train/log"),
+            uri(f"{prefix}eval/metrics"),
+            uri(f"runs/reports/{run_id}.html"),
+            uri(f"elsewhere/{run_id}/x"),
+        ),
+        ((uri(model), ("ML Metadata run context 8",)),),
+    )
+    await CaptureMetadata(NatsCaptures(lapse.js), config).record(run.uid, account)
+
+    # Delivered again a backoff later, by the schedule the reaper put.
+    done = outcome(await lapse.reaper.handle(await next_due(sub, Target.ARTIFACTS)))
+    assert done.outcome is Outcome.DELETED, done
+    detail = done.detail or ""
+    assert detail.startswith("deleted 4 objects"), detail
+    assert f"art:{model} (by ML Metadata run context 8)" in detail
+    assert f"s3://{ARTIFACT_BUCKET}/elsewhere/{run_id}/x" in detail  # outside, untouched
+    left = await present(s3)
+    assert not own & left
+    assert {model, f"{model}/saved.pb"} | beside <= left

@@ -19,18 +19,26 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
+from nats.js import JetStreamContext
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from lapse.edges.artifacts import NatsCaptures
 from lapse.edges.database import create_engine
 from lapse.edges.rows import open_row_store
+from lapse.embedded.nats import EmbeddedNats
 from lapse.events.types import Outcome
+from lapse.functions.artifact_reaper.capture import CapturedItem, KeptItem, RunCapture
+from lapse.functions.artifact_reaper.metadata import CaptureMetadata
+from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
+from lapse.functions.ports import RetryLater
 from lapse.functions.row_reaper.mlmd import DELETE_ORDER, run_only_artifact_uris
 from lapse.functions.row_reaper.targets import kfp_target, mlmd_target
 from tests import kfp_schema as kfp
-from tests.integration.test_row_reaper import completed, due, reaper
+from tests.integration.test_row_reaper import Backed, ListEmitter, completed, due, reaper
 from tests.stack import Database
 
 pytestmark = pytest.mark.db
@@ -262,3 +270,65 @@ async def test_kfp_rows_and_ml_metadata_go_in_one_due_event(
         assert (await mlmd.read(run))["runs"][run] is None
     finally:
         await kfp.drop_kfp_tables(engine)
+
+
+# --- ML Metadata's account of the run's artifacts, into the artifacts target's capture ---
+
+
+def kfp_store() -> ArtifactsConfig:
+    """The store KFP's pipeline root is in (`uri()`'s bucket and root)."""
+    store = ArtifactStore(name="kfp", url="s3://mlpipeline/v2/artifacts/", min_prefix_depth=3)
+    return ArtifactsConfig(stores=(store,))
+
+
+def item(key: str) -> CapturedItem:
+    return CapturedItem(store="kfp", key=key, tree=False)
+
+
+async def test_the_runs_artifact_account_goes_into_its_capture_before_its_rows(
+    engine: AsyncEngine, mlmd: Mlmd, lapse_streams: JetStreamContext
+) -> None:
+    """The row-reaper, deleting run a's MLMD rows, records which of a's URIs were a's alone
+    and which b still uses into a's capture (NATS key-value bucket, as the planner stored
+    it): after the transaction nothing says so any more."""
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    written = await mlmd.write(*runs(a, b))
+    captures = NatsCaptures(lapse_streams)
+    uid = str(uuid.uuid4())
+    await captures.put(RunCapture(uid=uid))  # what the planner captured of a
+    store = await open_row_store(engine, [mlmd_target(mlmd.database)])
+    handler = Backed(store, ListEmitter(), metadata=CaptureMetadata(captures, kfp_store()))
+
+    result = completed((await handler.handle(due(kfp_run_id=a, uid=uid)))[0])
+
+    assert result.outcome is Outcome.DELETED, result
+    captured = await captures.get(uid)
+    assert captured is not None and captured.metadata is not None
+    assert captured.all_items == (
+        item(f"v2/artifacts/demo/{a}/log"),
+        item(f"v2/artifacts/demo/{a}/metrics"),
+    )
+    by = f"ML Metadata run context {written['contexts'][b]}"
+    assert captured.kept == (KeptItem(item=item(f"v2/artifacts/demo/{a}/model"), by=(by,)),)
+    # The model is b's now: no other capture may take it meanwhile.
+    assert await captures.sharers(item(f"v2/artifacts/demo/{a}/model"), "another") == (uid,)
+
+
+async def test_an_account_that_cannot_be_recorded_keeps_every_row(
+    engine: AsyncEngine, mlmd: Mlmd, nats_server: EmbeddedNats
+) -> None:
+    """NATS unreachable while the account is recorded (its connection closed under the
+    captures): the transaction commits nothing, the row-reaper waits (RetryLater)."""
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    await mlmd.write(*runs(a, b))
+    nc = await nats.connect(nats_server.url)
+    captures = NatsCaptures(nc.jetstream())
+    await nc.close()
+    before = await table_counts(engine, mlmd.database)
+    store = await open_row_store(engine, [mlmd_target(mlmd.database)])
+    handler = Backed(store, ListEmitter(), metadata=CaptureMetadata(captures, kfp_store()))
+
+    with pytest.raises(RetryLater, match="artifact captures"):
+        await handler.handle(due(kfp_run_id=a))
+
+    assert await table_counts(engine, mlmd.database) == before

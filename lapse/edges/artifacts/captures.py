@@ -6,7 +6,9 @@ schedule message; the reaper reads it by the run's uid when the schedule fires.
 
 - `run.<uid>`: the run's capture (JSON, `RunCapture`).
 - `ref.<digest>.<uid>`: "run <uid> captured the item with this digest" (sha256 of store and
-  key). An item whose digest another pending run also holds is `shared`: kept.
+  key). An item whose digest another pending run also holds is `shared`: kept. ML
+  Metadata's items and the items it said another run uses (`RunCapture.metadata`, recorded
+  by the row-reaper) are referenced too.
 
 Written by the planner before the schedule is put (a fired schedule always finds its
 capture); removed by the artifact reaper once the run's artifacts are done. A run whose
@@ -29,7 +31,7 @@ from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
 from lapse.edges.nats import key_value_bucket
-from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture
+from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture, carried
 from lapse.functions.ports import RetryLater
 
 BUCKET: Final = "LAPSE_ARTIFACTS"
@@ -69,10 +71,12 @@ class NatsCaptures:
         async with _unavailable_is_transient():
             kv = await self._bucket()
             earlier = await self._get(kv, capture.uid)
-            for item in capture.items:
+            # A capture made again keeps ML Metadata's account (its rows may be gone).
+            capture = carried(earlier, capture)
+            for item in _referenced(capture):
                 await kv.put(f"ref.{digest(item)}.{capture.uid}", b"")
             if earlier is not None:
-                for item in set(earlier.items) - set(capture.items):
+                for item in set(_referenced(earlier)) - set(_referenced(capture)):
                     await _purge(kv, f"ref.{digest(item)}.{capture.uid}")
             await kv.put(f"run.{capture.uid}", capture.model_dump_json().encode())
 
@@ -101,7 +105,8 @@ class NatsCaptures:
     async def forget(self, capture: RunCapture) -> None:
         async with _unavailable_is_transient():
             kv = await self._bucket()
-            for item in capture.items:
+            stored = await self._get(kv, capture.uid)
+            for item in {*_referenced(capture), *(_referenced(stored) if stored else ())}:
                 await _purge(kv, f"ref.{digest(item)}.{capture.uid}")
             await _purge(kv, f"run.{capture.uid}")
 
@@ -115,6 +120,12 @@ class NatsCaptures:
             return RunCapture.model_validate_json(entry.value or b"")
         except ValidationError:
             return None  # not lapse's writing: nothing is deleted on it
+
+
+def _referenced(capture: RunCapture) -> tuple[CapturedItem, ...]:
+    """What the run holds: its items, ML Metadata's among them, and what ML Metadata said
+    another run uses (so no other capture of the same item deletes it meanwhile)."""
+    return (*capture.all_items, *(kept.item for kept in capture.kept))
 
 
 async def _purge(kv: KeyValue, key: str) -> None:

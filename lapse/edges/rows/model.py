@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +10,7 @@ from sqlalchemy import Column, Table
 from sqlalchemy.sql.elements import ColumnElement
 
 from lapse.edges.rows.mlmd import MlmdTables
+from lapse.functions.row_reaper.mlmd import ArtifactAccount
 from lapse.functions.row_reaper.targets import TargetSpec
 from lapse.functions.row_reaper.verdict import RunFacts
 
@@ -76,3 +77,4 @@ class PendingRun:
     keys: Mapping[str, str]
     accepts: Callable[[RunFacts], bool] | None = None
     values: dict[Bound, object] = field(default_factory=dict)
+    record: Callable[[ArtifactAccount], Awaitable[None]] | None = None

@@ -16,7 +16,14 @@ from lapse.edges.rows.mlmd import delete_footprint, read_run
 from lapse.edges.rows.model import BadKey, BoundTarget, PendingRun
 from lapse.edges.rows.reflect import SchemaMismatch, reflect_targets
 from lapse.errors import LapseError
-from lapse.functions.row_reaper.mlmd import DELETE_ORDER, MlmdRun, facts, footprint
+from lapse.functions.row_reaper.mlmd import (
+    DELETE_ORDER,
+    ArtifactAccount,
+    MlmdRun,
+    artifact_account,
+    facts,
+    footprint,
+)
 from lapse.functions.row_reaper.ports import (
     Contradicted,
     Counted,
@@ -97,7 +104,7 @@ class SqlRowStore:
         results: list[RunResult] = [Unavailable("not attempted")] * len(runs)
         prepared: list[PendingRun] = []
         for index, rows in enumerate(runs):
-            run = PendingRun(index, rows.keys, rows.accepts)
+            run = PendingRun(index, rows.keys, rows.accepts, record=rows.record)
             try:
                 self._coerce(run)
             except BadKey as exc:
@@ -195,6 +202,15 @@ class SqlRowStore:
                         ]
                         for i in members:
                             graph = graphs.get((target.spec.name, i))
+                            record = runs[i].record
+                            if record is not None and not dry_run:
+                                # Before the rows go: afterwards nothing says which URIs
+                                # were the run's (a failure here commits nothing).
+                                await record(
+                                    artifact_account(graph, together)
+                                    if graph is not None
+                                    else ArtifactAccount(runs[i].keys[target.spec.name])
+                                )
                             counts = (
                                 await delete_footprint(
                                     conn, target.mlmd, footprint(graph, together)
