@@ -256,7 +256,8 @@ class Dispatcher:
             subscription=_durable(route),
             attempt=attempt,
         ) as span:
-            if event is None or not await self._fits(msg, route, event, problem, attempt):
+            # Not fit (not a CloudEvent, another target's): settled by `_fits` itself.
+            if not await self._fits(msg, route, event, problem, attempt) or event is None:
                 return
             result: Exception | None = None
             try:

@@ -26,7 +26,7 @@ from lapse.config import NatsConfig, Streams
 from lapse.edges.rows import open_row_store
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.events.builder import build_event, outcome_id, parse_payload
-from lapse.events.models import CleanupCompleted, CleanupDue
+from lapse.events.models import CleanupCompleted, CleanupDue, CleanupFailed
 from lapse.events.nats_binding import to_nats
 from lapse.events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
 from lapse.events.subjects import due_subject
@@ -142,7 +142,12 @@ async def test_a_batch_of_due_events_ends_with_one_outcome_each_and_a_running_ru
     handler = await reaper(lapse_streams, rows, emitter)
     assert isinstance(handler, BatchHandler)
     events = [due(run_id) for run_id in [*finished[:6], running, *finished[6:]]]
-    await fire(lapse_streams, events)  # all there before the first fetch: one batch
+    await fire(lapse_streams, events[:3])
+    # Not a CloudEvent, inside the batch: dead-lettered by the dispatcher, the rest unharmed.
+    await lapse_streams.publish(
+        due_subject(Target.DATABASE, "garbage"), b"not an event", stream=STREAMS.schedule
+    )
+    await fire(lapse_streams, events[3:])  # all there before the first fetch: one batch
 
     dispatcher = Dispatcher(
         lapse_streams, emitter, NatsConfig(), [Subscription(ROUTE, handler)], batch=64
@@ -151,7 +156,7 @@ async def test_a_batch_of_due_events_ends_with_one_outcome_each_and_a_running_ru
     try:
 
         async def all_out() -> bool:
-            return len(emitter.events) >= len(events) and await settled(lapse_streams)
+            return len(emitter.events) >= len(events) + 1 and await settled(lapse_streams)
 
         await wait_for(all_out, timeout=60, interval=0.1)
     finally:
@@ -159,8 +164,12 @@ async def test_a_batch_of_due_events_ends_with_one_outcome_each_and_a_running_ru
         await asyncio.wait_for(dispatching, 30)
 
     assert max(rows.sizes) > 1, f"the dispatcher never handed over a batch: {rows.sizes}"
-    found = outcomes_by_due(events, emitter.events)
-    assert len(found) == len(events) == len(emitter.events)
+    [dead] = [e for e in emitter.events if e.get_source() == "/lapse/dispatcher"]
+    failed = parse_payload(dead, CleanupFailed)
+    assert failed.reason.startswith("not a CloudEvent"), failed.reason
+    outcomes = [e for e in emitter.events if e is not dead]
+    found = outcomes_by_due(events, outcomes)
+    assert len(found) == len(events) == len(outcomes)
     kept = found[events[6].get_id()]
     assert kept.outcome is Outcome.KEPT
     assert kept.run is not None and kept.run.kfp_run_id == running
