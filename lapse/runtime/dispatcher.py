@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -98,7 +97,6 @@ class Dispatcher:
         self._config = nats_config
         self._subscriptions = subscriptions
         self._slots = asyncio.Semaphore(concurrency)
-        self._concurrency = concurrency
         self._batch = batch
         self._backoff = backoff
         self._stopping = asyncio.Event()
@@ -219,20 +217,14 @@ class Dispatcher:
                     await msg.in_progress()
 
     async def _start_batches(self, subscription: Subscription, msgs: list[Msg]) -> None:
-        """One task per slice of the fetch, taking a slot per message: a batch counts
-        against `concurrency` as its messages one by one would."""
-        for start in range(0, len(msgs), self._concurrency):
-            part = msgs[start : start + self._concurrency]
-            for _ in part:
-                await self._slots.acquire()
-            task = asyncio.create_task(self._deliver_batch(subscription, part))
-            self._inflight.add(task)
-            task.add_done_callback(functools.partial(self._finished_batch, len(part)))
-
-    def _finished_batch(self, slots: int, task: asyncio.Task[None]) -> None:
-        self._inflight.discard(task)
-        for _ in range(slots):
-            self._slots.release()
+        """The fetch as one handler call, taking one of the `concurrency` slots as one
+        event would: a batch is one transaction, so up to `concurrency` of them run side
+        by side as single events' transactions do (the messages held stay bounded by the
+        consumer's max_ack_pending)."""
+        await self._slots.acquire()
+        task = asyncio.create_task(self._deliver_batch(subscription, msgs))
+        self._inflight.add(task)
+        task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
