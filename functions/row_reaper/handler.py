@@ -21,6 +21,10 @@ safe"; docs/security.md):
 
 The database being unreachable (or asking to back off) raises `RetryLater`: nothing was
 committed, the runtime delivers the event again after its back-off.
+
+`handle_batch` is the same sequence for many due events (`lapse up`'s dispatcher hands it
+each fetch): steps 1-3 and 5 are each event's own, step 4 is one transaction for every run
+that reached it, each run still held to its own record inside it.
 """
 
 from __future__ import annotations

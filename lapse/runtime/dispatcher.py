@@ -9,6 +9,8 @@ One durable pull consumer per route (per Trigger), explicit acks:
 - an unexpected exception (a bug): NAK with a delay, and after `nats.max_deliver` tries a
   `cleanup.failed` with the reason goes to the dead letters, then the message is acked;
 - not a CloudEvent: dead-lettered at once.
+A handler that takes batches (`BatchHandler`: the row-reaper) gets each fetch's events in
+one call and answers per event; every message is then settled on its own answer as above.
 Nothing is acked before the handler is done, so a crash means redelivery, not loss. While
 a message is held (fetched, queued or being handled) it is marked in progress every third
 of `nats.ack_wait`: a short ack wait then only decides how soon the work of a process that
