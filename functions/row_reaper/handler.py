@@ -175,17 +175,17 @@ class RowReaper:
 
     async def handle_batch(
         self, events: Sequence[tuple[BaseCloudEvent, Trust]]
-    ) -> list[Exception | None]:
+    ) -> list[list[BaseCloudEvent] | Exception]:
         """Handle due events together: each is proved, braked and judged on its own, the
         rows of those that pass are deleted in one transaction (`RowStore.delete` keeps
         each run's rows all-or-nothing and its precondition its own), then each event's
-        outcomes are emitted. One entry per event, in order: None when its outcomes were
-        emitted (the runtime may ack it), else what `handle` would have raised for it
+        outcomes are emitted. One entry per event, in order: the events emitted for it (the
+        runtime may ack it), else what `handle` would have raised for it
         (`RetryLater` or a bug): one event's failure is never another's.
 
         An event whose run uid came earlier in the same batch goes through `handle` once
         the batch is done, as if it had been delivered after it."""
-        results: list[Exception | None] = [None] * len(events)
+        results: list[list[BaseCloudEvent] | Exception] = [[] for _ in events]
         seen: set[str] = set()
         later: list[int] = []
         claims: dict[int, CleanupDue] = {}
@@ -229,19 +229,18 @@ class RowReaper:
         ]
         emitted = await asyncio.gather(*emitting, return_exceptions=True)
         for i, answer in zip(outcomes, emitted, strict=True):
-            if isinstance(answer, Exception):
-                results[i] = answer
-            elif isinstance(answer, BaseException):
+            if isinstance(answer, BaseException) and not isinstance(answer, Exception):
                 raise answer
+            results[i] = answer
         for i in later:
             try:
-                await self.handle(*events[i])
+                results[i] = await self.handle(*events[i])
             except Exception as exc:
                 results[i] = exc
         return results
 
     async def _reap_many(
-        self, claims: Mapping[int, CleanupDue], results: list[Exception | None]
+        self, claims: Mapping[int, CleanupDue], results: list[list[BaseCloudEvent] | Exception]
     ) -> dict[int, _End]:
         """`_reap` for many claims, their deletes in one `RowStore.delete`; a claim whose
         sequence raised has its exception in `results` and no end."""

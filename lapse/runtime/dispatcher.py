@@ -64,12 +64,12 @@ SOURCE = "/lapse/dispatcher"
 @runtime_checkable
 class BatchHandler(Handler, Protocol):
     """A handler that also takes a fetch's events together (the row-reaper's
-    `handle_batch`): one result per event, in order - None when its outcome is emitted,
-    else the exception `handle` would have raised for it."""
+    `handle_batch`): one result per event, in order - the events it emitted for it, else
+    the exception `handle` would have raised for it."""
 
     async def handle_batch(
         self, events: Sequence[tuple[BaseCloudEvent, Trust]]
-    ) -> list[Exception | None]: ...
+    ) -> list[list[BaseCloudEvent] | Exception]: ...
 
 
 @dataclass(frozen=True)
@@ -291,14 +291,15 @@ class Dispatcher:
             ready.append((msg, event, trust_of_message(msg.headers, attempt)))
         if not ready:
             return
-        results: list[Exception | None]
+        answers: list[list[BaseCloudEvent] | Exception]
         try:
-            results = await handler.handle_batch([(event, trust) for _, event, trust in ready])
-            if len(results) != len(ready):
-                raise RuntimeError(f"{len(results)} results for {len(ready)} events")
+            answers = await handler.handle_batch([(event, trust) for _, event, trust in ready])
+            if len(answers) != len(ready):
+                raise RuntimeError(f"{len(answers)} results for {len(ready)} events")
         except Exception as exc:  # nothing is known done: every message goes again
-            results = [exc] * len(ready)
-        for (msg, event, _), result in zip(ready, results, strict=True):
+            answers = [exc] * len(ready)
+        for (msg, event, _), answer in zip(ready, answers, strict=True):
+            result = answer if isinstance(answer, Exception) else None
             with process_span(
                 msg.subject,
                 event,

@@ -38,6 +38,7 @@ from lapse.functions.safety import SafetyConfig
 from lapse.runtime.dispatcher import BatchHandler, Dispatcher, Subscription
 from lapse.runtime.outages import Backoff
 from lapse.runtime.routing import Route
+from lapse.telemetry.handling import instrumented
 from tests import kfp_schema as kfp
 from tests.integration import test_row_reaper as rows_fixtures
 from tests.integration.test_row_reaper import ListEmitter, TcpProxy
@@ -139,7 +140,8 @@ async def test_a_batch_of_due_events_ends_with_one_outcome_each_and_a_running_ru
         )
     emitter = ListEmitter()
     rows = Recording(await open_row_store(engine, [kfp_target()]))
-    handler = await reaper(lapse_streams, rows, emitter)
+    # Wrapped as `lapse up` wraps it (lapse/runtime/registry.py): still a batch handler.
+    handler = instrumented("row-reaper", await reaper(lapse_streams, rows, emitter))
     assert isinstance(handler, BatchHandler)
     events = [due(run_id) for run_id in [*finished[:6], running, *finished[6:]]]
     await fire(lapse_streams, events[:3])
