@@ -54,6 +54,7 @@ from lapse.functions.row_reaper.targets import kfp_target
 from lapse.functions.safety import SafetyConfig
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.routing import Route
+from lapse.telemetry.handling import instrumented
 from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_total
 from tests.stack import scratch_database
 
@@ -156,7 +157,9 @@ async def through_dispatcher(
         filters={"type": EventType.CLEANUP_DUE, "target": Target.DATABASE.value},
     )
     durable = f"lapse-{route.name}"
-    dispatcher = Dispatcher(js, emitter, NatsConfig(), [Subscription(route, reaper)])
+    # Wrapped as `lapse up` wraps it (the deletion log line per run, telemetry when on).
+    handler = instrumented("row-reaper", reaper)
+    dispatcher = Dispatcher(js, emitter, NatsConfig(), [Subscription(route, handler)])
     started = time.perf_counter()
     running = asyncio.create_task(dispatcher.run())
     try:

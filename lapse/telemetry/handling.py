@@ -208,6 +208,8 @@ class InstrumentedBatchHandler(InstrumentedHandler):
             return answers
         tally = _Tally()
         token = _tally.set(tally)
+        started = time.perf_counter()
+        result = "error"
         try:
             with tracer().start_as_current_span(
                 self.function, record_exception=False, set_status_on_exception=False
@@ -216,8 +218,15 @@ class InstrumentedBatchHandler(InstrumentedHandler):
                     span.set_attribute(names.FUNCTION, self.function)
                     span.set_attribute("lapse.batch_size", len(events))
                 answers = await inner.handle_batch(events)
+                result = "ok"
         finally:
             _tally.reset(token)
+            if events:
+                instruments().handler_duration.record(
+                    time.perf_counter() - started,
+                    {names.FUNCTION: self.function, names.CE_TYPE: events[0][0].get_type(),
+                     names.HANDLER_RESULT: result},
+                )  # fmt: skip
         share = _Tally(
             kubernetes=tally.kubernetes // max(len(events), 1),
             database=tally.database // max(len(events), 1),
