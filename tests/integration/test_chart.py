@@ -173,9 +173,8 @@ def assert_same_objects(
 def test_the_chart_renders_what_the_overlay_renders(overlay: str) -> None:
     expected = overlay_objects(overlay)
     # lapse's CRDs are in the chart's crds/ (Helm installs them once, never deletes them);
-    # only the single-process overlay carries them, the one whose lapse up watches them.
-    crds = ["--include-crds"] if overlay == "single-process" else []
-    actual = chart_objects("--values", str(CI_VALUES[overlay]), *ARGO_SERVED, *crds)
+    # every overlay carries them: both shapes watch the policy objects.
+    actual = chart_objects("--values", str(CI_VALUES[overlay]), *ARGO_SERVED, "--include-crds")
     assert_same_objects(expected, actual)
 
 
