@@ -412,6 +412,12 @@ async def test_the_knative_policy_watcher_writes_status_and_replans_into_the_sch
     stop = asyncio.Event()
     serving = asyncio.create_task(serve(config, stop))
     try:
+        # Started, it re-plans what no lapse has judged yet: the ClusterLapsePolicy's
+        # namespace, where the run gets lapse.yaml's default (no LapsePolicy yet).
+        async def defaulted() -> bool:
+            return await _deadline(lapse_streams, uid) == finished + timedelta(hours=24)
+
+        await wait_for(defaulted, timeout=60)
         create(kube, ns, lapse_policy("team", {"kubernetes": {"ttl": "2d"}}))
 
         async def accepted() -> dict[str, Any] | None:
@@ -425,7 +431,7 @@ async def test_the_knative_policy_watcher_writes_status_and_replans_into_the_sch
             return await _deadline(lapse_streams, uid) == finished + timedelta(days=2)
 
         await wait_for(replanned, timeout=30)
-        assert await _scheduled_by(lapse_streams, uid) == [f"lapsepolicy:{ns}/team@1"]
+        assert await _scheduled_by(lapse_streams, uid) == ["default", f"lapsepolicy:{ns}/team@1"]
         assert not serving.done()
     finally:
         stop.set()
