@@ -50,6 +50,7 @@ class FunctionShell:
         self._setup: asyncio.Task[None] | None = None
         # Ends the policy follower (docs/policies.md, "On the Knative path").
         self._stopping = asyncio.Event()
+        self._follower: asyncio.Task[None] | None = None  # held: the loop keeps only weak refs
         self._telemetry = Telemetry()
         # Who may deliver events here (the Broker's Triggers): lapse/runtime/senders.py.
         self._senders = SenderCheck.from_env(os.environ)
@@ -70,7 +71,7 @@ class FunctionShell:
             self._resources = Resources(config)
             if RENAMED.get(self.name, self.name) in FOLLOWERS:
                 # The policy objects are read before the first event is decided.
-                await follow(self._resources, self._stopping)
+                self._follower = await follow(self._resources, self._stopping)
             self._handler = await build_handler(self.name, self._resources)
             # Started: no problem left to report (a started pod logged "not ready: starting").
             self._problem = ""
