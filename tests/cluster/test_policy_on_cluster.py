@@ -137,10 +137,19 @@ def test_a_lapse_policy_applied_with_kustomize_deletes_the_run_it_shortens(
 
         applied_at = time.time()
         cluster.kubectl("apply", "-k", str(package))
-        verdict = poll(
-            f"LapsePolicy short-{tag} judged", lambda: accepted(lapse, f"short-{tag}"), 60, 0.5
-        )
-        assert (verdict["status"], verdict["reason"]) == ("True", "Accepted"), verdict
+
+        # Judged once both objects are read (one may arrive before the other: NotAllowed
+        # for a moment, then Accepted).
+        def in_effect() -> dict[str, Any] | None:
+            found = accepted(lapse, f"short-{tag}")
+            return found if found and found["reason"] == "Accepted" else None
+
+        try:
+            verdict = poll(f"LapsePolicy short-{tag} Accepted", in_effect, 60, 0.5)
+        except AssertionError as exc:
+            now = accepted(lapse, f"short-{tag}")
+            raise AssertionError(f"{exc}: {now}\n{watcher_logs(lapse)}") from None
+        assert verdict["status"] == "True", verdict
         try:
             deleted_at = watch.deleted_at(uid, timeout=150)
         except AssertionError as exc:
@@ -150,14 +159,20 @@ def test_a_lapse_policy_applied_with_kustomize_deletes_the_run_it_shortens(
             ) from None
         # The audit trail names the policy object, by name and generation, for the schedule
         # and the deletion (`lapse history`, run where lapse's admin identity is mounted).
-        history = cluster.kubectl(
-            "-n", SYSTEM, "exec", "deploy/lapse-streams", "-c", "streams", "--",
-            "lapse", "history", "-n", RUNS, "--name", name, "--all", "-o", "json",
-        )  # fmt: skip
         by = f"lapsepolicy:{RUNS}/short-{tag}@1"
-        rows = [r for r in json.loads(history) if by in (r.get("detail") or "")]
-        assert {r["event"] for r in rows} >= {"cleanup.scheduled", "cleanup.completed"}, history
-        assert any(r["outcome"] == "deleted" for r in rows), history
+
+        def named() -> list[dict[str, Any]]:
+            history = cluster.kubectl(
+                "-n", SYSTEM, "exec", "deploy/lapse-streams", "-c", "streams", "--",
+                "lapse", "history", "-n", RUNS, "--name", name, "--all", "-o", "json",
+            )  # fmt: skip
+            rows = [r for r in json.loads(history) if by in (r.get("detail") or "")]
+            done = any(r["outcome"] == "deleted" for r in rows)
+            return rows if done else []
+
+        # The outcome is recorded just after the deletion: polled.
+        rows = poll(f"lapse history names {by} for the deletion", named, 60, 1.0)
+        assert {r["event"] for r in rows} >= {"cleanup.scheduled", "cleanup.completed"}, rows
         print(
             f"\nLapsePolicy short-{tag} (kubernetes.ttl {POLICY_TTL}) applied with kustomize: "
             f"Accepted, and Workflow {name}, finished {FINISHED_AGO} earlier and kept under "
