@@ -35,9 +35,10 @@ from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
 from lapse.events.builder import build_event, parse_payload
 from lapse.events.kinds import DEFAULT_KINDS
-from lapse.events.models import CleanupScheduled, RunFinished
+from lapse.events.models import CleanupCompleted, CleanupDue, CleanupScheduled, RunFinished
 from lapse.events.run import Engine, RunRef, Target
-from lapse.events.types import EventType
+from lapse.events.types import EventType, Outcome
+from lapse.functions.object_reaper.function import new as new_object_reaper
 from lapse.functions.policy_objects import PolicyBook
 from lapse.functions.ttl_planner.function import new as new_planner
 from lapse.operations.audit import audit_events
@@ -484,3 +485,59 @@ async def test_the_watcher_deployments_command_turns_ready_and_stops_on_sigterm(
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+async def test_the_knative_object_reaper_function_deletes_on_a_lapse_policys_deadline(
+    kube: KubeStack, nats_server: EmbeddedNats, lapse_streams: JetStreamContext, tmp_path: Path
+) -> None:
+    """The reaper re-decides each deadline from the object as it reads it, with the policies
+    in effect: the object-reaper function, as Knative serves it, follows the LapsePolicy that
+    set the deadline, so it deletes (with lapse.yaml's policies alone it would find the run
+    due in 24h and put it back)."""
+    tag = uuid.uuid4().hex[:6]
+    ns = kube.namespace(f"pol-kr-{tag}")
+    finished = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)
+    wf = await kube.workflows.create(ns, argo_workflow("wf", namespace=ns, finished_at=finished))
+    uid = wf["metadata"]["uid"]
+    create(kube, None, _allow(tag, ns))
+    create(kube, ns, lapse_policy("short", {"kubernetes": {"ttl": "1m"}}))
+    config = tmp_path / "lapse.yaml"
+    config.write_text(
+        f"nats: {{url: '{nats_server.url}'}}\n"
+        f"kubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n"
+        f"safety: {{namespaces: {{include: ['{ns}']}}}}\n"
+    )
+    by = f"lapsepolicy:{ns}/short@1"
+    function = new_object_reaper()
+    function.start({"LAPSE_CONFIG": str(config)})
+    try:
+        await function.started()
+        assert function.ready() == (True, "ready")
+        run = RunRef(
+            engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+            namespace=ns, name="wf", uid=uid, phase="Succeeded", finished_at=finished,
+        )  # fmt: skip
+        due = CleanupDue(
+            run=run, target=Target.KUBERNETES, deadline=finished + timedelta(minutes=1),
+            policy=by, scheduled_at=datetime.now(UTC),
+        )  # fmt: skip
+        message = to_binary_event(build_event(EventType.CLEANUP_DUE, source="/test", data=due))
+        transport = httpx.ASGITransport(app=ASGIApplication(function))
+        async with httpx.AsyncClient(transport=transport, base_url="http://function") as http:
+            answer = await http.post("/", headers=message.headers, content=message.body)
+            assert answer.status_code == 202, answer.text
+        outcomes = [
+            parse_payload(e, CleanupCompleted)
+            async for e in audit_events(
+                lapse_streams, Streams().audit, event_type=EventType.CLEANUP_COMPLETED
+            )
+        ]
+        (done,) = [o for o in outcomes if o.run.uid == uid]
+        assert done.outcome is Outcome.DELETED, done
+        assert done.detail is not None and by in str(done.detail), done
+        assert await kube.workflows.get(ns, "wf") is None
+    finally:
+        function.stop()
+        client.CustomObjectsApi(kube.api_client).delete_cluster_custom_object(
+            GROUP, VERSION, "clusterlapsepolicies", f"allow-{tag}"
+        )
