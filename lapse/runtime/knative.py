@@ -26,7 +26,8 @@ from opentelemetry.trace import Status, StatusCode
 from lapse.config import ConfigError, load_config
 from lapse.functions.ports import Handler, RetryLater
 from lapse.runtime.asgi import Receive, Scope, Send, respond
-from lapse.runtime.registry import build_handler
+from lapse.runtime.policy_watcher import FOLLOWERS, follow
+from lapse.runtime.registry import RENAMED, build_handler
 from lapse.runtime.resources import Resources
 from lapse.runtime.senders import SenderCheck, refused
 from lapse.runtime.trust import trust_of_request
@@ -47,6 +48,9 @@ class FunctionShell:
         # to it is refused with the reason until the configuration gives it work.
         self._idle = False
         self._setup: asyncio.Task[None] | None = None
+        # Ends the policy follower (docs/policies.md, "On the Knative path").
+        self._stopping = asyncio.Event()
+        self._follower: asyncio.Task[None] | None = None  # held: the loop keeps only weak refs
         self._telemetry = Telemetry()
         # Who may deliver events here (the Broker's Triggers): lapse/runtime/senders.py.
         self._senders = SenderCheck.from_env(os.environ)
@@ -65,6 +69,9 @@ class FunctionShell:
         try:
             config = load_config(env.get("LAPSE_CONFIG"), env=env)
             self._resources = Resources(config)
+            if RENAMED.get(self.name, self.name) in FOLLOWERS:
+                # The policy objects are read before the first event is decided.
+                self._follower = await follow(self._resources, self._stopping)
             self._handler = await build_handler(self.name, self._resources)
             # Started: no problem left to report (a started pod logged "not ready: starting").
             self._problem = ""
@@ -86,6 +93,7 @@ class FunctionShell:
             await self._setup
 
     def stop(self) -> None:
+        self._stopping.set()
         if self._resources is not None:
             asyncio.get_event_loop().create_task(self._resources.close())
         # Synchronous on purpose: the process may be gone right after func-python's stop.

@@ -26,6 +26,13 @@ and re-plan the runs a change may move (docs/policies.md).
   on a policy that no longer exists).
 - A CRD not installed (404) or not readable (403) leaves lapse.yaml's policies alone in
   effect, said in the log, and is looked for again every minute.
+
+On the Knative path (docs/architecture.md, "Policy objects on Knative") the same class runs
+twice over: once as the Deployment `lapse-policy-watcher` (`python -m
+lapse.runtime.policy_watcher`, `serve` below), which writes the statuses and re-plans
+through a ttl-planner of its own; and as a read-only follower (`follow`, `writes=False`) in
+each function that decides with the policies (ttl-planner, object-reaper), which keeps that
+function's book current from its own watch and writes nothing.
 """
 
 from __future__ import annotations
@@ -33,20 +40,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import Any
 
 from cloudevents.core.base import BaseCloudEvent
 from kubernetes.client.exceptions import ApiException
 
+from lapse import telemetry
+from lapse.config import LapseConfig, load_config
 from lapse.edges.kubernetes import KubeObjects, finished_pages
 from lapse.edges.kubernetes.client import describe_api_error
 from lapse.edges.kubernetes.policies import (
     CLUSTER_LAPSE_POLICIES,
     LAPSE_POLICIES,
+    namespace_names,
     says,
     status_of,
 )
@@ -58,7 +71,10 @@ from lapse.events.models import RunFinished
 from lapse.events.types import EventType
 from lapse.functions.policy import Policy
 from lapse.functions.policy_objects import LAPSE_POLICY, PolicyBook, Verdict, effective
+from lapse.functions.trust import Trust
 from lapse.runtime.outages import Backoff
+from lapse.runtime.registry import build_handler
+from lapse.runtime.resources import Resources
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +160,7 @@ class PolicyWatcher:
         watch_timeout: int = 300,
         not_served_retry: float = NOT_SERVED_RETRY,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        writes: bool = True,
     ) -> None:
         self._objects = objects
         self._book = book
@@ -154,6 +171,9 @@ class PolicyWatcher:
         self._watch_timeout = watch_timeout
         self._not_served_retry = not_served_retry
         self._clock = clock
+        # False: a follower (a Knative function's copy of the book): it reads and decides
+        # the same, and leaves the statuses and the re-plans to the one watcher that writes.
+        self._writes = writes
         self._held: dict[Key, dict[str, Any]] = {}
         self._listed: set[str] = set()
         self._lock = asyncio.Lock()
@@ -277,11 +297,14 @@ class PolicyWatcher:
                 # ran): decided before this round writes its statuses.
                 moved = [(None, o) for o in self._held.values() if _unstated(o)]
             verdicts = self._recompute()
-            await self._write_statuses(verdicts)
+            if self._writes:
+                await self._write_statuses(verdicts)
             if first:
                 self.synced.set()
                 in_effect = sum(1 for v in verdicts if v.policy is not None)
                 log.info("policy objects read: %d of %d in effect", in_effect, len(verdicts))
+            if not self._writes:
+                return
             for old, new in moved:
                 await self._replan_retrying(old, new)
 
@@ -393,3 +416,109 @@ def _label(obj: dict[str, Any]) -> str:
         return "a policy object"
     kind, namespace, name = _key(obj)
     return f"{kind.lower()}:{namespace + '/' if namespace else ''}{name}"
+
+
+# The functions that decide with the policies, and so follow the policy objects on Knative.
+FOLLOWERS = frozenset({"ttl-planner", "object-reaper"})
+
+
+async def _nothing_published(event: BaseCloudEvent) -> None:  # pragma: no cover - never called
+    raise AssertionError("a policy follower publishes nothing")
+
+
+async def _no_namespaces() -> list[str]:  # pragma: no cover - never called
+    raise AssertionError("a policy follower re-plans nothing")
+
+
+async def _until_synced(watcher: PolicyWatcher, task: asyncio.Task[None]) -> None:
+    """Wait until `watcher` has read both kinds (or found them not served); a watcher that
+    crashed before says why."""
+    synced = asyncio.create_task(watcher.synced.wait())
+    try:
+        await asyncio.wait([task, synced], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        synced.cancel()
+    if task.done():
+        task.result()
+
+
+async def follow(resources: Resources, stop: asyncio.Event) -> asyncio.Task[None] | None:
+    """Keep `resources.policies()` current from the policy objects, read-only, and return
+    once they are read: a Knative function decides its first event with them already.
+    Needs get/list/watch on both kinds (the ClusterRole `lapse-policy-follower`); without
+    it (or without the CRDs) lapse.yaml's policies apply, said in the log. A function
+    given no Kubernetes access at all (a planner fed only by `lapse up`'s own events)
+    follows nothing, said once: None."""
+    try:
+        objects = resources.objects()
+    except Exception as exc:  # no kubeconfig, not in a pod: the planner's choice to make
+        log.warning("no Kubernetes access (%s): only lapse.yaml's policies apply", exc)
+        return None
+    watcher = PolicyWatcher(
+        objects,
+        resources.policies(),
+        resources.config.kinds,
+        _nothing_published,
+        _no_namespaces,
+        configured=resources.config.policies,
+        writes=False,
+    )
+    task = asyncio.create_task(watcher.run(stop), name="policy follower")
+    await _until_synced(watcher, task)
+    return task
+
+
+async def serve(
+    config: LapseConfig, stop: asyncio.Event, *, ready_file: Path | None = None
+) -> PolicyWatcher:
+    """The Knative path's policy watcher: statuses written, and each change's runs
+    re-planned by a ttl-planner in this process, which reads this watcher's own book (so a
+    re-plan never sees an older policy than the change it follows). Its NATS identity is
+    the planner's (it does the planner's work, no more); runs until `stop`."""
+    async with Resources(config) as resources:
+        planner = await build_handler("ttl-planner", resources)
+        assert planner is not None  # the ttl-planner always has work
+
+        async def replan(event: BaseCloudEvent) -> None:
+            # Read from the API server by this process: observed, as `lapse up`'s re-plans.
+            await planner.handle(event, Trust.OBSERVED)
+
+        watcher = PolicyWatcher(
+            resources.objects(),
+            resources.policies(),
+            config.kinds,
+            replan,
+            lambda: namespace_names(resources.kube_client(), resources.kube_executor()),
+            configured=config.policies,
+        )
+        task = asyncio.create_task(watcher.run(stop), name="policy watcher")
+        await _until_synced(watcher, task)
+        if ready_file is not None:
+            await asyncio.to_thread(ready_file.touch)  # the pod's readiness probe
+        log.info("policy watcher running")
+        await task
+        return watcher
+
+
+def main() -> None:
+    """`python -m lapse.runtime.policy_watcher`: the Deployment lapse-policy-watcher."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    config = load_config(os.environ.get("LAPSE_CONFIG"))
+    ready = os.environ.get("LAPSE_READY_FILE")
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        exporting = telemetry.configure("lapse-policy-watcher")
+        try:
+            await serve(config, stop, ready_file=Path(ready) if ready else None)
+        finally:
+            exporting.shutdown()
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

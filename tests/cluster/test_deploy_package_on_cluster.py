@@ -39,7 +39,7 @@ from tests.infra_package import INFRA, prometheus_operator_crds
 
 UID = "65532"
 # Every Deployment the dev overlay runs in lapse-system.
-DEPLOYMENTS = {"nats", "lapse-bridge", "lapse-dlq-sink", "lapse-streams"}
+DEPLOYMENTS = {"nats", "lapse-bridge", "lapse-dlq-sink", "lapse-streams", "lapse-policy-watcher"}
 FUNCTIONS = {"lapse-ttl-planner", "lapse-object-reaper", "lapse-row-reaper"}
 
 

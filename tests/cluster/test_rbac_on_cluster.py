@@ -18,6 +18,8 @@ from tests.cluster.lapse_on_cluster import REAPER, ROW_REAPER, RUNS, SYSTEM, Dep
 IDENTITIES = {
     "lapse-apiserversource", "lapse-planner", "lapse-object-reaper", "lapse-row-reaper",
     "lapse-bridge", "lapse-dlq-sink", "lapse-streams",
+    # infra/components/policies: writes the policy objects' status, re-plans their runs.
+    "lapse-policy-watcher",
     # The dev NATS's Job: creates the Secret of NATS passwords, reads none.
     "lapse-nats-users",
 }  # fmt: skip

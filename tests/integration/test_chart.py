@@ -173,9 +173,8 @@ def assert_same_objects(
 def test_the_chart_renders_what_the_overlay_renders(overlay: str) -> None:
     expected = overlay_objects(overlay)
     # lapse's CRDs are in the chart's crds/ (Helm installs them once, never deletes them);
-    # only the single-process overlay carries them, the one whose lapse up watches them.
-    crds = ["--include-crds"] if overlay == "single-process" else []
-    actual = chart_objects("--values", str(CI_VALUES[overlay]), *ARGO_SERVED, *crds)
+    # every overlay carries them: both shapes watch the policy objects.
+    actual = chart_objects("--values", str(CI_VALUES[overlay]), *ARGO_SERVED, "--include-crds")
     assert_same_objects(expected, actual)
 
 
@@ -184,7 +183,12 @@ def test_artifacts_enabled_renders_what_the_artifacts_component_adds(tmp_path: P
     docs = rendered_with_components("dev", ["artifacts"], tmp_path)
     expected = overlay_objects("dev", yaml.safe_dump_all(docs))
     actual = chart_objects(
-        "--values", str(CI_VALUES["dev"]), *ARGO_SERVED, "--set", "artifacts.enabled=true"
+        "--values",
+        str(CI_VALUES["dev"]),
+        *ARGO_SERVED,
+        "--set",
+        "artifacts.enabled=true",
+        "--include-crds",
     )
     assert ("serving.knative.dev/v1", "Service", "lapse-system", "lapse-artifact-reaper") in actual
     assert_same_objects(expected, actual)
@@ -289,7 +293,8 @@ def test_each_setting_lands_everywhere_it_is_used(tmp_path: Path) -> None:
         ]
     assert not [d for d in docs if d["metadata"]["name"] == "nats"]
     pods = [d for d in docs if d["kind"] in ("Deployment", "Service") and "template" in d["spec"]]
-    assert len(pods) == 6  # 3 functions, the bridge, the dead-letter sink, the streams
+    # 3 functions, the bridge, the dead-letter sink, the streams, the policy watcher
+    assert len(pods) == 7
     for pod in pods:
         spec = pod["spec"]["template"]["spec"]
         (container,) = spec["containers"]
@@ -307,8 +312,14 @@ def test_each_setting_lands_everywhere_it_is_used(tmp_path: Path) -> None:
             )
     # Cluster-scoped names carry the namespace outside lapse-system.
     assert {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"} == {
-        "lapse-helm-lapse-tokenreview"
-    }
+        f"lapse-helm-{name}"
+        for name in ("lapse-tokenreview", "lapse-policy-editor", "lapse-policy-reader",
+                     "lapse-policy-follower")
+    }  # fmt: skip
+    # ... and the bindings name them so.
+    for binding in [d for d in docs if d["kind"] == "ClusterRoleBinding"]:
+        assert binding["roleRef"]["name"] == binding["metadata"]["name"], binding
+        assert binding["metadata"]["name"].startswith("lapse-helm-"), binding
 
 
 def test_triggers_are_the_routing_table_with_their_delivery() -> None:

@@ -387,9 +387,11 @@ def test_nothing_may_delete_cluster_wide(overlay: str) -> None:
     bound = {b["metadata"]["name"] for b in bindings}
     assert all(b["roleRef"]["name"] != "lapse-policy-editor" for b in bindings)
     # Only `lapse up`'s watchers (runs and policy objects) read cluster-wide; the Knative
-    # path binds only the token review there.
+    # path binds the token review there, and the reading of lapse's own policy objects
+    # (the watcher; the planner and the object-reaper, read-only: infra/components/policies).
     single = {"lapse-watch", "lapse-policy-reader"}
-    assert bound == (single if overlay == "single-process" else {"lapse-tokenreview"})
+    knative = {"lapse-tokenreview", "lapse-policy-reader", "lapse-policy-follower"}
+    assert bound == (single if overlay == "single-process" else knative)
 
 
 def test_production_keeps_what_production_needs() -> None:
@@ -432,6 +434,8 @@ NATS_USERS = {
     "Deployment lapse-dlq-sink": DLQ_SINK.user,
     "Deployment lapse": PROCESS.user,
     "Deployment lapse-streams": ADMIN.user,
+    # It re-plans as the planner does (infra/components/policies/watcher.yaml).
+    "Deployment lapse-policy-watcher": PLANNER.user,
 }
 
 

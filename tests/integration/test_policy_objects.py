@@ -7,30 +7,48 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from cloudevents.core.base import BaseCloudEvent
+from cloudevents.core.bindings.http import to_binary_event
+from func_python.cloudevent import ASGIApplication
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from nats.js import JetStreamContext
 
 from lapse import infra
+from lapse.config import Streams, load_config
 from lapse.edges.kubernetes import KubeObjects
 from lapse.edges.kubernetes.policies import namespace_names
-from lapse.events.builder import parse_payload
+from lapse.edges.schedules import NatsScheduleStore
+from lapse.embedded.nats import EmbeddedNats
+from lapse.events.builder import build_event, parse_payload
 from lapse.events.kinds import DEFAULT_KINDS
-from lapse.events.models import RunFinished
+from lapse.events.models import CleanupCompleted, CleanupDue, CleanupScheduled, RunFinished
+from lapse.events.run import Engine, RunRef, Target
+from lapse.events.types import EventType, Outcome
+from lapse.functions.object_reaper.function import new as new_object_reaper
 from lapse.functions.policy_objects import PolicyBook
-from lapse.runtime.policy_watcher import PolicyWatcher
+from lapse.functions.ttl_planner.function import new as new_planner
+from lapse.operations.audit import audit_events
+from lapse.runtime.policy_watcher import PolicyWatcher, serve
 from tests.conftest import KubeStack
 from tests.e2e.test_lapse_up import finished_workflow
 from tests.infra_package import kubectl
 from tests.integration.test_rbac import may
 from tests.stack import wait_for
+from tests.unit.test_object_reaper_verdict import argo_workflow
 
 pytestmark = [pytest.mark.kube]
 
@@ -291,6 +309,235 @@ async def test_a_replan_that_fails_is_tried_again(kube: KubeStack) -> None:
             await wait_for(republished, timeout=60)
             assert published.refused == 1
     finally:
+        client.CustomObjectsApi(kube.api_client).delete_cluster_custom_object(
+            GROUP, VERSION, "clusterlapsepolicies", f"allow-{tag}"
+        )
+
+
+# The Knative path (docs/policies.md, "On the Knative path"): the ttl-planner function, as
+# Knative serves it (func-python's ASGI app, HTTP in), follows the policy objects itself;
+# the Deployment lapse-policy-watcher (`serve`) writes their status and re-plans with a
+# ttl-planner of its own, into the same NATS schedules.
+
+
+def _allow(tag: str, namespace: str) -> dict[str, Any]:
+    return cluster_policy(f"allow-{tag}", {"match": {"namespaces": [namespace]},
+                                           "namespacedPolicies": {"allowed": True}})  # fmt: skip
+
+
+async def _deadline(js: JetStreamContext, uid: str) -> datetime | None:
+    pending = await NatsScheduleStore(js, Streams()).get(Target.KUBERNETES, uid)
+    return None if pending is None else pending.deadline
+
+
+async def _scheduled_by(js: JetStreamContext, uid: str) -> list[str]:
+    """The policy each CleanupScheduled of `uid`'s object names, oldest first."""
+    found = []
+    async for event in audit_events(js, Streams().audit, event_type=EventType.CLEANUP_SCHEDULED):
+        scheduled = parse_payload(event, CleanupScheduled)
+        if scheduled.run.uid == uid and scheduled.target is Target.KUBERNETES:
+            found.append(scheduled.policy)
+    return found
+
+
+async def test_the_knative_planner_function_plans_with_a_lapse_policy_and_follows_its_edits(
+    kube: KubeStack, nats_server: EmbeddedNats, lapse_streams: JetStreamContext
+) -> None:
+    """No restart, no watcher in the function's process but its own read-only follower: a
+    run.finished over HTTP is planned with the LapsePolicy's TTL (not lapse.yaml's 24h
+    default), named by the object; after an edit the same event moves the deadline."""
+    tag = uuid.uuid4().hex[:6]
+    ns = kube.namespace(f"pol-kn-{tag}")
+    finished = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+    wf = await kube.workflows.create(ns, argo_workflow("wf", namespace=ns, finished_at=finished))
+    uid = wf["metadata"]["uid"]
+    create(kube, None, _allow(tag, ns))
+    create(kube, ns, lapse_policy("team", {"kubernetes": {"ttl": "3d"}}))
+    function = new_planner()
+    function.start(
+        {"LAPSE_NATS__URL": nats_server.url, "LAPSE_KUBERNETES__KUBECONFIG": str(kube.kubeconfig)}
+    )
+    try:
+        await function.started()
+        assert function.ready() == (True, "ready")
+        run = RunRef(
+            engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+            namespace=ns, name="wf", uid=uid, phase="Succeeded", finished_at=finished,
+        )  # fmt: skip
+        message = to_binary_event(
+            build_event(EventType.RUN_FINISHED, source="/test", data=RunFinished(run=run))
+        )
+        transport = httpx.ASGITransport(app=ASGIApplication(function))
+        async with httpx.AsyncClient(transport=transport, base_url="http://function") as http:
+
+            async def post() -> None:
+                answer = await http.post("/", headers=message.headers, content=message.body)
+                assert answer.status_code == 202, answer.text
+
+            await post()
+            assert await _deadline(lapse_streams, uid) == finished + timedelta(days=3)
+            assert await _scheduled_by(lapse_streams, uid) == [f"lapsepolicy:{ns}/team@1"]
+
+            client.CustomObjectsApi(kube.api_client).patch_namespaced_custom_object(
+                GROUP, VERSION, ns, "lapsepolicies", "team", {"spec": {"kubernetes": {"ttl": "5d"}}}
+            )
+
+            # The follower's watch brings the edit; until it has, the same event (the
+            # Broker's redelivery, a re-list) leaves the deadline where it was.
+            async def moved() -> bool:
+                await post()
+                return await _deadline(lapse_streams, uid) == finished + timedelta(days=5)
+
+            await wait_for(moved, timeout=30)
+            assert (await _scheduled_by(lapse_streams, uid))[-1] == f"lapsepolicy:{ns}/team@2"
+    finally:
+        function.stop()
+        client.CustomObjectsApi(kube.api_client).delete_cluster_custom_object(
+            GROUP, VERSION, "clusterlapsepolicies", f"allow-{tag}"
+        )
+
+
+async def test_the_knative_policy_watcher_writes_status_and_replans_into_the_schedules(
+    kube: KubeStack, nats_server: EmbeddedNats, lapse_streams: JetStreamContext
+) -> None:
+    """The Deployment lapse-policy-watcher's process (`python -m lapse.runtime.policy_watcher`
+    runs `serve`): a LapsePolicy created after the run finished is judged (status Accepted)
+    and moves the run's schedule by itself, with no event from the ApiServerSource."""
+    tag = uuid.uuid4().hex[:6]
+    ns = kube.namespace(f"pol-kw-{tag}")
+    finished = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+    wf = await kube.workflows.create(ns, argo_workflow("wf", namespace=ns, finished_at=finished))
+    uid = wf["metadata"]["uid"]
+    create(kube, None, _allow(tag, ns))
+    config = load_config(
+        None,
+        env={"LAPSE_NATS__URL": nats_server.url,
+             "LAPSE_KUBERNETES__KUBECONFIG": str(kube.kubeconfig)},
+    )  # fmt: skip
+    stop = asyncio.Event()
+    serving = asyncio.create_task(serve(config, stop))
+    try:
+        # Started, it re-plans what no lapse has judged yet: the ClusterLapsePolicy's
+        # namespace, where the run gets lapse.yaml's default (no LapsePolicy yet).
+        async def defaulted() -> bool:
+            return await _deadline(lapse_streams, uid) == finished + timedelta(hours=24)
+
+        await wait_for(defaulted, timeout=60)
+        create(kube, ns, lapse_policy("team", {"kubernetes": {"ttl": "2d"}}))
+
+        async def accepted() -> dict[str, Any] | None:
+            found = condition(kube, ns, "team")
+            return found if found and found["reason"] == "Accepted" else None
+
+        verdict = await wait_for(accepted, timeout=30)
+        assert verdict is not None and verdict["status"] == "True"
+
+        async def replanned() -> bool:
+            return await _deadline(lapse_streams, uid) == finished + timedelta(days=2)
+
+        await wait_for(replanned, timeout=30)
+        assert await _scheduled_by(lapse_streams, uid) == ["default", f"lapsepolicy:{ns}/team@1"]
+        assert not serving.done()
+    finally:
+        stop.set()
+        watcher = await asyncio.wait_for(serving, timeout=30)
+        client.CustomObjectsApi(kube.api_client).delete_cluster_custom_object(
+            GROUP, VERSION, "clusterlapsepolicies", f"allow-{tag}"
+        )
+    assert watcher.replanned >= 1
+
+
+async def test_the_watcher_deployments_command_turns_ready_and_stops_on_sigterm(
+    kube: KubeStack, nats_server: EmbeddedNats, lapse_streams: JetStreamContext, tmp_path: Path
+) -> None:
+    """The container command of lapse-policy-watcher, as the pod runs it: the ready file
+    its readiness probe tests appears once the policy objects are read; SIGTERM ends it."""
+    ready = tmp_path / "ready"
+    env = {
+        **os.environ,
+        "LAPSE_NATS__URL": nats_server.url,
+        "LAPSE_KUBERNETES__KUBECONFIG": str(kube.kubeconfig),
+        "LAPSE_READY_FILE": str(ready),
+    }
+    with (tmp_path / "watcher.log").open("wb") as log:
+        # Popen returns at once; the waits below are bounded polls.
+        process = subprocess.Popen(  # noqa: ASYNC220
+            [sys.executable, "-m", "lapse.runtime.policy_watcher"],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+
+        async def started() -> bool:
+            assert process.poll() is None, (tmp_path / "watcher.log").read_text()
+            return ready.exists()
+
+        await wait_for(started, timeout=60)
+        process.send_signal(signal.SIGTERM)
+
+        async def ended() -> bool:
+            return process.poll() is not None
+
+        await wait_for(ended, timeout=30)
+        output = (tmp_path / "watcher.log").read_text()
+        assert process.returncode == 0, output
+        assert "policy watcher running" in output, output
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+async def test_the_knative_object_reaper_function_deletes_on_a_lapse_policys_deadline(
+    kube: KubeStack, nats_server: EmbeddedNats, lapse_streams: JetStreamContext, tmp_path: Path
+) -> None:
+    """The reaper re-decides each deadline from the object as it reads it, with the policies
+    in effect: the object-reaper function, as Knative serves it, follows the LapsePolicy that
+    set the deadline, so it deletes (with lapse.yaml's policies alone it would find the run
+    due in 24h and put it back)."""
+    tag = uuid.uuid4().hex[:6]
+    ns = kube.namespace(f"pol-kr-{tag}")
+    finished = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)
+    wf = await kube.workflows.create(ns, argo_workflow("wf", namespace=ns, finished_at=finished))
+    uid = wf["metadata"]["uid"]
+    create(kube, None, _allow(tag, ns))
+    create(kube, ns, lapse_policy("short", {"kubernetes": {"ttl": "1m"}}))
+    config = tmp_path / "lapse.yaml"
+    config.write_text(
+        f"nats: {{url: '{nats_server.url}'}}\n"
+        f"kubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n"
+        f"safety: {{namespaces: {{include: ['{ns}']}}}}\n"
+    )
+    by = f"lapsepolicy:{ns}/short@1"
+    function = new_object_reaper()
+    function.start({"LAPSE_CONFIG": str(config)})
+    try:
+        await function.started()
+        assert function.ready() == (True, "ready")
+        run = RunRef(
+            engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+            namespace=ns, name="wf", uid=uid, phase="Succeeded", finished_at=finished,
+        )  # fmt: skip
+        due = CleanupDue(
+            run=run, target=Target.KUBERNETES, deadline=finished + timedelta(minutes=1),
+            policy=by, scheduled_at=datetime.now(UTC),
+        )  # fmt: skip
+        message = to_binary_event(build_event(EventType.CLEANUP_DUE, source="/test", data=due))
+        transport = httpx.ASGITransport(app=ASGIApplication(function))
+        async with httpx.AsyncClient(transport=transport, base_url="http://function") as http:
+            answer = await http.post("/", headers=message.headers, content=message.body)
+            assert answer.status_code == 202, answer.text
+        outcomes = [
+            parse_payload(e, CleanupCompleted)
+            async for e in audit_events(
+                lapse_streams, Streams().audit, event_type=EventType.CLEANUP_COMPLETED
+            )
+        ]
+        (done,) = [o for o in outcomes if o.run.uid == uid]
+        assert done.outcome is Outcome.DELETED, done
+        assert done.detail is not None and by in str(done.detail), done
+        assert await kube.workflows.get(ns, "wf") is None
+    finally:
+        function.stop()
         client.CustomObjectsApi(kube.api_client).delete_cluster_custom_object(
             GROUP, VERSION, "clusterlapsepolicies", f"allow-{tag}"
         )

@@ -151,3 +151,42 @@ def test_lapse_up_watches_everywhere_and_deletes_only_where_listed(kube: KubeSta
     for namespace in ("kube-system", "lapse-system", None):
         assert not may(kube, "lapse", "delete", workflows, namespace), namespace
     assert not may(kube, "lapse", "create", EVENTS, "kube-system")
+
+
+POLICIES = ("lapse.dev", "lapsepolicies")
+CLUSTER_POLICIES = ("lapse.dev", "clusterlapsepolicies")
+
+
+def test_on_knative_the_policy_watcher_writes_only_status_and_the_functions_only_read(
+    kube: KubeStack,
+) -> None:
+    """infra/components/policies: the watcher reads every policy object and writes only
+    their status, and reads runs only where the planner does (to re-plan them); the
+    ttl-planner and the object-reaper read the policy objects and write nothing of them."""
+    apply_rbac(kube, "production")
+    watcher = "lapse-policy-watcher"
+    for resource in (POLICIES, CLUSTER_POLICIES):
+        for verb in ("get", "list", "watch"):
+            assert may(kube, watcher, verb, resource, None), (verb, resource)
+        for verb in ("create", "update", "patch", "delete"):
+            assert not may(kube, watcher, verb, resource, None), (verb, resource)
+    assert may(kube, watcher, "patch", ("lapse.dev", "lapsepolicies/status"), "team-a")
+    assert may(kube, watcher, "patch", ("lapse.dev", "clusterlapsepolicies/status"), None)
+    assert may(kube, watcher, "list", ("", "namespaces"), None)
+    for kind in RUN_KINDS:
+        assert may(kube, watcher, "list", kind, "team-a"), kind
+        assert not may(kube, watcher, "list", kind, "kube-system"), kind
+        assert not may(kube, watcher, "list", kind, None), kind
+        for verb in ("delete", "update", "patch", "create"):
+            assert not may(kube, watcher, verb, kind, "team-a"), (verb, kind)
+    for follower in ("lapse-planner", "lapse-object-reaper"):
+        for resource in (POLICIES, CLUSTER_POLICIES):
+            for verb in ("get", "list", "watch"):
+                assert may(kube, follower, verb, resource, None), (follower, verb, resource)
+            for verb in ("create", "update", "patch", "delete"):
+                assert not may(kube, follower, verb, resource, None), (follower, verb, resource)
+        status = ("lapse.dev", "lapsepolicies/status")
+        assert not may(kube, follower, "patch", status, "team-a"), follower
+    # Nobody else of the Knative path reads them.
+    for other in ("lapse-row-reaper", "lapse-bridge", "lapse-dlq-sink", "lapse-streams"):
+        assert not may(kube, other, "list", POLICIES, None), other
