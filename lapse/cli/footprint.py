@@ -219,16 +219,8 @@ class RowFootprints:
         """One count per run, in one dry-run transaction for all of them."""
         if not runs:
             return []
-        if self._down:
+        if not await self.reachable() or self._store is None:
             return [None] * len(runs)
-        if self._store is None:
-            self._store = SqlRowStore(
-                self.resources.database(), targets_for(self.resources.config.database.targets)
-            )
-        try:
-            await self._store.start()
-        except (DatabaseUnavailable, SchemaMismatch) as exc:
-            return self._gone(len(runs), str(exc))
         keyed = [keys_for(run, self._store.targets).keys for run in runs]
         asked = [i for i, keys in enumerate(keyed) if keys]
         counts: list[RowCount] = [{} for _ in runs]  # no key in any target: no rows
@@ -246,6 +238,25 @@ class RowFootprints:
                 case _:
                     counts[i] = None
         return counts
+
+    async def reachable(self) -> bool:
+        """Whether the database answered (its schema checked once); said once if not."""
+        if self._down:
+            return False
+        if self._store is None:
+            self._store = SqlRowStore(
+                self.resources.database(), targets_for(self.resources.config.database.targets)
+            )
+        try:
+            await self._store.start()
+        except (DatabaseUnavailable, SchemaMismatch) as exc:
+            self._gone(0, str(exc))
+            return False
+        return True
+
+    @property
+    def down(self) -> bool:
+        return self._down
 
     def _gone(self, n: int, reason: str) -> list[RowCount]:
         self._down = True

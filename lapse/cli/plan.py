@@ -368,7 +368,10 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
     )
     footprints = Footprints(resources, resources.config.artifacts, args.list_artifacts)
     rows = RowFootprints(resources)
-    counting = None if args.no_rows or not rows.configured else rows
+    counted = args.target in (None, Target.DATABASE.value) and not args.no_rows
+    counting = rows if counted and rows.configured else None
+    if counting is not None:
+        await counting.reachable()  # asked once up front: a database down is said once
     for kind in resources.config.kinds:
         if wanted and kind.name not in wanted:
             continue
@@ -391,7 +394,12 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
         )
     wants_rows = args.target in (None, Target.DATABASE.value) and not args.selector
     kfp_rows = not wanted or "argo-workflow" in wanted
-    if wants_rows and kfp_rows and resources.config.database.targets.kfp.enabled:
+    if counting is not None and counting.down:
+        # The KFP rows pass would only fail the same way: the plan is still made, its
+        # database rows unknown (said once, in the notes).
+        if wants_rows and kfp_rows and resources.config.database.targets.kfp.enabled:
+            rows.notes.append("KFP rows whose Workflow is gone are not previewed")
+    elif wants_rows and kfp_rows and resources.config.database.targets.kfp.enabled:
         gone, result.problems = await orphaned_rows(resources, pattern or namespace, now, policies)
         result.runs += await _with_rows(gone, counting)
     result.notes += rows.notes

@@ -499,6 +499,7 @@ async def test_plan_counts_the_rows_each_runs_database_target_will_delete(
     closed = config.read_text().replace(kfp_rows_db.url, _closed_port_url(kfp_rows_db.url))
     config.write_text(closed)
     down = plan("-o", "json")
+    assert down.returncode == 0, down.stderr
     [row] = json.loads(down.stdout)
     assert row["targets"]["database"]["rows"] is None
     assert row["targets"]["database"]["deadline"] == database["deadline"]
