@@ -75,7 +75,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "would schedule; not with -l, which only objects carry). With artifacts.stores "
             "configured, the artifacts target too: its deadline and what it will delete (the "
             "run's captured artifacts and prefixes; their objects and bytes with "
-            "--list-artifacts). Reads only; changes nothing."
+            "--list-artifacts). With database.url and database.targets configured, the rows "
+            "each run's database target will delete, per table (ROWS), counted by the "
+            "row-reaper's dry run: one transaction per page of runs, rolled back (--no-rows "
+            "skips it). Reads only; changes nothing."
         ),
     )
     add_namespace(parser)
