@@ -126,7 +126,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=(
             "do not count the rows each run's database target will delete (with database.url "
             "and database.targets configured, plan counts them with the row-reaper's dry run: "
-            "one read transaction per page of runs, rolled back; skip it for huge previews)"
+            "one transaction per page of runs, rolled back, ML Metadata's rows locked "
+            "meanwhile; skip it for huge previews)"
         ),
     )
     add_output(parser)
