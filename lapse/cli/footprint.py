@@ -15,12 +15,13 @@ listing counts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from lapse.cli.output import human_bytes
 from lapse.edges.artifacts import ConfigMapRepositories, ObstoreStores
+from lapse.edges.rows import DatabaseUnavailable, SchemaMismatch, SqlRowStore
 from lapse.events.artifacts import Provider, RunArtifacts
 from lapse.events.run import RunRef
 from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture, capture
@@ -33,6 +34,10 @@ from lapse.functions.artifact_reaper.ports import (
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig
 from lapse.functions.artifact_reaper.verdict import Allowed, belongs, judge
 from lapse.functions.ports import RetryLater
+from lapse.functions.row_reaper import targets_for
+from lapse.functions.row_reaper.mlmd import DELETE_ORDER as MLMD_TABLES
+from lapse.functions.row_reaper.ports import Counted, Rejected, RunRows, Unavailable
+from lapse.functions.row_reaper.targets import keys_for
 from lapse.runtime.resources import Resources
 
 
@@ -185,3 +190,97 @@ def _count(n: int, noun: str) -> str:
         return ""
     plural = noun + ("es" if noun.endswith("x") else "s")
     return f"{n} {noun if n == 1 else plural}"
+
+
+# Per table, the rows a run's database target will delete: None where they could not be
+# counted (the database did not answer).
+RowCount = dict[str, int] | None
+
+
+@dataclass
+class RowFootprints:
+    """The rows each run's database target will delete, counted by the row-reaper's own
+    dry run (`SqlRowStore.delete(..., dry_run=True)`, docs/cli.md): one transaction per
+    call, however many runs it carries, rolled back; nothing is committed. A database that
+    does not answer is said once in the notes, and asked no more: its runs' rows are unknown.
+    """
+
+    resources: Resources
+    notes: list[str] = field(default_factory=list)
+    _store: SqlRowStore | None = None
+    _down: bool = False
+
+    @property
+    def configured(self) -> bool:
+        database = self.resources.config.database
+        return bool(database.url) and bool(targets_for(database.targets))
+
+    async def of(self, runs: Sequence[RunRef]) -> list[RowCount]:
+        """One count per run, in one dry-run transaction for all of them."""
+        if not runs:
+            return []
+        if not await self.reachable() or self._store is None:
+            return [None] * len(runs)
+        keyed = [keys_for(run, self._store.targets).keys for run in runs]
+        asked = [i for i, keys in enumerate(keyed) if keys]
+        counts: list[RowCount] = [{} for _ in runs]  # no key in any target: no rows
+        results = await self._store.delete([RunRows(keyed[i]) for i in asked], dry_run=True)
+        for i, result in zip(asked, results, strict=True):
+            match result:
+                case Counted():
+                    counts[i] = rows_per_table(result)
+                case Unavailable(reason=reason):
+                    return self._gone(len(runs), reason)
+                case Rejected(reason=reason):
+                    run = runs[i]
+                    self.notes.append(f"{run.namespace}/{run.name}: rows not counted: {reason}")
+                    counts[i] = None
+                case _:
+                    counts[i] = None
+        return counts
+
+    async def reachable(self) -> bool:
+        """Whether the database answered (its schema checked once); said once if not."""
+        if self._down:
+            return False
+        if self._store is None:
+            self._store = SqlRowStore(
+                self.resources.database(), targets_for(self.resources.config.database.targets)
+            )
+        try:
+            await self._store.start()
+        except (DatabaseUnavailable, SchemaMismatch) as exc:
+            self._gone(0, str(exc))
+            return False
+        return True
+
+    @property
+    def down(self) -> bool:
+        return self._down
+
+    def _gone(self, n: int, reason: str) -> list[RowCount]:
+        self._down = True
+        self.notes.append(f"database rows not counted ({reason}); shown as unknown")
+        return [None] * n
+
+
+def rows_per_table(counted: Counted) -> dict[str, int]:
+    """{table: rows}; a table name two targets share is told apart as `target.table`."""
+    found: dict[str, int] = {}
+    owner: dict[str, str] = {}
+    for target, table, rows in counted.counts:
+        name = table if owner.setdefault(table, target) == target else f"{target}.{table}"
+        found[name] = found.get(name, 0) + rows
+    return found
+
+
+def describe_rows(rows: RowCount) -> str:
+    """The ROWS cell: `run_details 1, tasks 4, mlmd 29` (ML Metadata's tables as one sum,
+    tables with nothing to delete left out), `0 rows`, or `unknown`."""
+    if rows is None:
+        return "unknown"
+    mlmd = sum(n for table, n in rows.items() if table in MLMD_TABLES)
+    shown = [f"{table} {n}" for table, n in rows.items() if n and table not in MLMD_TABLES]
+    if mlmd:
+        shown.append(f"mlmd {mlmd}")
+    return ", ".join(shown) or "0 rows"

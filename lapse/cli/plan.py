@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,7 +26,14 @@ from lapse.cli.common import (
     namespace_of,
     warn,
 )
-from lapse.cli.footprint import ArtifactFootprint, Footprints, describe
+from lapse.cli.footprint import (
+    ArtifactFootprint,
+    Footprints,
+    RowCount,
+    RowFootprints,
+    describe,
+    describe_rows,
+)
 from lapse.cli.output import Column, Row, add_output, emit, resource_name
 from lapse.edges.kubernetes import KubeObjects, finished_pages_within
 from lapse.edges.kubernetes.policies import read_policy_objects
@@ -68,7 +75,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "would schedule; not with -l, which only objects carry). With artifacts.stores "
             "configured, the artifacts target too: its deadline and what it will delete (the "
             "run's captured artifacts and prefixes; their objects and bytes with "
-            "--list-artifacts). Reads only; changes nothing."
+            "--list-artifacts). With database.url and database.targets configured, the rows "
+            "each run's database target will delete, per table (ROWS), counted by the "
+            "row-reaper's dry run: one transaction per page of runs, rolled back (--no-rows "
+            "skips it). Reads only; changes nothing."
         ),
     )
     add_namespace(parser)
@@ -110,6 +120,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "run nor the capture records sizes)"
         ),
     )
+    parser.add_argument(
+        "--no-rows",
+        action="store_true",
+        help=(
+            "do not count the rows each run's database target will delete (with database.url "
+            "and database.targets configured, plan counts them with the row-reaper's dry run: "
+            "one transaction per page of runs, rolled back, ML Metadata's rows locked "
+            "meanwhile; skip it for huge previews)"
+        ),
+    )
     add_output(parser)
     parser.set_defaults(run=run_plan)
 
@@ -120,6 +140,8 @@ class PlannedRun:
     decisions: dict[Target, Decision]
     object_gone: bool = False  # a KFP run whose Workflow is gone: only its rows remain
     artifacts: ArtifactFootprint | None = None  # what the artifacts target will delete
+    rows: RowCount = None  # what the database target will delete, per table (None: unknown)
+    rows_counted: bool = False  # counted (or tried): rows is then said, unknown or not
 
     def as_json(self) -> dict[str, Any]:
         targets: dict[str, dict[str, Any]] = {
@@ -134,6 +156,9 @@ class PlannedRun:
         artifacts = targets.get(Target.ARTIFACTS.value)
         if artifacts is not None and self.artifacts is not None:
             artifacts["footprint"] = self.artifacts.as_json()
+        database = targets.get(Target.DATABASE.value)
+        if database is not None and self.rows_counted:
+            database["rows"] = self.rows
         return {
             "namespace": self.run.namespace,
             "name": self.run.name,
@@ -346,15 +371,21 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
         t for t in Target if t is not Target.ARTIFACTS or resources.config.artifacts.stores
     )
     footprints = Footprints(resources, resources.config.artifacts, args.list_artifacts)
+    rows = RowFootprints(resources)
+    counted = args.target in (None, Target.DATABASE.value) and not args.no_rows
+    counting = rows if counted and rows.configured else None
+    if counting is not None:
+        await counting.reachable()  # asked once up front: a database down is said once
     for kind in resources.config.kinds:
         if wanted and kind.name not in wanted:
             continue
         listings = finished_listings(resources.objects(), kind, namespace, pattern, args.selector)
         try:
             async for listed in listings:
-                await _preview_listing(
-                    listed, kind, args, policies, chosen, targets, footprints, now, result
+                planned = await _preview_listing(
+                    listed, kind, args, policies, chosen, targets, footprints, now
                 )
+                result.runs += await _with_rows(planned, counting)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -367,10 +398,35 @@ async def preview(resources: Resources, args: argparse.Namespace, now: datetime)
         )
     wants_rows = args.target in (None, Target.DATABASE.value) and not args.selector
     kfp_rows = not wanted or "argo-workflow" in wanted
-    if wants_rows and kfp_rows and resources.config.database.targets.kfp.enabled:
+    if counting is not None and counting.down:
+        # The KFP rows pass would only fail the same way: the plan is still made, its
+        # database rows unknown (said once, in the notes).
+        if wants_rows and kfp_rows and resources.config.database.targets.kfp.enabled:
+            rows.notes.append("KFP rows whose Workflow is gone are not previewed")
+    elif wants_rows and kfp_rows and resources.config.database.targets.kfp.enabled:
         gone, result.problems = await orphaned_rows(resources, pattern or namespace, now, policies)
-        result.runs.extend(gone)
+        result.runs += await _with_rows(gone, counting)
+    result.notes += rows.notes
     return result
+
+
+async def _with_rows(planned: list[PlannedRun], rows: RowFootprints | None) -> list[PlannedRun]:
+    """The runs, each whose database target is scheduled with the rows it will delete:
+    counted a page of runs at a time, each page in one dry-run transaction."""
+    if rows is None:
+        return planned
+    due = [
+        i
+        for i, p in enumerate(planned)
+        if (d := p.decisions.get(Target.DATABASE)) is not None and d.action is Action.SCHEDULE
+    ]
+    counted = list(planned)
+    for start in range(0, len(due), PAGE_SIZE):
+        page = due[start : start + PAGE_SIZE]
+        found = await rows.of([planned[i].run for i in page])
+        for i, count in zip(page, found, strict=True):
+            counted[i] = replace(planned[i], rows=count, rows_counted=True)
+    return counted
 
 
 async def _preview_listing(
@@ -382,14 +438,14 @@ async def _preview_listing(
     targets: tuple[Target, ...],
     footprints: Footprints,
     now: datetime,
-    result: Preview,
-) -> None:
+) -> list[PlannedRun]:
     # keep_last counts each group among the runs listed here (a namespace's, or the
     # cluster's: a group never crosses a namespace): all of them, unless -l shows only
     # some (then the count would be wrong, and is not previewed). Runs being deleted are
     # not counted, as the planner and the reaper do not count them.
     counting = [run for run, _ in listed if listed_object(run) is not None]
     counted = {} if args.selector else counted_out(counting, policies, now)
+    planned: list[PlannedRun] = []
     for run, obj in listed:
         decisions = plan(run, policies, now, targets)
         k8s = Target.KUBERNETES
@@ -404,7 +460,8 @@ async def _preview_listing(
         artifacts = decisions.get(Target.ARTIFACTS)
         if artifacts is not None and artifacts.action is Action.SCHEDULE:
             footprint = await footprints.of(run, kind.name, _artifacts(obj, kind))
-        result.runs.append(PlannedRun(run, decisions, artifacts=footprint))
+        planned.append(PlannedRun(run, decisions, artifacts=footprint))
+    return planned
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -418,7 +475,9 @@ def run_plan(args: argparse.Namespace) -> int:
     result = asyncio.run(collect())
     rows = [planned.as_json() for planned in result.runs]
     with_artifacts = any(Target.ARTIFACTS.value in row["targets"] for row in rows)
-    emit(rows, columns(now, artifacts=with_artifacts), args, sys.stdout, name=_name)
+    with_rows = any(planned.rows_counted for planned in result.runs)
+    shown = columns(now, artifacts=with_artifacts, rows=with_rows)
+    emit(rows, shown, args, sys.stdout, name=_name)
     for problem in [*result.notes, *result.problems]:
         warn(problem)
     return 1 if result.problems else 0
@@ -453,9 +512,15 @@ def _footprint(row: Row) -> str:
     return describe(ArtifactFootprint.from_json(found) if found else None)
 
 
-def columns(now: datetime, *, artifacts: bool = False) -> list[Column]:
+def _rows(row: Row) -> str:
+    database = row["targets"].get(Target.DATABASE.value) or {}
+    return describe_rows(database["rows"]) if "rows" in database else ""
+
+
+def columns(now: datetime, *, artifacts: bool = False, rows: bool = False) -> list[Column]:
     """The table's columns; the artifacts target's only where a run has one (artifacts.stores
-    configured), so a deployment without object stores sees the table it always did."""
+    configured), so a deployment without object stores sees the table it always did; ROWS
+    only where rows were counted (a database configured, and not --no-rows)."""
     shown = [
         Column("NAMESPACE", lambda r: r["namespace"]),
         Column("NAME", lambda r: r["name"]),
@@ -466,6 +531,8 @@ def columns(now: datetime, *, artifacts: bool = False) -> list[Column]:
         Column("DATABASE", _describe("database", now)),
         Column("BY", _policy("database")),
     ]
+    if rows:
+        shown.append(Column("ROWS", _rows))
     if artifacts:
         shown += [
             Column("ARTIFACTS", _describe(Target.ARTIFACTS.value, now)),

@@ -5,6 +5,7 @@ and, with a real S3 server (SeaweedFS), what each run's artifacts target will de
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,14 +14,26 @@ from typing import Any
 import obstore
 import pytest
 import yaml
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from lapse.edges.database import create_engine
 from lapse.embedded.seaweedfs import REGION, EmbeddedSeaweedFS
+from lapse.events.types import Outcome
+from lapse.functions.row_reaper.mlmd import DELETE_ORDER
+from lapse.functions.row_reaper.targets import kfp_target, mlmd_target
 from tests.cli.conftest import Shell
 from tests.conftest import ARTIFACT_BUCKET, KubeStack
 from tests.integration.test_artifact_reaper import client, present
 from tests.integration.test_cli_plan_infra import finished_workflow
-from tests.kfp_schema import create_kfp_tables, insert_kfp_runs
+from tests.integration.test_ml_metadata import (
+    Mlmd,
+    mlmd_python,  # noqa: F401 (a fixture)
+    table_counts,
+)
+from tests.integration.test_ml_metadata import runs as mlmd_runs
+from tests.integration.test_row_reaper import completed, due, reaper
+from tests.kfp_schema import KFP_TABLES, create_kfp_tables, insert_kfp_runs, kfp_counts
 from tests.stack import Database, scratch_database
 
 pytestmark = [pytest.mark.kube]
@@ -167,6 +180,8 @@ async def test_plan_previews_rows_whose_workflow_is_gone(
             "deadline": "2023-12-14T22:23:20Z",  # FinishedAtInSec 1,700,000,600 + 30d
             "policy": "policy:kfp-rows",
             "reason": orphans[0]["targets"]["database"]["reason"],
+            # Its rows, counted by the row-reaper's dry run (insert_kfp_runs' defaults).
+            "rows": insert_defaults(),
         }
     }
     # The run whose Workflow exists is planned from its object, not as an orphan.
@@ -428,3 +443,159 @@ async def test_plan_shows_what_the_artifacts_target_deletes_and_lists_sizes_only
     config.write_text("policies:\n  - name: clocks\n    kubernetes: {ttl: 1h}\n")
     plain = plan().stdout.splitlines()[0].split()
     assert "ARTIFACTS" not in plain and "WILL" not in plain
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+async def kfp_rows_db(request: pytest.FixtureRequest) -> AsyncIterator[Database]:
+    async with scratch_database(request.param) as db:
+        engine = create_engine(db.url)
+        await create_kfp_tables(engine)
+        await engine.dispose()
+        yield db
+
+
+@pytest.mark.db
+async def test_plan_counts_the_rows_each_runs_database_target_will_delete(
+    shell: Shell, kube: KubeStack, kfp_rows_db: Database, tmp_path: Path
+) -> None:
+    run_id = str(uuid.uuid4())
+    engine = create_engine(kfp_rows_db.url)
+    async with engine.begin() as conn:
+        await insert_kfp_runs(conn, [run_id], metrics=3, tasks=4)
+    async with engine.connect() as conn:
+        before = await kfp_counts(conn, run_id)
+    ns = kube.namespace(f"plan-rows-{uuid.uuid4().hex[:6]}")
+    await kube.workflows.create(
+        ns, finished_workflow("kfp-run", "Succeeded", FINISHED, labels={"pipeline/runid": run_id})
+    )
+    config = tmp_path / "lapse.yaml"
+    config.write_text(
+        f"database: {{url: '{kfp_rows_db.url}', targets: {{kfp: {{enabled: true}}}}}}\n"
+        "policies:\n"
+        "  - name: kfp-rows\n"
+        "    match: {has_labels: [pipeline/runid]}\n"
+        "    database: {ttl: 30d}\n"
+    )
+
+    def plan(*args: str) -> Any:
+        return shell("plan", "--kubeconfig", str(kube.kubeconfig), "--config", str(config),
+                     "-n", ns, *args)  # fmt: skip
+
+    result = plan("-o", "json")
+    assert result.returncode == 0, result.stderr
+    [row] = json.loads(result.stdout)
+    database = row["targets"]["database"]
+    # Every key it had stays; the rows are added beside them, one count per table, the
+    # same as counting the run's rows directly.
+    assert set(database) == {"action", "deadline", "policy", "reason", "rows"}
+    assert database["rows"] == before
+    assert before == {"run_details": 1, "run_metrics": 3, "tasks": 4, "resource_references": 2}
+    assert "rows" not in row["targets"]["kubernetes"]
+    table = plan().stdout.splitlines()
+    assert table[0].split()[-1] == "ROWS"
+    # In the order the reaper deletes them, children first.
+    assert table[1].endswith("run_metrics 3, tasks 4, resource_references 2, run_details 1")
+
+    # --no-rows: not counted, not shown.
+    skipped = plan("--no-rows", "-o", "json")
+    assert "rows" not in json.loads(skipped.stdout)[0]["targets"]["database"]
+    assert "ROWS" not in plan("--no-rows").stdout.splitlines()[0].split()
+
+    # Counting deleted nothing: the dry run's transaction was rolled back.
+    async with engine.connect() as conn:
+        assert await kfp_counts(conn, run_id) == before
+    await engine.dispose()
+
+    # A database nobody answers at: unknown, said once on stderr; the plan is still made.
+    closed = config.read_text().replace(kfp_rows_db.url, _closed_port_url(kfp_rows_db.url))
+    config.write_text(closed)
+    down = plan("-o", "json")
+    assert down.returncode == 0, down.stderr
+    [row] = json.loads(down.stdout)
+    assert row["targets"]["database"]["rows"] is None
+    assert row["targets"]["database"]["deadline"] == database["deadline"]
+    assert down.stderr.count("database rows not counted") == 1, down.stderr
+    table = plan().stdout.splitlines()
+    assert table[1].endswith("unknown")
+
+
+def _closed_port_url(url: str) -> str:
+    """The same database URL at a port on this machine where nothing listens."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # free once closed: nothing will answer there
+    return make_url(url).set(host="127.0.0.1", port=port).render_as_string(False)
+
+
+@pytest.mark.db
+async def test_plan_counts_ml_metadata_rows_as_the_reaper_then_deletes_them(
+    shell: Shell,
+    kube: KubeStack,
+    mysql: Database,
+    mlmd_python: str,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    # MLMD's own library writes the run (MySQL: the writer's only backend), KFP's rows beside
+    # it on the same server, as KFP keeps them (metadb next to mlpipeline).
+    run_id = str(uuid.uuid4())
+    async with scratch_database("mysql") as kfp_db:
+        engine = create_engine(kfp_db.url)
+        await create_kfp_tables(engine)
+        async with engine.begin() as conn:
+            await insert_kfp_runs(conn, [run_id])
+        metadb = f"metadb_{uuid.uuid4().hex[:8]}"
+        async with engine.connect() as conn:
+            await conn.execute(text(f"CREATE DATABASE {metadb}"))
+        try:
+            mlmd = Mlmd(mlmd_python, kfp_db.url, metadb)
+            await mlmd.write(mlmd_runs(run_id, str(uuid.uuid4()))[0])
+            ns = kube.namespace(f"plan-mlmd-{uuid.uuid4().hex[:6]}")
+            labels = {"pipeline/runid": run_id}
+            await kube.workflows.create(
+                ns, finished_workflow("kfp-run", "Succeeded", FINISHED, labels=labels)
+            )
+            config = tmp_path / "lapse.yaml"
+            config.write_text(
+                f"database: {{url: '{kfp_db.url}', targets: {{kfp: {{enabled: true}}, "
+                f"ml_metadata: {{enabled: true, database: {metadb}}}}}}}\n"
+                "policies:\n"
+                "  - name: kfp-rows\n"
+                "    match: {has_labels: [pipeline/runid]}\n"
+                "    database: {ttl: 30d}\n"
+            )
+            before = await table_counts(engine, metadb)
+            args = ("plan", "--kubeconfig", str(kube.kubeconfig), "--config", str(config), "-n", ns)
+            result = shell(*args, "-o", "json")
+            assert result.returncode == 0, result.stderr
+            [row] = json.loads(result.stdout)
+            planned = row["targets"]["database"]["rows"]
+            table = shell(*args).stdout.splitlines()
+            mlmd_rows = sum(planned[name] for name in DELETE_ORDER)
+            assert mlmd_rows > 0
+            assert table[1].endswith(f"run_details 1, mlmd {mlmd_rows}"), table[1]
+            # The preview deleted nothing (MLMD's dry run is rolled back).
+            assert await table_counts(engine, metadb) == before
+            assert (await mlmd.read(run_id))["runs"][run_id] is not None
+            async with engine.connect() as conn:
+                assert (await kfp_counts(conn, run_id))["run_details"] == 1
+
+            # What the row-reaper then deletes is what plan said, table by table.
+            handler, _ = await reaper(engine, [kfp_target(), mlmd_target(metadb)])
+            done = completed((await handler.handle(due(kfp_run_id=run_id)))[0])
+            assert done.outcome is Outcome.DELETED, done
+            after = await table_counts(engine, metadb)
+            assert {name: before[name] - after[name] for name in DELETE_ORDER} == {
+                name: planned[name] for name in DELETE_ORDER
+            }
+            async with engine.connect() as conn:
+                assert await kfp_counts(conn, run_id) == dict.fromkeys(KFP_TABLES, 0)
+            assert {n: planned[n] for n in KFP_TABLES} == insert_defaults()
+        finally:
+            async with engine.connect() as conn:
+                await conn.execute(text(f"DROP DATABASE IF EXISTS {metadb}"))
+            await engine.dispose()
+
+
+def insert_defaults() -> dict[str, int]:
+    """A run's KFP rows as insert_kfp_runs writes them by default."""
+    return {"run_details": 1, "run_metrics": 2, "tasks": 2, "resource_references": 2}
