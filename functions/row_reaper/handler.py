@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final, TypeAlias, assert_never
@@ -48,7 +48,6 @@ from lapse.events.types import EventType, Outcome
 from lapse.functions.outcomes import Outcomes
 from lapse.functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
 from lapse.functions.ratelimit import Brake, RateLimit, local_limits
-from lapse.functions.row_reaper.mlmd import ArtifactAccount
 from lapse.functions.row_reaper.ports import (
     Contradicted,
     Counted,
@@ -296,14 +295,7 @@ class RowReaper:
             def accepts(facts: RunFacts, due: CleanupDue = due) -> bool:
                 return judge_facts(due, facts, self.clock()) is None
 
-            pending.append(
-                (
-                    i,
-                    due,
-                    RunRows(keys.keys, accepts, record=self._recorder(due, keys.keys)),
-                    keys.skipped,
-                )
-            )
+            pending.append((i, due, RunRows(keys.keys, accepts), keys.skipped))
         if not pending:
             return ends
         if wait > 0:
@@ -366,19 +358,12 @@ class RowReaper:
         def accepts(facts: RunFacts) -> bool:
             return judge_facts(due, facts, self.clock()) is None
 
-        rows = RunRows(keys.keys, accepts, record=self._recorder(due, keys.keys))
+        record = None
+        if self.metadata is not None and ML_METADATA in keys.keys:
+            record = functools.partial(self.metadata.record, due.run.uid)
+        rows = RunRows(keys.keys, accepts, record=record)
         [result] = await self.rows.delete([rows], dry_run=self.dry_run)
         return self._judged(due, result, keys.skipped)
-
-    def _recorder(
-        self, due: CleanupDue, keys: Mapping[str, str]
-    ) -> Callable[[ArtifactAccount], Awaitable[None]] | None:
-        """Where ML Metadata's account of the run's artifacts is recorded inside its
-        transaction, before its MLMD rows go (None when MLMD is not among its targets):
-        the single and the batch path alike."""
-        if self.metadata is None or ML_METADATA not in keys:
-            return None
-        return functools.partial(self.metadata.record, due.run.uid)
 
     def _judged(self, due: CleanupDue, result: RunResult, skipped: Mapping[str, str]) -> _End:
         match result:
