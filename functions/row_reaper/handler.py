@@ -21,17 +21,13 @@ safe"; docs/security.md):
 
 The database being unreachable (or asking to back off) raises `RetryLater`: nothing was
 committed, the runtime delivers the event again after its back-off.
-
-`handle_batch` is the same sequence for many due events (`lapse up`'s dispatcher hands it
-each fetch): steps 1-3 and 5 are each event's own, step 4 is one transaction for every run
-that reached it, each run still held to its own record inside it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final, TypeAlias, assert_never
@@ -176,149 +172,6 @@ class RowReaper:
         emits carries an id derived from the due event's."""
         produced = await self._outcome_of(event)
         return await emit_all(self.emitter, [as_outcome_of(event, e) for e in produced])
-
-    async def handle_batch(
-        self, events: Sequence[tuple[BaseCloudEvent, Trust]]
-    ) -> list[list[BaseCloudEvent] | Exception]:
-        """Handle due events together: each is proved, braked and judged on its own, the
-        rows of those that pass are deleted in one transaction (`RowStore.delete` keeps
-        each run's rows all-or-nothing and its precondition its own), then each event's
-        outcomes are emitted. One entry per event, in order: the events emitted for it (the
-        runtime may ack it), else what `handle` would have raised for it
-        (`RetryLater` or a bug): one event's failure is never another's.
-
-        An event whose run uid came earlier in the same batch goes through `handle` once
-        the batch is done, as if it had been delivered after it."""
-        results: list[list[BaseCloudEvent] | Exception] = [[] for _ in events]
-        seen: set[str] = set()
-        later: list[int] = []
-        claims: dict[int, CleanupDue] = {}
-        outcomes: dict[int, list[BaseCloudEvent]] = {}
-        for i, (event, _) in enumerate(events):
-            try:
-                claim = parse_payload(event, CleanupDue)
-            except InvalidEvent as exc:
-                outcomes[i] = [self._outcomes.failed(None, exc.reason, capture_event(event))]
-                continue
-            if claim.target is not Target.DATABASE:
-                outcomes[i] = []
-            elif claim.run.uid in seen:
-                later.append(i)
-            else:
-                seen.add(claim.run.uid)
-                claims[i] = claim
-        try:
-            ends = await self._reap_many(claims, results)
-        except Exception as exc:  # a bug: nothing of the claims was emitted, all go again
-            for i in claims:
-                results[i] = exc
-            ends = {}
-        for i, end in ends.items():
-            event = events[i][0]
-            try:
-                outcomes[i] = await self._conclude(claims[i], end, capture_event(event))
-            except InvalidSubjectToken as exc:
-                run = claims[i].run
-                failed = self._outcomes.failed(
-                    run, f"cannot reschedule: {exc}", capture_event(event)
-                )
-                outcomes[i] = [failed]
-            except Exception as exc:
-                results[i] = exc
-        # Each event's outcomes in order, the events' side by side (an acknowledged publish
-        # each: one after another they were most of a batch's time).
-        emitting = [
-            emit_all(self.emitter, [as_outcome_of(events[i][0], e) for e in produced])
-            for i, produced in outcomes.items()
-        ]
-        emitted = await asyncio.gather(*emitting, return_exceptions=True)
-        for i, answer in zip(outcomes, emitted, strict=True):
-            if isinstance(answer, BaseException) and not isinstance(answer, Exception):
-                raise answer
-            results[i] = answer
-        for i in later:
-            try:
-                results[i] = await self.handle(*events[i])
-            except Exception as exc:
-                results[i] = exc
-        return results
-
-    async def _reap_many(
-        self, claims: Mapping[int, CleanupDue], results: list[list[BaseCloudEvent] | Exception]
-    ) -> dict[int, _End]:
-        """`_reap` for many claims, their deletes in one `RowStore.delete`; a claim whose
-        sequence raised has its exception in `results` and no end."""
-        indexes = list(claims)
-        stored = await asyncio.gather(
-            *(self.schedules.get(Target.DATABASE, claims[i].run.uid) for i in indexes),
-            return_exceptions=True,
-        )
-        now = self.clock()
-        ends: dict[int, _End] = {}
-        pending: list[tuple[int, CleanupDue, RunRows, Mapping[str, str]]] = []
-        wait = 0.0
-        for i, schedule in zip(indexes, stored, strict=True):
-            claim = claims[i]
-            if isinstance(schedule, BaseException):
-                if not isinstance(schedule, Exception):
-                    raise schedule
-                results[i] = schedule
-                continue
-            # 1. Proof: what lapse stored for this (database, uid), never the event's word.
-            match prove(claim, schedule, now):
-                case Unbacked(reason=reason):
-                    ends[i] = _Refused(claim.run, f"{reason}; nothing was deleted")
-                    continue
-                case NotYet(deadline=deadline, reason=reason):
-                    ends[i] = _Later(claim, deadline, reason, put=False)
-                    continue
-                case Proven(due=due):
-                    pass
-            # 2. The stored run's keys.
-            keys = keys_for(due.run, self.rows.targets)
-            if not keys.keys:
-                ends[i] = _Done(due, Counted(()), keys.skipped)
-                continue
-            # 3. The brake and the rate limit, once per run as in `_reap`; the batch waits
-            # for its last reserved slot, so no run is deleted before its own.
-            if not self.dry_run:
-                try:
-                    admitted = await self._admit_now(due)
-                except Exception as exc:
-                    results[i] = exc
-                    continue
-                if isinstance(admitted, _Held):
-                    ends[i] = admitted
-                    continue
-                wait = max(wait, admitted)
-
-            def accepts(facts: RunFacts, due: CleanupDue = due) -> bool:
-                return judge_facts(due, facts, self.clock()) is None
-
-            pending.append((i, due, RunRows(keys.keys, accepts), keys.skipped))
-        if not pending:
-            return ends
-        if wait > 0:
-            await asyncio.sleep(wait)
-        # 4. One transaction for the batch; each run held to its own record in it.
-        rows = [run_rows for _, _, run_rows, _ in pending]
-        done = await self.rows.delete(rows, dry_run=self.dry_run)
-        for (i, due, _, skipped), result in zip(pending, done, strict=True):
-            try:
-                ends[i] = self._judged(due, result, skipped)
-            except RetryLater as exc:
-                results[i] = exc
-        return ends
-
-    async def _admit_now(self, due: CleanupDue) -> _Held | float:
-        """The brake's answer for one run, or how long its rate-limit slot is away."""
-        now = self.clock()
-        assert self.brake is not None and self.rate_limit is not None  # set in __post_init__
-        decision = await self.brake.admit(now.timestamp())
-        if not decision.admitted:
-            assert decision.until is not None
-            return _Held(due, datetime.fromtimestamp(decision.until, UTC), decision.tripped)
-        return await self.rate_limit.reserve(now.timestamp())
 
     async def _outcome_of(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
         original = capture_event(event)
