@@ -10,12 +10,14 @@ import argparse
 import asyncio
 import contextlib
 import io
+import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import IO
+from typing import IO, TypeVar
 
 CLEAR = "\x1b[H\x1b[2J"
+T = TypeVar("T")
 
 
 def add_watch(parser: argparse.ArgumentParser) -> None:
@@ -47,16 +49,37 @@ def _seconds(text: str) -> float:
 Frame = Callable[[IO[str]], Awaitable[None]]
 
 
-async def _frames(draw: Frame) -> AsyncIterator[str]:
-    while True:
-        buffer = io.StringIO()
-        await draw(buffer)
-        yield buffer.getvalue()
+async def _until(stop: asyncio.Event, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None as soon as `stop` is set (then `work` is cancelled).
+
+    Ctrl-C sets `stop` rather than cancelling the watch: a cancellation that lands inside
+    the NATS client while a frame is read can be swallowed there, and the loop would then
+    draw on forever (seen with a large audit stream)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.wait({task}, timeout=2.0)  # a read in flight ends or is left behind
+    return None
+
+
+async def _frame(draw: Frame) -> str:
+    buffer = io.StringIO()
+    await draw(buffer)
+    return buffer.getvalue()
 
 
 async def watch(draw: Frame, args: argparse.Namespace, title: str, out: IO[str]) -> None:
+    stop = asyncio.Event()
+    with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
     previous: str | None = None
-    async for frame in _frames(draw):
+    while (frame := await _until(stop, _frame(draw))) is not None:
         if args.output in ("table", "wide"):
             stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             out.write(f"{CLEAR}Every {args.interval:g}s: {title}   {stamp}\n\n{frame}")
@@ -64,7 +87,7 @@ async def watch(draw: Frame, args: argparse.Namespace, title: str, out: IO[str])
             out.write(frame if args.output == "json" else f"---\n{frame}")
         previous = frame
         out.flush()
-        await asyncio.sleep(args.interval)
+        await _until(stop, asyncio.sleep(args.interval))
 
 
 def run_watch(work: Callable[[], Awaitable[None]]) -> int:
