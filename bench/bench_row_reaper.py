@@ -2,8 +2,10 @@
 nats-server's schedule stream, consumed by the dispatcher (`lapse.runtime.dispatcher`, its
 defaults: fetches of 64, 64 in flight), which hands each fetch to `RowReaper.handle_batch`:
 every event proved from its stored schedule and braked on its own, the fetch's runs deleted
-in one transaction with each run held to its own record, each outcome published to the
-audit stream and each message acked after it. `--path single` times the Knative
+in one transaction with each run held to its own record (events naming the same uid or row
+key would go in later rounds, one transaction each; here every run is distinct, so a fetch
+is one transaction), each outcome published to the audit stream and each message acked
+after it. `--path single` times the Knative
 function's path instead (one due event at a time through `RowReaper.handle`,
 `--concurrency` in flight: one transaction per run).
 

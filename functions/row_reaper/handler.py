@@ -206,7 +206,12 @@ class RowReaper:
             # else: the object-reaper's; a subscription without a target filter
         await self._emit(events, produced, answers)
         while waiting:
-            waiting = await self._round(events, originals, waiting, answers)
+            try:
+                waiting = await self._round(events, originals, waiting, answers)
+            except Exception as exc:  # a bug: no outcome of this round was emitted
+                for i, _ in waiting:
+                    answers[i] = exc
+                break
         return answers
 
     async def _round(
