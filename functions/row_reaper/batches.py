@@ -1,17 +1,23 @@
 """How a fetch of due events is cut into transactions (pure).
 
-One transaction deletes each row key once and credits its rows to the first run that
-named it (lapse/edges/rows/delete.py: `owners_of`). Two due events naming the same rows in
-one transaction would therefore share one deletion: a forged or replayed event could end
+One transaction reads each row key's record once and deletes its rows once, for the first
+run that named it (lapse/edges/rows: `owners_of`). Two due events naming the same rows in
+one transaction would share one judgement and one deletion: the second run's
+precondition would go unread (a forged event naming a running run's key had that run's
+rows deleted beside another event for it), and a forged or replayed event could end
 `deleted` on the strength of another event's rows. So no two events in one transaction
-may name the same run uid or the same row key, compared the way the most lenient database
-compares them (MySQL's default collations ignore case and trailing spaces); an event that
-would is put off to a later round, proved again after the earlier round's outcomes, as if
-it had been delivered after them (docs/architecture.md, "The row-reaper's batches").
+may name the same run uid or the same row key, however the database might compare the
+keys: as text (MySQL's collations ignore case, trailing spaces and accents), as a whole
+number, as a UUID (the columns' types the edge converts keys to). An event that would is
+put off to a later round, proved again after the earlier round's outcomes, as if it had
+been delivered after them (docs/architecture.md, "The row-reaper's batches").
 """
 
 from __future__ import annotations
 
+import contextlib
+import unicodedata
+import uuid
 from collections.abc import Callable, Hashable, Mapping, Sequence, Set
 from typing import Final, TypeVar
 
@@ -21,17 +27,27 @@ T = TypeVar("T")
 UID: Final = " uid"
 
 
-def comparable(value: str) -> str:
-    """A key as the most lenient database compares it: case and surrounding spaces
-    ignored (over-matching only puts an event off to the next round, never merges two)."""
-    return value.strip().casefold()
+def forms(value: str) -> frozenset[str]:
+    """Every form under which a database may find `value` equal to another key: its text
+    with case, surrounding spaces and accents ignored, and the whole number or UUID it
+    reads as. Two keys with a form in common are one key here: over-matching only puts an
+    event off to the next round, never merges two runs' rows."""
+    text = value.strip()
+    plain = "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
+    found = {f"text:{text.casefold()}", f"text:{plain.casefold()}"}
+    if text.lstrip("+-").isdigit():
+        with contextlib.suppress(ValueError):
+            found.add(f"int:{int(text)}")
+    with contextlib.suppress(ValueError):
+        found.add(f"uuid:{uuid.UUID(text)}")
+    return frozenset(found)
 
 
 def row_keys(uids: Sequence[str], keys: Mapping[str, str]) -> frozenset[tuple[str, str]]:
     """Everything one event's transaction would key on: its run uids (the claim's and the
-    stored run's) and its key per target."""
-    named = {(UID, comparable(uid)) for uid in uids}
-    named |= {(target, comparable(key)) for target, key in keys.items()}
+    stored run's) and its key per target, in every form (`forms`)."""
+    named = {(UID, form) for uid in uids for form in forms(uid)}
+    named |= {(target, form) for target, key in keys.items() for form in forms(key)}
     return frozenset(named)
 
 

@@ -37,7 +37,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Final, TypeAlias, assert_never
+from typing import Final, NamedTuple, TypeAlias, assert_never
 
 from cloudevents.core.base import BaseCloudEvent
 
@@ -138,6 +138,20 @@ class _Held:
 _End: TypeAlias = _Done | _Refused | _Later | _Kept | _Held
 
 
+class _Proven(NamedTuple):
+    """A due event (`at`: its place in the batch) that the stored schedule backs: `due` is the
+    stored due event, `keys` its run's."""
+
+    at: int
+    claim: CleanupDue
+    due: CleanupDue
+    keys: RunKeys
+
+    def row_keys(self) -> frozenset[tuple[str, str]]:
+        """What its transaction keys on: the claim's uid, the stored run's, its row keys."""
+        return row_keys((self.claim.run.uid, self.due.run.uid), self.keys.keys)
+
+
 @dataclass(frozen=True)
 class RowReaper:
     """Constructed once per process. `rate_limit` and `brake` are shared with the
@@ -231,7 +245,7 @@ class RowReaper:
             return_exceptions=True,
         )
         now = self.clock()
-        proven: list[tuple[int, CleanupDue, CleanupDue, RunKeys]] = []
+        proven: list[_Proven] = []
         for (i, claim), schedule in zip(claims, stored, strict=True):
             if isinstance(schedule, BaseException):
                 failed[i] = schedule
@@ -245,40 +259,40 @@ class RowReaper:
                     # 2. The stored run's keys.
                     keys = keys_for(due.run, self.rows.targets)
                     if keys.keys:
-                        proven.append((i, claim, due, keys))
+                        proven.append(_Proven(i, claim, due, keys))
                     else:
                         ends[i] = _Done(due, Counted(()), keys.skipped)
         # One transaction holds each uid and row key once: the rest wait for the next round.
-        taken, later = split(proven, lambda p: row_keys((p[1].run.uid, p[2].run.uid), p[3].keys))
+        taken, later = split(proven, _Proven.row_keys)
         # 3. The brake, then the rate limit (a dry run deletes nothing: neither applies),
         # once per run; the transaction waits for its last run's slot.
-        deleting: list[tuple[int, CleanupDue, RunKeys]] = []
+        deleting: list[_Proven] = []
         wait = 0.0
-        for i, _, due, keys in taken:
+        for p in taken:
             if self.dry_run:
-                deleting.append((i, due, keys))
+                deleting.append(p)
                 continue
             try:
-                admitted = await self._admit(due)
+                admitted = await self._admit(p.due)
             except Exception as exc:
-                failed[i] = exc
+                failed[p.at] = exc
                 continue
             if isinstance(admitted, _Held):
-                ends[i] = admitted
+                ends[p.at] = admitted
             else:
                 wait = max(wait, admitted)
-                deleting.append((i, due, keys))
+                deleting.append(p)
         if wait > 0:
             await asyncio.sleep(wait)
         # 4. One transaction, each run held to the database's own account of it.
         if deleting:
-            rows = [self._run_rows(due, keys) for _, due, keys in deleting]
+            rows = [self._run_rows(p.due, p.keys) for p in deleting]
             results = await self.rows.delete(rows, dry_run=self.dry_run)
-            for (i, due, keys), result in zip(deleting, results, strict=True):
+            for p, result in zip(deleting, results, strict=True):
                 try:
-                    ends[i] = self._judged(due, result, keys.skipped)
+                    ends[p.at] = self._judged(p.due, result, p.keys.skipped)
                 except RetryLater as exc:
-                    failed[i] = exc
+                    failed[p.at] = exc
         # 5. Each event's outcome, from its own end alone.
         produced: dict[int, list[BaseCloudEvent]] = {}
         claimed = dict(claims)
@@ -299,7 +313,7 @@ class RowReaper:
             except Exception as exc:
                 answers[i] = exc
         await self._emit(events, produced, answers)
-        return [(i, claim) for i, claim, _, _ in later]
+        return [(p.at, p.claim) for p in later]
 
     def _run_rows(self, due: CleanupDue, keys: RunKeys) -> RunRows:
         def accepts(facts: RunFacts) -> bool:

@@ -41,7 +41,7 @@ from tests import kfp_schema as kfp
 from tests.integration import test_row_reaper as rows_fixtures
 from tests.integration.test_dispatcher_batches import ROUTE, STREAMS, fire, reaper, settled
 from tests.integration.test_row_reaper import ListEmitter
-from tests.stack import wait_for
+from tests.stack import Database, wait_for
 
 pytestmark = [pytest.mark.db, pytest.mark.nats]
 
@@ -140,3 +140,73 @@ async def test_forged_due_events_sharing_a_fetch_with_the_real_one_are_never_cre
         assert await kfp.kfp_counts(conn, real_id) == dict.fromkeys(kfp.KFP_TABLES, 0)
         assert await kfp.kfp_counts(conn, victim_id) == FULL
         assert await kfp.kfp_counts(conn, bystander_id) == FULL
+
+
+async def test_forged_due_events_naming_a_running_runs_rows_in_one_fetch_are_each_judged(
+    lapse_streams: JetStreamContext, engine: AsyncEngine, database: Database
+) -> None:
+    """What the first batch path got wrong (tests/e2e/test_forged_inputs.py): two forged
+    due events in one fetch naming the same running run's KFP id. In one transaction the
+    run's record was read once, for the first: the second went unjudged, and the running
+    run's rows were deleted. Each is judged in a transaction of its own now, and the key
+    in capitals too (MySQL's collation finds the same rows by it)."""
+    js = lapse_streams
+    await kfp.create_kfp_tables(engine)
+    running_id, finished_id = str(uuid.uuid4()), str(uuid.uuid4())
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, [running_id, finished_id])
+        await conn.execute(
+            kfp.run_details.update()
+            .where(kfp.run_details.c["UUID"] == running_id)
+            .values(FinishedAtInSec=0, State="RUNNING", Conditions="Running")
+        )
+    past = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
+    # Published on due subjects lapse never planned: on plain NATS what is there is the
+    # stored proof (docs/security.md), so each is proven and reaches the transaction.
+    forged = [
+        due(running_id, str(uuid.uuid4()), past, "forged-1"),
+        due(running_id, str(uuid.uuid4()), past, "forged-2"),
+        due(running_id.upper(), str(uuid.uuid4()), past, "forged-3"),
+    ]
+    real = due(finished_id, str(uuid.uuid4()), past, "real")
+    fetch = [forged[0], real, forged[1], forged[2]]
+    await fire(js, fetch)
+
+    emitter = ListEmitter()
+    rows = Recording(await open_row_store(engine, [kfp_target()]))
+    handler = instrumented("row-reaper", await reaper(js, rows, emitter))
+    dispatcher = Dispatcher(js, emitter, NatsConfig(), [Subscription(ROUTE, handler)], batch=64)
+    dispatching = asyncio.create_task(dispatcher.run())
+    try:
+
+        async def all_out() -> bool:
+            return len(emitter.events) >= len(fetch) and await settled(js)
+
+        await wait_for(all_out, timeout=60, interval=0.1)
+    finally:
+        dispatcher.stop()
+        await asyncio.wait_for(dispatching, 30)
+
+    wanted = {outcome_id(e.get_id(), EventType.CLEANUP_COMPLETED): e for e in fetch}
+    ends = {
+        wanted[e.get_id()].get_id(): parse_payload(e, CleanupCompleted).outcome
+        for e in emitter.events
+    }
+    assert len(ends) == len(emitter.events) == len(fetch), "one outcome per due event"
+    # PostgreSQL compares the key exactly: in capitals it names no rows.
+    capitals = Outcome.KEPT if database.kind == "mysql" else Outcome.ALREADY_GONE
+    assert ends == {
+        forged[0].get_id(): Outcome.KEPT,
+        real.get_id(): Outcome.DELETED,
+        forged[1].get_id(): Outcome.KEPT,
+        forged[2].get_id(): capitals,
+    }
+    # The first round held the first forgery and the real run; each other its own.
+    assert rows.batches == [
+        [running_id, finished_id],
+        [running_id],
+        [running_id.upper()],
+    ], rows.batches
+    async with engine.connect() as conn:
+        assert await kfp.kfp_counts(conn, running_id) == FULL
+        assert await kfp.kfp_counts(conn, finished_id) == dict.fromkeys(kfp.KFP_TABLES, 0)

@@ -3,6 +3,7 @@ no two events in one transaction name the same uid or row key, as a database com
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -52,3 +53,22 @@ def test_split_keeps_every_event_once_in_order_and_no_key_twice(
         seen |= keys
     if indexed:
         assert taken[0] == indexed[0]
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ("007", "7"),  # an integer column: both are 7
+        ("+7", " 7"),
+        ("0" * 31 + "1", "00000000-0000-0000-0000-000000000001"),  # a UUID column
+        ("urn:uuid:" + "A" * 32, "a" * 32),
+        ("café", "CAFE"),  # MySQL's accent- and case-insensitive collations
+    ],
+)
+def test_keys_a_column_type_would_match_are_one_key(one: str, other: str) -> None:
+    assert row_keys(["u1"], {"t": one}) & row_keys(["u2"], {"t": other})
+
+
+def test_different_keys_stay_apart() -> None:
+    assert not row_keys(["u1"], {"t": "7"}) & row_keys(["u2"], {"t": "-7"})
+    assert not row_keys(["u1"], {"t": "run-a"}) & row_keys(["u2"], {"t": "run-b"})
