@@ -220,9 +220,10 @@ class Dispatcher:
 
     async def _start_batches(self, subscription: Subscription, msgs: list[Msg]) -> None:
         """The fetch as one handler call, taking one of the `concurrency` slots as one
-        event would: a batch is one transaction, so up to `concurrency` of them run side
-        by side as single events' transactions do (the messages held stay bounded by the
-        consumer's max_ack_pending)."""
+        event would: a batch is one transaction at a time (a round per set of events that
+        name no rows in common), so up to `concurrency` of them run side by side as single
+        events' transactions do (the messages held stay bounded by the consumer's
+        max_ack_pending)."""
         await self._slots.acquire()
         task = asyncio.create_task(self._deliver_batch(subscription, msgs))
         self._inflight.add(task)
@@ -269,7 +270,7 @@ class Dispatcher:
 
     async def _handle_batch(self, subscription: Subscription, msgs: list[Msg]) -> None:
         """A fetch's messages handed to a `BatchHandler` together (the row-reaper: one
-        transaction for their runs); each message is still settled on its own - acked once
+        transaction for runs that share no rows); each message is still settled on its own - acked once
         its own outcome is emitted, NAKed or dead-lettered for its own failure."""
         route = subscription.route
         handler = subscription.handler
