@@ -270,8 +270,9 @@ class Dispatcher:
 
     async def _handle_batch(self, subscription: Subscription, msgs: list[Msg]) -> None:
         """A fetch's messages handed to a `BatchHandler` together (the row-reaper: one
-        transaction for runs that share no rows); each message is still settled on its own - acked once
-        its own outcome is emitted, NAKed or dead-lettered for its own failure."""
+        transaction for runs that share no rows); each message is still settled on its
+        own - acked once its own outcome is emitted, NAKed or dead-lettered for its own
+        failure."""
         route = subscription.route
         handler = subscription.handler
         assert isinstance(handler, BatchHandler)
