@@ -21,16 +21,23 @@ safe"; docs/security.md):
 
 The database being unreachable (or asking to back off) raises `RetryLater`: nothing was
 committed, the runtime delivers the event again after its back-off.
+
+`handle_batch` is the same sequence for many due events (`lapse up`'s dispatcher hands it
+each fetch), and `handle` is that for one: steps 1-3 and 5 are each event's own, step 4 is
+one transaction for the runs that reached it. No two runs in one transaction name the
+same uid or row key (functions/row_reaper/batches.py), so each event's outcome comes from
+the rows the transaction matched to its own keys; an event that would share is put off to
+a later round and proved again, as if it had arrived after the others.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Final, TypeAlias, assert_never
+from typing import Final, NamedTuple, TypeAlias, assert_never
 
 from cloudevents.core.base import BaseCloudEvent
 
@@ -44,6 +51,7 @@ from lapse.events.types import EventType, Outcome
 from lapse.functions.outcomes import Outcomes
 from lapse.functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
 from lapse.functions.ratelimit import Brake, RateLimit, local_limits
+from lapse.functions.row_reaper.batches import row_keys, split
 from lapse.functions.row_reaper.ports import (
     Contradicted,
     Counted,
@@ -54,7 +62,7 @@ from lapse.functions.row_reaper.ports import (
     RunRows,
     Unavailable,
 )
-from lapse.functions.row_reaper.targets import ML_METADATA, keys_for
+from lapse.functions.row_reaper.targets import ML_METADATA, RunKeys, keys_for
 from lapse.functions.row_reaper.verdict import (
     Keep,
     MoveTo,
@@ -130,6 +138,20 @@ class _Held:
 _End: TypeAlias = _Done | _Refused | _Later | _Kept | _Held
 
 
+class _Proven(NamedTuple):
+    """A due event (`at`: its place in the batch) that the stored schedule backs: `due` is the
+    stored due event, `keys` its run's."""
+
+    at: int
+    claim: CleanupDue
+    due: CleanupDue
+    keys: RunKeys
+
+    def row_keys(self) -> frozenset[tuple[str, str]]:
+        """What its transaction keys on: the claim's uid, the stored run's, its row keys."""
+        return row_keys((self.claim.run.uid, self.due.run.uid), self.keys.keys)
+
+
 @dataclass(frozen=True)
 class RowReaper:
     """Constructed once per process. `rate_limit` and `brake` are shared with the
@@ -170,53 +192,155 @@ class RowReaper:
         `trust` changes nothing here: what the row-reaper acts on is what lapse stored and
         what the database says, whoever delivered the event. The one exit: every event it
         emits carries an id derived from the due event's."""
-        produced = await self._outcome_of(event)
-        return await emit_all(self.emitter, [as_outcome_of(event, e) for e in produced])
+        [answer] = await self.handle_batch([(event, trust)])
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
-    async def _outcome_of(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
-        original = capture_event(event)
-        try:
-            claim = parse_payload(event, CleanupDue)
-        except InvalidEvent as exc:
-            return [self._outcomes.failed(None, exc.reason, original)]
-        if claim.target is not Target.DATABASE:
-            return []  # the object-reaper's; a subscription without a target filter
-        try:
-            end = await self._reap(claim)
-            return await self._conclude(claim, end, original)
-        except InvalidSubjectToken as exc:
-            return [self._outcomes.failed(claim.run, f"cannot reschedule: {exc}", original)]
+    async def handle_batch(
+        self, events: Sequence[tuple[BaseCloudEvent, Trust]]
+    ) -> list[list[BaseCloudEvent] | Exception]:
+        """Handle due events together (`lapse up`'s dispatcher hands it each fetch): one
+        entry per event, in order - the events emitted for it, else what `handle` would
+        have raised for it (`RetryLater`, or a bug). One event's failure is never
+        another's, and no event is credited with another's rows: events naming the same
+        uid or row key go in later rounds (`batches.split`), each proved afresh."""
+        answers: list[list[BaseCloudEvent] | Exception] = [[] for _ in events]
+        originals = [capture_event(event) for event, _ in events]
+        produced: dict[int, list[BaseCloudEvent]] = {}
+        waiting: list[tuple[int, CleanupDue]] = []
+        for i, (event, _) in enumerate(events):
+            try:
+                claim = parse_payload(event, CleanupDue)
+            except InvalidEvent as exc:
+                produced[i] = [self._outcomes.failed(None, exc.reason, originals[i])]
+                continue
+            if claim.target is Target.DATABASE:
+                waiting.append((i, claim))
+            # else: the object-reaper's; a subscription without a target filter
+        await self._emit(events, produced, answers)
+        while waiting:
+            try:
+                waiting = await self._round(events, originals, waiting, answers)
+            except Exception as exc:  # a bug: no outcome of this round was emitted
+                for i, _ in waiting:
+                    answers[i] = exc
+                break
+        return answers
 
-    async def _reap(self, claim: CleanupDue) -> _End:
-        """The safety sequence, top to bottom (the module's docstring)."""
-        now = self.clock()
+    async def _round(
+        self,
+        events: Sequence[tuple[BaseCloudEvent, Trust]],
+        originals: Sequence[OriginalEvent],
+        claims: Sequence[tuple[int, CleanupDue]],
+        answers: list[list[BaseCloudEvent] | Exception],
+    ) -> list[tuple[int, CleanupDue]]:
+        """The safety sequence (the module's docstring) for claims that each name rows no
+        other in the round names; returns the claims put off to the next round."""
+        ends: dict[int, _End] = {}
+        failed: dict[int, BaseException] = {}
         # 1. Proof: what lapse stored for this (database, uid), never the event's word.
-        stored = await self.schedules.get(Target.DATABASE, claim.run.uid)
-        match prove(claim, stored, now):
-            case Unbacked(reason=reason):
-                return _Refused(claim.run, f"{reason}; nothing was deleted")
-            case NotYet(deadline=deadline, reason=reason):
-                return _Later(claim, deadline, reason, put=False)
-            case Proven(due=due):
-                pass
-        # 2. The stored run's keys.
-        keys = keys_for(due.run, self.rows.targets)
-        if not keys.keys:
-            return _Done(due, Counted(()), keys.skipped)
-        # 3. The brake, then the rate limit (a dry run deletes nothing: neither applies).
-        if not self.dry_run and (held := await self._admit(due)) is not None:
-            return held
+        stored = await asyncio.gather(
+            *(self.schedules.get(Target.DATABASE, claim.run.uid) for _, claim in claims),
+            return_exceptions=True,
+        )
+        now = self.clock()
+        proven: list[_Proven] = []
+        for (i, claim), schedule in zip(claims, stored, strict=True):
+            if isinstance(schedule, BaseException):
+                failed[i] = schedule
+                continue
+            match prove(claim, schedule, now):
+                case Unbacked(reason=reason):
+                    ends[i] = _Refused(claim.run, f"{reason}; nothing was deleted")
+                case NotYet(deadline=deadline, reason=reason):
+                    ends[i] = _Later(claim, deadline, reason, put=False)
+                case Proven(due=due):
+                    # 2. The stored run's keys.
+                    keys = keys_for(due.run, self.rows.targets)
+                    if keys.keys:
+                        proven.append(_Proven(i, claim, due, keys))
+                    else:
+                        ends[i] = _Done(due, Counted(()), keys.skipped)
+        # One transaction holds each uid and row key once: the rest wait for the next round.
+        taken, later = split(proven, _Proven.row_keys)
+        # 3. The brake, then the rate limit (a dry run deletes nothing: neither applies),
+        # once per run; the transaction waits for its last run's slot.
+        deleting: list[_Proven] = []
+        wait = 0.0
+        for p in taken:
+            if self.dry_run:
+                deleting.append(p)
+                continue
+            try:
+                admitted = await self._admit(p.due)
+            except Exception as exc:
+                failed[p.at] = exc
+                continue
+            if isinstance(admitted, _Held):
+                ends[p.at] = admitted
+            else:
+                wait = max(wait, admitted)
+                deleting.append(p)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        # 4. One transaction, each run held to the database's own account of it.
+        if deleting:
+            rows = [self._run_rows(p.due, p.keys) for p in deleting]
+            results = await self.rows.delete(rows, dry_run=self.dry_run)
+            for p, result in zip(deleting, results, strict=True):
+                try:
+                    ends[p.at] = self._judged(p.due, result, p.keys.skipped)
+                except RetryLater as exc:
+                    failed[p.at] = exc
+        # 5. Each event's outcome, from its own end alone.
+        produced: dict[int, list[BaseCloudEvent]] = {}
+        claimed = dict(claims)
+        for i, problem in failed.items():
+            if isinstance(problem, InvalidSubjectToken):
+                reason = f"cannot reschedule: {problem}"
+                produced[i] = [self._outcomes.failed(claimed[i].run, reason, originals[i])]
+            elif isinstance(problem, Exception):
+                answers[i] = problem
+            else:
+                raise problem  # cancelled, interrupted: not the event's answer
+        for i, end in ends.items():
+            try:
+                produced[i] = await self._conclude(claimed[i], end, originals[i])
+            except InvalidSubjectToken as exc:
+                reason = f"cannot reschedule: {exc}"
+                produced[i] = [self._outcomes.failed(claimed[i].run, reason, originals[i])]
+            except Exception as exc:
+                answers[i] = exc
+        await self._emit(events, produced, answers)
+        return [(p.at, p.claim) for p in later]
 
-        # 4. One transaction, held to the database's own account of the run.
+    def _run_rows(self, due: CleanupDue, keys: RunKeys) -> RunRows:
         def accepts(facts: RunFacts) -> bool:
             return judge_facts(due, facts, self.clock()) is None
 
         record = None
         if self.metadata is not None and ML_METADATA in keys.keys:
             record = functools.partial(self.metadata.record, due.run.uid)
-        rows = RunRows(keys.keys, accepts, record=record)
-        [result] = await self.rows.delete([rows], dry_run=self.dry_run)
-        return self._judged(due, result, keys.skipped)
+        return RunRows(keys.keys, accepts, record=record)
+
+    async def _emit(
+        self,
+        events: Sequence[tuple[BaseCloudEvent, Trust]],
+        produced: Mapping[int, list[BaseCloudEvent]],
+        answers: list[list[BaseCloudEvent] | Exception],
+    ) -> None:
+        """Each event's outcomes in order, the events' side by side (an acknowledged
+        publish each: one after another they were most of a batch's time)."""
+        emitting = [
+            emit_all(self.emitter, [as_outcome_of(events[i][0], e) for e in outcomes])
+            for i, outcomes in produced.items()
+        ]
+        emitted = await asyncio.gather(*emitting, return_exceptions=True)
+        for i, answer in zip(produced, emitted, strict=True):
+            if isinstance(answer, BaseException) and not isinstance(answer, Exception):
+                raise answer
+            answers[i] = answer
 
     def _judged(self, due: CleanupDue, result: RunResult, skipped: Mapping[str, str]) -> _End:
         match result:
@@ -237,18 +361,16 @@ class RowReaper:
                         raise RetryLater("the database's account of the run changed", 0)
         assert_never(result)
 
-    async def _admit(self, due: CleanupDue) -> _Held | None:
+    async def _admit(self, due: CleanupDue) -> _Held | float:
+        """The brake's answer for one run, else how long until its rate-limit slot:
+        delayed in arrival order, never dropped."""
         now = self.clock()
         assert self.brake is not None and self.rate_limit is not None  # set in __post_init__
         decision = await self.brake.admit(now.timestamp())
         if not decision.admitted:
             assert decision.until is not None
             return _Held(due, datetime.fromtimestamp(decision.until, UTC), decision.tripped)
-        # Delayed in arrival order, never dropped.
-        wait = await self.rate_limit.reserve(now.timestamp())
-        if wait > 0:
-            await asyncio.sleep(wait)
-        return None
+        return await self.rate_limit.reserve(now.timestamp())
 
     async def _conclude(
         self, claim: CleanupDue, end: _End, original: OriginalEvent

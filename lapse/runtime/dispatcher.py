@@ -9,6 +9,8 @@ One durable pull consumer per route (per Trigger), explicit acks:
 - an unexpected exception (a bug): NAK with a delay, and after `nats.max_deliver` tries a
   `cleanup.failed` with the reason goes to the dead letters, then the message is acked;
 - not a CloudEvent: dead-lettered at once.
+A handler that takes batches (`BatchHandler`: the row-reaper) gets each fetch's events in
+one call and answers per event; every message is then settled on its own answer as above.
 Nothing is acked before the handler is done, so a crash means redelivery, not loss. While
 a message is held (fetched, queued or being handled) it is marked in progress every third
 of `nats.ack_wait`: a short ack wait then only decides how soon the work of a process that
@@ -25,7 +27,9 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from cloudevents.core.base import BaseCloudEvent
 from nats.aio.msg import Msg
@@ -33,7 +37,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import Span, Status, StatusCode
 
 from lapse.config import NatsConfig
 from lapse.events.builder import build_event, parse_payload
@@ -45,6 +49,7 @@ from lapse.events.run import RunRef, Target
 from lapse.events.types import EventType
 from lapse.functions.ports import Emitter, Handler, RetryLater
 from lapse.functions.tracing import creation_context
+from lapse.functions.trust import Trust
 from lapse.runtime.outages import Backoff, Outages, nats_unavailable
 from lapse.runtime.routing import Route
 from lapse.runtime.trust import trust_of_message
@@ -54,6 +59,17 @@ from lapse.telemetry.names import RETRY_DELAY, RETRY_REASON
 log = logging.getLogger(__name__)
 
 SOURCE = "/lapse/dispatcher"
+
+
+@runtime_checkable
+class BatchHandler(Handler, Protocol):
+    """A handler that also takes a fetch's events together (the row-reaper's
+    `handle_batch`): one result per event, in order - the events it emitted for it, else
+    the exception `handle` would have raised for it."""
+
+    async def handle_batch(
+        self, events: Sequence[tuple[BaseCloudEvent, Trust]]
+    ) -> list[list[BaseCloudEvent] | Exception]: ...
 
 
 @dataclass(frozen=True)
@@ -149,6 +165,9 @@ class Dispatcher:
                     await asyncio.sleep(1.0)
                     continue
                 self._held.update((id(msg), msg) for msg in msgs)
+                if isinstance(subscription.handler, BatchHandler) and len(msgs) > 1:
+                    await self._start_batches(subscription, msgs)
+                    continue
                 for msg in msgs:
                     await self._slots.acquire()
                     task = asyncio.create_task(self._deliver(subscription, msg))
@@ -199,6 +218,17 @@ class Dispatcher:
                 with contextlib.suppress(Exception):  # acked meanwhile, or reconnecting
                     await msg.in_progress()
 
+    async def _start_batches(self, subscription: Subscription, msgs: list[Msg]) -> None:
+        """The fetch as one handler call, taking one of the `concurrency` slots as one
+        event would: a batch is one transaction at a time (a round per set of events that
+        name no rows in common), so up to `concurrency` of them run side by side as single
+        events' transactions do (the messages held stay bounded by the consumer's
+        max_ack_pending)."""
+        await self._slots.acquire()
+        task = asyncio.create_task(self._deliver_batch(subscription, msgs))
+        self._inflight.add(task)
+        task.add_done_callback(self._finished)
+
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
         self._slots.release()
@@ -211,14 +241,9 @@ class Dispatcher:
 
     async def _handle(self, subscription: Subscription, msg: Msg) -> None:
         route = subscription.route
-        key = msg.metadata.sequence.stream if msg.metadata else 0
         attempt = msg.metadata.num_delivered if msg.metadata else 1
         trust = trust_of_message(msg.headers, attempt)
-        try:
-            event: BaseCloudEvent | None = from_nats(msg.headers, msg.data)
-            problem = None
-        except InvalidEvent as exc:
-            event, problem = None, exc.reason
+        event, problem = _decode(msg)
         with process_span(
             msg.subject,
             event,
@@ -226,38 +251,123 @@ class Dispatcher:
             subscription=_durable(route),
             attempt=attempt,
         ) as span:
-            if event is None:
-                await self._dead_letter(
-                    CleanupFailed(
-                        reason=f"not a CloudEvent: {problem}",
-                        stage=route.function,
-                        attempts=attempt,
-                        original=capture_message(msg.headers, msg.data),
-                    )
-                )
-                await msg.ack()
+            # Not fit (not a CloudEvent, another target's): settled by `_fits` itself.
+            if not await self._fits(msg, route, event, problem, attempt) or event is None:
                 return
-            if not route.matches(event.get_attributes()):
-                await msg.ack()  # same subject, other target: not this route's event
-                return
+            result: Exception | None = None
             try:
                 await subscription.handler.handle(event, trust)
-            except RetryLater as exc:
-                await self._wait_out(msg, route, key, attempt, exc.reason, exc.delay, "RetryLater")
-                return
             except Exception as exc:
-                if (unavailable := nats_unavailable(exc)) is not None:
-                    await self._wait_out(msg, route, key, attempt, unavailable, None, "NATS")
-                    return
-                log.exception("%s: handler failed on %s", route.function, event.get_id())
-                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-                delay = self._backoff.delay(attempt)
-                reason = f"{type(exc).__name__}: {exc}"
-                await self._retry(msg, route, attempt, reason, delay, event, type(exc).__name__)
-                self.outages.done(route.function, key, asyncio.get_running_loop().time())
-                return
+                result = exc
+            await self._settle(msg, route, event, result, span)
+
+    async def _deliver_batch(self, subscription: Subscription, msgs: list[Msg]) -> None:
+        try:
+            await self._handle_batch(subscription, msgs)
+        finally:
+            for msg in msgs:
+                self._held.pop(id(msg), None)
+
+    async def _handle_batch(self, subscription: Subscription, msgs: list[Msg]) -> None:
+        """A fetch's messages handed to a `BatchHandler` together (the row-reaper: one
+        transaction for runs that share no rows); each message is still settled on its
+        own - acked once its own outcome is emitted, NAKed or dead-lettered for its own
+        failure."""
+        route = subscription.route
+        handler = subscription.handler
+        assert isinstance(handler, BatchHandler)
+        ready: list[tuple[Msg, BaseCloudEvent, Trust]] = []
+        for msg in msgs:
+            attempt = msg.metadata.num_delivered if msg.metadata else 1
+            event, problem = _decode(msg)
+            if event is None or not route.matches(event.get_attributes()):
+                with process_span(
+                    msg.subject,
+                    event,
+                    hop_trace_context(msg.headers),
+                    subscription=_durable(route),
+                    attempt=attempt,
+                ):
+                    await self._fits(msg, route, event, problem, attempt)
+                continue
+            ready.append((msg, event, trust_of_message(msg.headers, attempt)))
+        if not ready:
+            return
+        answers: list[list[BaseCloudEvent] | Exception]
+        try:
+            answers = await handler.handle_batch([(event, trust) for _, event, trust in ready])
+            if len(answers) != len(ready):
+                raise RuntimeError(f"{len(answers)} results for {len(ready)} events")
+        except Exception as exc:  # nothing is known done: every message goes again
+            answers = [exc] * len(ready)
+        for (msg, event, _), answer in zip(ready, answers, strict=True):
+            result = answer if isinstance(answer, Exception) else None
+            with process_span(
+                msg.subject,
+                event,
+                hop_trace_context(msg.headers),
+                subscription=_durable(route),
+                attempt=msg.metadata.num_delivered if msg.metadata else 1,
+            ) as span:
+                await self._settle(msg, route, event, result, span)
+
+    async def _fits(
+        self,
+        msg: Msg,
+        route: Route,
+        event: BaseCloudEvent | None,
+        problem: str | None,
+        attempt: int,
+    ) -> bool:
+        """Whether the message goes to the handler; if not, it is settled here: not a
+        CloudEvent, dead-lettered; another target's event on the same subject, acked."""
+        if event is None:
+            await self._dead_letter(
+                CleanupFailed(
+                    reason=f"not a CloudEvent: {problem}",
+                    stage=route.function,
+                    attempts=attempt,
+                    original=capture_message(msg.headers, msg.data),
+                )
+            )
             await msg.ack()
-            self.outages.done(route.function, key, asyncio.get_running_loop().time())
+            return False
+        if not route.matches(event.get_attributes()):
+            await msg.ack()  # same subject, other target: not this route's event
+            return False
+        return True
+
+    async def _settle(
+        self,
+        msg: Msg,
+        route: Route,
+        event: BaseCloudEvent,
+        result: Exception | None,
+        span: Span,
+    ) -> None:
+        """Ack once the handler is done with the message (`result` None); otherwise wait
+        out a transient failure, or retry and in the end dead-letter a bug."""
+        key = msg.metadata.sequence.stream if msg.metadata else 0
+        attempt = msg.metadata.num_delivered if msg.metadata else 1
+        loop = asyncio.get_running_loop()
+        if isinstance(result, RetryLater):
+            await self._wait_out(
+                msg, route, key, attempt, result.reason, result.delay, "RetryLater"
+            )
+            return
+        if result is not None:
+            if (unavailable := nats_unavailable(result)) is not None:
+                await self._wait_out(msg, route, key, attempt, unavailable, None, "NATS")
+                return
+            log.error("%s: handler failed on %s", route.function, event.get_id(), exc_info=result)
+            span.set_status(Status(StatusCode.ERROR, f"{type(result).__name__}: {result}"))
+            delay = self._backoff.delay(attempt)
+            reason = f"{type(result).__name__}: {result}"
+            await self._retry(msg, route, attempt, reason, delay, event, type(result).__name__)
+            self.outages.done(route.function, key, loop.time())
+            return
+        await msg.ack()
+        self.outages.done(route.function, key, loop.time())
 
     async def _wait_out(
         self,
@@ -317,6 +427,14 @@ class Dispatcher:
         await self._emitter.emit(
             build_event(EventType.CLEANUP_FAILED, source=SOURCE, data=failed, **creation_context())
         )
+
+
+def _decode(msg: Msg) -> tuple[BaseCloudEvent | None, str | None]:
+    """The message's CloudEvent, or None and why it is not one."""
+    try:
+        return from_nats(msg.headers, msg.data), None
+    except InvalidEvent as exc:
+        return None, exc.reason
 
 
 def _durable(route: Route) -> str:

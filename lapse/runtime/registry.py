@@ -28,7 +28,7 @@ from lapse.functions.ttl_planner import Planner
 from lapse.functions.ttl_planner.artifacts import ArtifactPlanning
 from lapse.runtime.outages import Backoff
 from lapse.runtime.resources import Resources
-from lapse.telemetry import InstrumentedHandler
+from lapse.telemetry.handling import instrumented
 
 Factory = Callable[[Resources], Awaitable[Handler | None]]
 
@@ -247,4 +247,5 @@ async def build_handler(name: str, resources: Resources) -> Handler | None:
         known = ", ".join(sorted(FUNCTIONS))
         raise ValueError(f"unknown function {name!r} (known: {known})") from None
     handler = await factory(resources)
-    return InstrumentedHandler(name, handler) if handler is not None else None
+    # A handler that takes batches (the row-reaper) keeps taking them (the dispatcher's fetch).
+    return instrumented(name, handler) if handler is not None else None

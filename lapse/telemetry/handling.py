@@ -190,6 +190,67 @@ class InstrumentedHandler:
                 span.set_attribute(names.LATENESS, outcome.lateness)
 
 
+class InstrumentedBatchHandler(InstrumentedHandler):
+    """`InstrumentedHandler` for a handler that also takes batches (the row-reaper's
+    `handle_batch`, which `lapse up`'s dispatcher calls with a fetch): one function span
+    for the batch, and per event the deletion log line, the schedules and the outcome
+    metrics `handle` records (the batch's database statements shared out among them)."""
+
+    async def handle_batch(
+        self, events: Sequence[tuple[BaseCloudEvent, Trust]]
+    ) -> list[list[BaseCloudEvent] | Exception]:
+        inner: Any = self.inner
+        if not tracing_enabled() and not metrics_enabled():
+            answers: list[list[BaseCloudEvent] | Exception] = await inner.handle_batch(events)
+            for (event, _), answer in zip(events, answers, strict=False):
+                if not isinstance(answer, Exception):
+                    log_deletion(event, answer)
+            return answers
+        tally = _Tally()
+        token = _tally.set(tally)
+        started = time.perf_counter()
+        result = "error"
+        try:
+            with tracer().start_as_current_span(
+                self.function, record_exception=False, set_status_on_exception=False
+            ) as span:
+                if span.is_recording():
+                    span.set_attribute(names.FUNCTION, self.function)
+                    span.set_attribute("lapse.batch_size", len(events))
+                answers = await inner.handle_batch(events)
+                result = "ok"
+        finally:
+            _tally.reset(token)
+            if events:
+                instruments().handler_duration.record(
+                    time.perf_counter() - started,
+                    {names.FUNCTION: self.function, names.CE_TYPE: events[0][0].get_type(),
+                     names.HANDLER_RESULT: result},
+                )  # fmt: skip
+        share = _Tally(
+            kubernetes=tally.kubernetes // max(len(events), 1),
+            database=tally.database // max(len(events), 1),
+        )
+        for (event, _), answer in zip(events, answers, strict=False):
+            if isinstance(answer, Exception):
+                continue
+            log_deletion(event, answer)
+            _record_schedules(answer)
+            if event.get_type() == EventType.CLEANUP_DUE:
+                outcome = handled_outcome(answer)
+                if outcome is not None:
+                    _record_outcome(outcome, share)
+        return answers
+
+
+def instrumented(function: str, handler: Handler) -> InstrumentedHandler:
+    """`handler` inside its function span with its metrics; one that takes batches keeps
+    taking them."""
+    if callable(getattr(handler, "handle_batch", None)):
+        return InstrumentedBatchHandler(function, handler)
+    return InstrumentedHandler(function, handler)
+
+
 # One INFO line per deletion (and per deletion a dry-run skipped): what an operator greps
 # for, and with `--log-format json` the same facts as fields.
 deletions_log = logging.getLogger("lapse.deletions")

@@ -41,7 +41,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from lapse.config import DatabaseTargets
 from lapse.edges.database import create_engine
 from lapse.edges.rows import DatabaseUnavailable, SchemaMismatch, SqlRowStore, open_row_store
-from lapse.events.builder import build_event, parse_payload
+from lapse.events.builder import build_event, outcome_id, parse_payload
 from lapse.events.models import CleanupCompleted, CleanupDue, CleanupFailed
 from lapse.events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
 from lapse.events.types import EventType, Outcome
@@ -49,6 +49,7 @@ from lapse.functions.ports import RetryLater
 from lapse.functions.row_reaper import RowReaper, RowStore, TargetSpec, targets_for
 from lapse.functions.row_reaper.targets import argo_archive_target, kfp_target
 from lapse.functions.safety import SafetyConfig
+from lapse.functions.trust import Trust
 from tests import argo_archive_schema as argo
 from tests import kfp_schema as kfp
 from tests.fakes import FakeSchedules
@@ -515,6 +516,77 @@ async def test_refused_run_fails_alone_and_the_batch_goes_on(engine: AsyncEngine
     assert await artifact_counts(engine, "ok-2") == (0, 0, 0)
     # All or nothing per run: the held run's children were not deleted either.
     assert await artifact_counts(engine, "held") == (1, 4, 3)
+
+
+async def test_a_batch_settles_each_run_alone_refused_and_bad_keys_included(
+    engine: AsyncEngine,
+) -> None:
+    """`handle_batch` (what `lapse up`'s dispatcher calls with a fetch): the same
+    verdicts as one at a time, each event with its own outcome and no failure of its own."""
+    async with engine.begin() as conn:
+        await conn.run_sync(USER_TABLES.create_all)
+    for key in ("ok-1", "held", "ok-2"):
+        await seed_artifacts(engine, key, artifacts_per_run=1)
+    async with engine.begin() as conn:
+        held_id = (
+            await conn.execute(select(artifacts.c.id).where(artifacts.c.run_id == "held"))
+        ).scalar_one()
+        await conn.execute(insert(artifact_holds).values(artifact_id=held_id))
+    targets = targets_for(DatabaseTargets.model_validate(USER_CONFIG))
+    handler, emitter = await reaper(engine, targets)
+    events = [due(labels={RUN_LABEL: key}) for key in ("ok-1", "held", "ok-2")]
+    events.append(due(labels={RUN_LABEL: "ok-1"}, annotations={"example.com/job-id": "x1"}))
+
+    results = await handler.inner.handle_batch(
+        [(handler.stored.fired(e), Trust.CLAIM) for e in events]
+    )
+
+    assert all(isinstance(r, list) for r in results)
+    assert [e for r in results if isinstance(r, list) for e in r] == emitter.events
+    derived = {
+        outcome_id(e.get_id(), kind): (i, kind)
+        for i, e in enumerate(events)
+        for kind in (EventType.CLEANUP_COMPLETED, EventType.CLEANUP_FAILED)
+    }
+    owners = [derived[e.get_id()] for e in emitter.events]
+    assert sorted(i for i, _ in owners) == [0, 1, 2, 3], "one outcome per due event"
+    assert dict(owners) == {
+        0: EventType.CLEANUP_COMPLETED,
+        1: EventType.CLEANUP_FAILED,
+        2: EventType.CLEANUP_COMPLETED,
+        3: EventType.CLEANUP_FAILED,
+    }
+    assert await artifact_counts(engine, "ok-1") == (0, 0, 0)
+    assert await artifact_counts(engine, "ok-2") == (0, 0, 0)
+    assert await artifact_counts(engine, "held") == (1, 4, 3)
+
+
+async def test_a_run_twice_in_one_batch_is_deleted_once_with_two_outcomes(
+    engine: AsyncEngine,
+) -> None:
+    await kfp.create_kfp_tables(engine)
+    run_id = str(uuid.uuid4())
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, [run_id])
+    handler, emitter = await reaper(engine, [kfp_target()])
+    first = due(kfp_run_id=run_id, uid="same-run")
+    again = due(kfp_run_id=run_id, uid="same-run")
+
+    results = await handler.inner.handle_batch(
+        [(handler.stored.fired(e), Trust.CLAIM) for e in (first, again)]
+    )
+
+    assert results == [[emitter.events[0]], [emitter.events[1]]]
+    assert [completed(e).outcome for e in emitter.events] == [
+        Outcome.DELETED,
+        Outcome.ALREADY_GONE,
+    ]
+    assert [e.get_id() for e in emitter.events] == [
+        outcome_id(first.get_id(), EventType.CLEANUP_COMPLETED),
+        outcome_id(again.get_id(), EventType.CLEANUP_COMPLETED),
+    ]
+    async with engine.connect() as conn:
+        assert await kfp.kfp_counts(conn, run_id) == dict.fromkeys(kfp.KFP_TABLES, 0)
 
 
 # --- start-up checks ---------------------------------------------------------------------
