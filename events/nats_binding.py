@@ -76,7 +76,10 @@ def to_nats(
     """
     if ContentMode(mode) is ContentMode.BINARY:
         headers = {
-            CE_PREFIX + name: encode_header_value(_canonical_string(name, value))
+            CE_PREFIX + name: encode_header_value(
+                # Most attributes are strings already: their canonical form is themselves.
+                value if type(value) is str else _canonical_string(name, value)
+            )
             for name, value in event.get_attributes().items()
             if value is not None
         }
@@ -153,6 +156,9 @@ def encode_header_value(value: str) -> str:
 
 def decode_header_value(value: str) -> str:
     """Undo `encode_header_value`; also accepts the quoted-string form older peers send."""
+    if _ALL_SAFE.fullmatch(value):
+        # No quote, percent sign, space or non-ASCII: nothing to undo (nearly every value).
+        return value
     value = value.strip(" \t")
     if len(value) >= 2 and value[0] == value[-1] == '"':
         value = re.sub(r"\\(.)", r"\1", value[1:-1], flags=re.DOTALL)
@@ -176,7 +182,7 @@ def _lowercased(headers: Mapping[str, str] | None) -> dict[str, str]:
         if not isinstance(name, str) or not isinstance(value, str):
             raise BindingError("header names and values must be strings")
         key = name.lower()
-        if fields.get(key, value) != value:
+        if key in fields and fields[key] != value:
             raise BindingError(f"header {name!r} appears twice with different values")
         fields[key] = value
     return fields

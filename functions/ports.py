@@ -7,6 +7,7 @@ plug in the real edges from `lapse/`.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -70,9 +71,22 @@ class Emitter(Protocol):
 
 
 async def emit_all(emitter: Emitter, events: list[BaseCloudEvent]) -> list[BaseCloudEvent]:
-    """Emit `events` in order and return them: what every handler returns."""
-    for event in events:
-        await emitter.emit(event)
+    """Emit `events` and return them: what every handler returns.
+
+    The emits start in order and their acknowledgements are awaited together (pipelined):
+    an emitter that sends before it first waits (NATS: the message is queued on the
+    connection, then the ack awaited) keeps their order, at one round trip's wait for all.
+    Every emit is awaited before this returns or raises (the first failure), so a caller
+    that acks its input only afterwards still loses nothing; what was emitted before a
+    failure is emitted again on redelivery, under the same ids where they are derived."""
+    if len(events) <= 1:
+        for event in events:
+            await emitter.emit(event)
+        return events
+    results = await asyncio.gather(*(emitter.emit(e) for e in events), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
     return events
 
 

@@ -43,7 +43,7 @@ from cloudevents.core.base import BaseCloudEvent
 from lapse.events.builder import as_outcome_of, build_event, parse_payload
 from lapse.events.errors import InvalidEvent
 from lapse.events.kinds import DEFAULT_KINDS, TEKTON_TASKRUN, KindSet, KindSpec, UnknownKind
-from lapse.events.models import CleanupDue, OriginalEvent
+from lapse.events.models import CleanupDue
 from lapse.events.original import capture_event
 from lapse.events.run import RunRef, Target
 from lapse.events.subjects import InvalidSubjectToken
@@ -215,22 +215,27 @@ class ObjectReaper:
         return await emit_all(self.emitter, [as_outcome_of(event, e) for e in produced])
 
     async def _outcome_of(self, event: BaseCloudEvent, trust: Trust) -> list[BaseCloudEvent]:
-        original = capture_event(event)
+        # What a refusal quotes of its input is captured only for a refusal: on the way to
+        # a deletion it was a copy of the whole event made and thrown away.
         try:
             due = parse_payload(event, CleanupDue)
         except InvalidEvent as exc:
-            return [self._outcomes.failed(None, exc.reason, original)]
+            return [self._outcomes.failed(None, exc.reason, capture_event(event))]
         if due.target is not Target.KUBERNETES:
             return []  # the database deadline belongs to the row-reaper
         try:
             kind = self.kinds.of(due.run.api_version, due.run.kind)
         except UnknownKind as exc:
-            return [self._outcomes.failed(due.run, f"{exc}; nothing was deleted", original)]
+            failed = self._outcomes.failed(
+                due.run, f"{exc}; nothing was deleted", capture_event(event)
+            )
+            return [failed]
         try:
             end = await self._reap(due, kind, self._trusts_planned(trust))
-            return await self._conclude(due, kind, end, original)
+            return await self._conclude(due, kind, end, event)
         except InvalidSubjectToken as exc:
-            return [self._outcomes.failed(due.run, f"cannot reschedule: {exc}", original)]
+            reason = f"cannot reschedule: {exc}"
+            return [self._outcomes.failed(due.run, reason, capture_event(event))]
 
     def _trusts_planned(self, trust: Trust) -> bool:
         """Whether the version the due event carries may be judged without reading it:
@@ -415,7 +420,7 @@ class ObjectReaper:
         due: CleanupDue,
         kind: KindSpec,
         verdict: _End,
-        original: OriginalEvent,
+        event: BaseCloudEvent,
     ) -> list[BaseCloudEvent]:
         ref = due.run
         match verdict:
@@ -453,7 +458,7 @@ class ObjectReaper:
                 | Invalid(run=run, reason=reason)
                 | Refused(run=run, reason=reason)
             ):
-                return [self._outcomes.failed(run, reason, original)]
+                return [self._outcomes.failed(run, reason, capture_event(event))]
             case Delete(run=run, deadline=deadline, policy=policy):
                 assert verdict.dry_run  # a real Delete is carried out by _reap
                 detail = f"dry run: would delete ({policy})"

@@ -23,7 +23,7 @@ from lapse.events.builder import parse_payload
 from lapse.events.kinds import ARGO_WORKFLOW, JOB, KindSpec
 from lapse.events.models import RunDeleted, RunFinished
 from lapse.events.types import EventType
-from lapse.runtime.watcher import KindWatcher
+from lapse.runtime.watcher import RELIST_WINDOW, KindWatcher
 from tests.conftest import KubeStack, kube_stack
 from tests.integration.test_kinds import job
 from tests.stack import wait_for
@@ -339,3 +339,46 @@ async def test_a_position_stored_for_another_cluster_is_not_used(
     stop.set()
     await asyncio.wait_for(task, 10)
     assert watcher.resumes == 0 and watcher.relists == 1
+
+
+class WindowRecorder(Recorder):
+    """Acks each publish a moment later, counting how many are awaited at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def publish(self, event: BaseCloudEvent) -> None:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(0.005)
+        self.in_flight -= 1
+        await super().publish(event)
+
+
+async def test_a_relist_publishes_in_windows_and_is_synced_once_all_are_acknowledged(
+    kube: KubeStack,
+) -> None:
+    ns = kube.namespace(f"window-{uuid.uuid4().hex[:6]}")
+    count = 2 * RELIST_WINDOW + 22  # two full windows and a partial one
+    names = [f"wf-{i:03d}" for i in range(count)]
+    await asyncio.gather(*(kube.workflows.create(ns, workflow(n, finished=True)) for n in names))
+    lane = WindowRecorder()
+    live = Recorder()
+    watcher = KindWatcher(
+        kube.workflows.objects, ARGO_WORKFLOW, live.publish, live.report,
+        publish_relist=lane.publish,
+    )  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop))
+    try:
+        await asyncio.wait_for(watcher.synced.wait(), 60)
+        # Synced only once every listed event was acknowledged: none is still in flight.
+        assert lane.in_flight == 0
+        assert sorted(lane.names(EventType.RUN_FINISHED, ns)) == names  # each exactly once
+        assert 1 < lane.most_in_flight <= RELIST_WINDOW  # pipelined, and bounded
+        assert live.names(EventType.RUN_FINISHED, ns) == []  # the list is not the live lane
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
