@@ -964,3 +964,49 @@ async def test_a_run_that_finished_later_than_planned_is_moved_not_deleted(
     assert fire_at == moved.deadline == DEADLINE + timedelta(hours=1)
     async with engine.connect() as conn:
         assert (await kfp.kfp_counts(conn, run_id))["run_details"] == 1
+
+
+async def test_mariadb_matching_a_key_without_its_accent_judges_the_row_it_matched(
+    mysql: Database,
+) -> None:
+    # MariaDB's utf8mb4_general_ci finds `cafe` for `IN ('café')`: the row it returns must be
+    # judged (here: still running, so kept), never deleted unread beside a key that only
+    # looks different to Python.
+    tables = MetaData()
+    job_runs = Table(
+        "ml_job_runs",
+        tables,
+        Column("run_key", String(64), primary_key=True),
+        Column("finished_at", BigInteger, nullable=False),
+        mysql_charset="utf8mb4",
+        mysql_collate="utf8mb4_general_ci",
+    )
+    config = {
+        "tables": [
+            {
+                "name": "job-runs",
+                "table": "ml_job_runs",
+                "key_column": "run_key",
+                "key_from": "annotation:example.com/job",
+                "finished_column": "finished_at",
+            }
+        ]
+    }
+    engine = create_engine(mysql.url)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(tables.create_all)
+            await conn.execute(insert(job_runs), [{"run_key": "cafe", "finished_at": 0}])
+            same = await conn.scalar(select(func.count()).where(job_runs.c.run_key == "café"))
+        assert same == 1, "the collation this test is about must match the accent away"
+        handler, _ = await reaper(engine, targets_for(DatabaseTargets.model_validate(config)))
+
+        result = completed((await handler.handle(due(annotations={"example.com/job": "café"})))[0])
+
+        assert result.outcome is Outcome.KEPT, result
+        async with engine.connect() as conn:
+            assert (await conn.execute(select(job_runs.c.run_key))).scalars().all() == ["cafe"]
+    finally:
+        async with engine.begin() as conn:
+            await conn.run_sync(tables.drop_all)
+        await engine.dispose()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import Final
@@ -127,8 +128,11 @@ def _sort_key(value: object) -> tuple[str, str]:
 def normalizer(conn: AsyncConnection) -> Normalize:
     """How the database compares keys, for matching returned rows to runs.
 
-    MySQL's default collations ignore case and trailing spaces, so `WHERE k IN ('A ')`
-    returns the row whose key is `a`; PostgreSQL and SQLite compare exactly.
+    MySQL's default collations ignore case, trailing spaces and accents, so
+    `WHERE k IN ('A ')` returns the row whose key is `a`, and `IN ('café')` the row `cafe`;
+    PostgreSQL and SQLite compare exactly. Folding more than a collation does is harmless
+    (only rows the database returned are matched); folding less would leave a returned
+    row's run unjudged.
     """
     if conn.dialect.name != "mysql":
         return _same
@@ -140,4 +144,7 @@ def _same(value: object) -> Hashable:
 
 
 def _mysql_text(value: object) -> Hashable:
-    return value.casefold().rstrip(" ") if isinstance(value, str) else _same(value)
+    if not isinstance(value, str):
+        return _same(value)
+    plain = "".join(c for c in unicodedata.normalize("NFKD", value) if not unicodedata.combining(c))
+    return plain.casefold().rstrip(" ")
