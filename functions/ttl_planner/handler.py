@@ -18,11 +18,10 @@ trace, days later, links back to it.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from cloudevents.core.base import BaseCloudEvent
 
@@ -83,7 +82,6 @@ SOURCE = "/lapse/ttl-planner"
 # Without object stores configured, the artifacts target has nothing to delete.
 _TARGETS = (Target.KUBERNETES, Target.DATABASE)
 STAGE = "planner"
-T = TypeVar("T")
 
 
 def _utcnow() -> datetime:
@@ -142,14 +140,12 @@ class Planner:
                 decisions[k8s] = Decision(
                     k8s, Action.CANCEL, None, decisions[k8s].policy, "the run object is gone"
                 )
-            # The targets' schedules are on subjects of their own: looked up and put side
-            # by side, their requests pipelined (one round trip's wait, not one each).
-            produced = await _together(
-                self._apply(
+            produced = [
+                await self._apply(
                     run, d, keep_pending=first_seen, observed=change.observed, recorded=recorded
                 )
                 for d in decisions.values()
-            )
+            ]
             return await emit_all(self.emitter, [e for e in produced + others if e is not None])
         except InvalidEvent as exc:  # also a uid that cannot be a subject token
             failed = CleanupFailed(reason=exc.reason, stage=STAGE, original=capture_event(event))
@@ -388,17 +384,6 @@ class _Refused:
 
     run: RunRef
     reason: str
-
-
-async def _together(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """Run `calls` side by side and return their results in order; every call has ended
-    before this returns or raises the first failure (nothing is left running behind a
-    handler whose input is then delivered again)."""
-    results = await asyncio.gather(*calls, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return cast(list[T], results)
 
 
 def _uid(obj: Mapping[str, Any]) -> object:
