@@ -244,13 +244,7 @@ class Dispatcher:
         attempt = msg.metadata.num_delivered if msg.metadata else 1
         trust = trust_of_message(msg.headers, attempt)
         event, problem = _decode(msg)
-        with process_span(
-            msg.subject,
-            event,
-            hop_trace_context(msg.headers),
-            subscription=_durable(route),
-            attempt=attempt,
-        ) as span:
+        with _delivery_span(msg, route, event, attempt) as span:
             # Not fit (not a CloudEvent, another target's): settled by `_fits` itself.
             if not await self._fits(msg, route, event, problem, attempt) or event is None:
                 return
@@ -281,13 +275,7 @@ class Dispatcher:
             attempt = msg.metadata.num_delivered if msg.metadata else 1
             event, problem = _decode(msg)
             if event is None or not route.matches(event.get_attributes()):
-                with process_span(
-                    msg.subject,
-                    event,
-                    hop_trace_context(msg.headers),
-                    subscription=_durable(route),
-                    attempt=attempt,
-                ):
+                with _delivery_span(msg, route, event, attempt):
                     await self._fits(msg, route, event, problem, attempt)
                 continue
             ready.append((msg, event, trust_of_message(msg.headers, attempt)))
@@ -302,13 +290,8 @@ class Dispatcher:
             answers = [exc] * len(ready)
         for (msg, event, _), answer in zip(ready, answers, strict=True):
             result = answer if isinstance(answer, Exception) else None
-            with process_span(
-                msg.subject,
-                event,
-                hop_trace_context(msg.headers),
-                subscription=_durable(route),
-                attempt=msg.metadata.num_delivered if msg.metadata else 1,
-            ) as span:
+            attempt = msg.metadata.num_delivered if msg.metadata else 1
+            with _delivery_span(msg, route, event, attempt) as span:
                 await self._settle(msg, route, event, result, span)
 
     async def _fits(
@@ -435,6 +418,19 @@ def _decode(msg: Msg) -> tuple[BaseCloudEvent | None, str | None]:
         return from_nats(msg.headers, msg.data), None
     except InvalidEvent as exc:
         return None, exc.reason
+
+
+def _delivery_span(
+    msg: Msg, route: Route, event: BaseCloudEvent | None, attempt: int
+) -> contextlib.AbstractContextManager[Span]:
+    """The `process` span of one delivery, single or in a batch alike."""
+    return process_span(
+        msg.subject,
+        event,
+        hop_trace_context(msg.headers),
+        subscription=_durable(route),
+        attempt=attempt,
+    )
 
 
 def _durable(route: Route) -> str:
