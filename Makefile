@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 .DEFAULT_GOAL := help
 # What `make cluster` installs on Kubernetes after the node: "eventing serving" or "eventing".
 CLUSTER_KNATIVE ?= eventing serving
-.PHONY: help install lock databases mlmd-venv kube crds observability seaweedfs stack test test-unit lint format run demo functions images kubectl helm bench bench-quick cluster cluster-stop test-cluster clean
+.PHONY: help install lock databases mlmd-venv kube crds observability seaweedfs stack test test-unit lint format run demo functions images kubectl helm bench bench-quick bench-knative cluster cluster-stop test-cluster clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -76,12 +76,17 @@ run: install seaweedfs ## Run lapse (lapse up) on embedded defaults where nothin
 demo: install seaweedfs ## A self-contained tour on embedded servers (about a minute)
 	$(BIN)/lapse demo
 
-bench: install databases kube seaweedfs ## Benchmarks (printed figures; see bench/), ending with bench-quick's full-size run
+bench: install databases kube seaweedfs ## Benchmarks (printed figures; see bench/): bench-quick's comparison at full size, then bench-knative
 	$(BIN)/python bench/bench_planner.py
 	$(BIN)/python bench/bench_row_reaper.py
 	$(BIN)/python -m bench.bench_artifacts
 	$(BIN)/python -m bench.bench_pending
 	$(BIN)/python -m bench.compare
+	$(MAKE) bench-knative
+
+bench-knative: install databases observability images cluster ## The Knative path on the real cluster beside `lapse up` (bench/out/knative.json; the cluster stopped after)
+	$(BIN)/python -m bench.bench_knative; status=$$?; \
+	  bash scripts/cluster/stop.sh; exit $$status
 
 bench-quick: install kube ## lapse vs Argo's controller vs a janitor sweep, scaled down (bench/out/bench-quick.json)
 	$(BIN)/python -m bench.compare --quick

@@ -208,7 +208,6 @@ async def main() -> int:
     )
     parser.add_argument("--databases", default="postgresql,mysql")
     args = parser.parse_args()
-    ok = True
     with tempfile.TemporaryDirectory() as state:
         server = EmbeddedNats(Path(state)).start()
         nc = await nats.connect(server.url)
@@ -227,11 +226,12 @@ async def main() -> int:
                     f"row-reaper {kind:<10} {args.runs} KFP runs (7 rows each), {how}: "
                     f"{rate:,.0f} runs/s  {verdict}"
                 )
-                ok = ok and rate >= TARGET_RATE
         finally:
             await nc.close()
             server.stop()
-    return 0 if ok else 1
+    # A figure below the target is printed, not a failure: `make bench` goes on to the
+    # next benchmark (benchmarks are not tests).
+    return 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -115,6 +116,52 @@ def run_attributes(data: Mapping[str, Any]) -> dict[str, AttributeValue]:
     return attributes
 
 
+@dataclass
+class _Call:
+    """One handler call being measured: its span, the requests made inside it, and how the
+    call ended (`handler_duration`'s result)."""
+
+    span: Span
+    tally: _Tally
+    result: str = "error"
+
+
+@contextmanager
+def _function_span(
+    function: str, ce_type: str | None, attributes: Callable[[], Mapping[str, AttributeValue]]
+) -> Iterator[_Call]:
+    """The function span around one call of a handler (one event or a batch), with the
+    Kubernetes requests and database statements made inside it tallied, and the call's
+    duration recorded when it ends (none for an empty batch: `ce_type` None). `attributes`
+    is called only for a span that records (reading the payload costs per event)."""
+    tally = _Tally()
+    token = _tally.set(tally)
+    started = time.perf_counter()
+    call: _Call | None = None
+    try:
+        with tracer().start_as_current_span(
+            function, record_exception=False, set_status_on_exception=False
+        ) as span:
+            call = _Call(span, tally)
+            if span.is_recording():
+                span.set_attribute(names.FUNCTION, function)
+                span.set_attributes(attributes())
+            yield call
+            call.result = "ok"
+    except RetryLater:
+        if call is not None:
+            call.result = "retry"
+        raise
+    finally:
+        _tally.reset(token)
+        if ce_type is not None:
+            instruments().handler_duration.record(
+                time.perf_counter() - started,
+                {names.FUNCTION: function, names.CE_TYPE: ce_type,
+                 names.HANDLER_RESULT: call.result if call is not None else "error"},
+            )  # fmt: skip
+
+
 class InstrumentedHandler:
     """A handler inside its function span, with the metrics of what it did.
 
@@ -133,31 +180,13 @@ class InstrumentedHandler:
             produced = await self.inner.handle(event, trust)
             log_deletion(event, produced)
             return produced
-        tally = _Tally()
-        token = _tally.set(tally)
-        started = time.perf_counter()
-        result = "error"
-        try:
-            with tracer().start_as_current_span(
-                self.function, record_exception=False, set_status_on_exception=False
-            ) as span:
-                if span.is_recording():
-                    span.set_attribute(names.FUNCTION, self.function)
-                    span.set_attributes(event_attributes(event))
-                    span.set_attributes(run_attributes(_data(event)))
-                produced = await self._call(event, trust, span)
-                result = "ok"
-                self._observe(event, produced, span, tally)
-        except RetryLater:
-            result = "retry"
-            raise
-        finally:
-            _tally.reset(token)
-            instruments().handler_duration.record(
-                time.perf_counter() - started,
-                {names.FUNCTION: self.function, names.CE_TYPE: event.get_type(),
-                 names.HANDLER_RESULT: result},
-            )  # fmt: skip
+
+        def attributes() -> dict[str, AttributeValue]:
+            return {**event_attributes(event), **run_attributes(_data(event))}
+
+        with _function_span(self.function, event.get_type(), attributes) as call:
+            produced = await self._call(event, trust, call.span)
+            self._observe(event, produced, call.span, call.tally)
         return produced
 
     async def _call(self, event: BaseCloudEvent, trust: Trust, span: Span) -> list[BaseCloudEvent]:
@@ -206,30 +235,13 @@ class InstrumentedBatchHandler(InstrumentedHandler):
                 if not isinstance(answer, Exception):
                     log_deletion(event, answer)
             return answers
-        tally = _Tally()
-        token = _tally.set(tally)
-        started = time.perf_counter()
-        result = "error"
-        try:
-            with tracer().start_as_current_span(
-                self.function, record_exception=False, set_status_on_exception=False
-            ) as span:
-                if span.is_recording():
-                    span.set_attribute(names.FUNCTION, self.function)
-                    span.set_attribute("lapse.batch_size", len(events))
-                answers = await inner.handle_batch(events)
-                result = "ok"
-        finally:
-            _tally.reset(token)
-            if events:
-                instruments().handler_duration.record(
-                    time.perf_counter() - started,
-                    {names.FUNCTION: self.function, names.CE_TYPE: events[0][0].get_type(),
-                     names.HANDLER_RESULT: result},
-                )  # fmt: skip
+        ce_type = events[0][0].get_type() if events else None
+        size = {"lapse.batch_size": len(events)}
+        with _function_span(self.function, ce_type, lambda: size) as call:
+            answers = await inner.handle_batch(events)
         share = _Tally(
-            kubernetes=tally.kubernetes // max(len(events), 1),
-            database=tally.database // max(len(events), 1),
+            kubernetes=call.tally.kubernetes // max(len(events), 1),
+            database=call.tally.database // max(len(events), 1),
         )
         for (event, _), answer in zip(events, answers, strict=False):
             if isinstance(answer, Exception):

@@ -430,8 +430,11 @@ def lapse_yaml() -> str:
     return yaml.safe_dump(config, sort_keys=False)
 
 
-def overlay_for(folder: Path, images: dict[str, str], *, extra: tuple[str, ...] = ()) -> Path:
-    """The dev overlay with the pushed images, the test's reaper window and lapse.yaml."""
+def overlay_for(
+    folder: Path, images: dict[str, str], *, extra: tuple[str, ...] = (), config: str | None = None
+) -> Path:
+    """The dev overlay with the pushed images, the test's reaper window and lapse.yaml
+    (`config`, else lapse_yaml())."""
     window_patch = [
         {
             "op": "add",
@@ -439,7 +442,7 @@ def overlay_for(folder: Path, images: dict[str, str], *, extra: tuple[str, ...] 
             "value": REAPER_WINDOW,
         }
     ]
-    (folder / "lapse.yaml").write_text(lapse_yaml())
+    (folder / "lapse.yaml").write_text(lapse_yaml() if config is None else config)
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
@@ -480,8 +483,9 @@ def overlay_for(folder: Path, images: dict[str, str], *, extra: tuple[str, ...] 
 
 
 def deploy(
-    cluster: Cluster, folder: Path, database: Database, admin_url: str
+    cluster: Cluster, folder: Path, database: Database, admin_url: str, *, config: str | None = None
 ) -> tuple[Deployment, PostgresRelay]:
+    """lapse installed (module docstring); `config` replaces lapse_yaml() (bench_knative.py)."""
     started = time.monotonic()
     images = push_images()
     deployment = Deployment(cluster, images)
@@ -503,7 +507,7 @@ def deploy(
     relay = PostgresRelay(cluster.node_ip, admin_url)
     deployment.rows = rows
     try:
-        _install(deployment, folder, rows, relay, started)
+        _install(deployment, folder, rows, relay, started, config)
     except BaseException:
         relay.stop()  # whatever failed, no relay outlives the session
         raise
@@ -511,7 +515,12 @@ def deploy(
 
 
 def _install(
-    deployment: Deployment, folder: Path, rows: KfpRows, relay: PostgresRelay, started: float
+    deployment: Deployment,
+    folder: Path,
+    rows: KfpRows,
+    relay: PostgresRelay,
+    started: float,
+    config: str | None = None,
 ) -> None:
     """Everything of `deploy` after the relay started (so `deploy` stops it on failure)."""
     cluster, images = deployment.cluster, deployment.images
@@ -541,7 +550,7 @@ def _install(
         stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": observability}),
     )  # fmt: skip
 
-    overlay = overlay_for(folder, images)
+    overlay = overlay_for(folder, images, config=config)
     rendered = cluster.kubectl("kustomize", str(overlay))
     for name, ref in images.items():
         assert name not in rendered.replace(ref, ""), f"{name} left in the rendered overlay"
