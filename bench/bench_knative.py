@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -90,6 +91,18 @@ def bench_config() -> str:
     safety["mass_deletion_brake"] = {"enabled": False}
     config["kubernetes"] = {**config.get("kubernetes", {}), "qps": 100_000, "burst": 100_000}
     return yaml.safe_dump(config, sort_keys=False)
+
+
+def versions(cluster: Cluster) -> dict[str, str]:
+    """The cluster's Kubernetes and Knative versions (as the node and the releases say)."""
+    server = json.loads(cluster.kubectl("version", "-o", "json")).get("serverVersion", {})
+    found = {"kubernetes": str(server.get("gitVersion", ""))}
+    for namespace, label in (("knative-eventing", "app.kubernetes.io/version"),
+                             ("knative-serving", "app.kubernetes.io/version")):  # fmt: skip
+        out = cluster.kubectl("get", "namespace", namespace, "-o", "json", check=False)
+        with contextlib.suppress(ValueError):
+            found[namespace] = json.loads(out)["metadata"].get("labels", {}).get(label, "")
+    return found
 
 
 def percentiles(values: list[float]) -> dict[str, float | int | None]:
@@ -170,9 +183,14 @@ def _value(attribute: dict[str, Any]) -> Any:
     return next(iter(attribute.get("value", {}).values()), None)
 
 
-def spans_with_times(query: str, since: float, until: float) -> list[dict[str, Any]]:
+def spans_with_times(
+    query: str, services: tuple[str, ...], since: float, until: float
+) -> list[dict[str, Any]]:
+    """Every span of the traces these services started in [since, until], with its times
+    (Jaeger answers whole traces, at most 1,000 a query: a phase queries the planner's
+    before the deadline and the due path's after it)."""
     seen: dict[str, dict[str, Any]] = {}
-    for service in SERVICES:
+    for service in services:
         for resource in jaeger_traces(query, service, since, until).get("resourceSpans", []):
             attributes = resource.get("resource", {}).get("attributes", [])
             name = next((_value(a) for a in attributes if a["key"] == "service.name"), "")
@@ -290,8 +308,11 @@ def burst(
     if jaeger:
         # Spans are exported in batches every half second (OTEL_BSP_SCHEDULE_DELAY): wait
         # until the reapers' spans are in, or give up after a minute and report what came.
+        def due_spans() -> list[dict[str, Any]]:
+            return spans_with_times(jaeger, SERVICES[1:], deadline - 1, time.time() + 60)
+
         def reaper_spans() -> list[dict[str, Any]] | None:
-            spans = spans_with_times(jaeger, since - 5, time.time() + 60)
+            spans = due_spans()
             done = sum(1 for s in spans if s["name"] == "object-reaper"
                        and s["attributes"].get("lapse.run.uid") in uids)  # fmt: skip
             return spans if done >= count else None
@@ -299,7 +320,8 @@ def burst(
         try:
             spans = poll("the reapers' spans in Jaeger", reaper_spans, timeout=60, interval=3)
         except AssertionError:
-            spans = spans_with_times(jaeger, since - 5, time.time() + 60)
+            spans = due_spans()
+        spans += spans_with_times(jaeger, SERVICES[:1], since - 5, deadline)
         result["hops"] = hops(spans, added, deleted, deadline)
     return result
 
@@ -434,6 +456,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="lapse-bench-knative-"))
     results: dict[str, Any] = {
+        "versions": versions(cluster),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
         "burst": args.burst, "ttl_s": args.ttl, "reaper_cpu_limit": args.cpu,
     }  # fmt: skip
@@ -455,19 +478,24 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             # A first small burst wakes everything (not reported).
             await asyncio.to_thread(burst, cluster, RUNS, 5, args.ttl, jaeger=None)
             for replicas in args.replicas:
-                await asyncio.to_thread(scale_reaper, cluster, replicas, args.cpu)
                 name = f"knative_reaper_{replicas}"
-                results[name] = await asyncio.to_thread(
-                    phase, cluster, RUNS, args.burst, args.ttl, jaeger
-                )
+                try:
+                    await asyncio.to_thread(scale_reaper, cluster, replicas, args.cpu)
+                    results[name] = await asyncio.to_thread(
+                        phase, cluster, RUNS, args.burst, args.ttl, jaeger
+                    )
+                except AssertionError as exc:  # a phase that timed out: said, and the next
+                    results[name] = {"error": str(exc)[:2000]}
+                    print(f"{name}: {exc}", flush=True)
+                    continue
                 print_phase(f"Knative, object-reaper x{replicas} ({args.cpu} each)",
                             results[name])  # fmt: skip
-            one = results.get("knative_reaper_1", {}).get("deletions_per_s")
-            if one:
+                save(args.out, results)
+            rates = {n: results[f"knative_reaper_{n}"].get("deletions_per_s")
+                     for n in args.replicas}  # fmt: skip
+            if rates.get(1):
                 results["knative_scale_out"] = {
-                    str(n): round(results[f"knative_reaper_{n}"]["deletions_per_s"] / one, 2)
-                    for n in args.replicas
-                    if results[f"knative_reaper_{n}"]["deletions_per_s"]
+                    str(n): round(rate / rates[1], 2) for n, rate in rates.items() if rate
                 }
             if not args.skip_up:
                 cluster.kubectl("create", "namespace", UP_NAMESPACE, check=False)
@@ -496,11 +524,16 @@ def main() -> int:
     args = parser.parse_args()
     args.replicas = [int(n) for n in args.replicas.split(",")]
     results = asyncio.run(run(args))
-    results["when"] = datetime.now(UTC).isoformat(timespec="seconds")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    save(args.out, results)
     print(f"written {args.out}")
     return 0
+
+
+def save(path: Path, results: dict[str, Any]) -> None:
+    """Written after every phase, so a later phase's failure keeps the earlier figures."""
+    results["when"] = datetime.now(UTC).isoformat(timespec="seconds")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
