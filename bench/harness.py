@@ -342,6 +342,26 @@ async def put_pending(nats_url: str, count: int) -> float:
         await nc.close()
 
 
+async def forget_leftovers(nats_url: str, kinds: tuple[str, ...]) -> None:
+    """After a capped drain whose leftover objects were removed, what lapse still held for
+    them goes too: the run events it had not planned (purged), the due messages it had not
+    reaped (`lapse.due.>` purged) and the stored watch positions of `kinds` (resuming would
+    replay every removal as a deletion to plan). The next drain then starts with none of
+    this one's work, as a first start does; the pending objects' schedules stay. Without
+    it a drain capped before its end leaves tens of thousands of stale events ahead of the
+    next phase's objects (the full run of 2026-11-26 deleted nothing in its scale-out)."""
+    nc = await connect(nats_url)
+    try:
+        js = nc.jetstream()
+        streams = NatsConfig().streams
+        await js.purge_stream(str(streams.events))
+        await js.purge_stream(str(streams.schedule), subject="lapse.due.>")
+        for kind in kinds:
+            await WatchPositions(js).forget(kind)
+    finally:
+        await nc.close()
+
+
 async def as_if_restarted_later(nats_url: str, forget_kinds: tuple[str, ...] = ()) -> None:
     """Make lapse's next start meet what a restart minutes later meets: every stream's
     duplicate window (2 min) let pass, so nothing it publishes again is dropped as a
