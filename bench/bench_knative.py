@@ -141,6 +141,7 @@ def cpu_seconds(cluster: Cluster) -> dict[str, float]:
         labels = pod["metadata"].get("labels", {})
         app = (
             labels.get("serving.knative.dev/service")
+            or labels.get("app.kubernetes.io/component")  # Knative's: broker-ingress, ...
             or labels.get("app.kubernetes.io/name")
             or labels.get("app")
             or pod["metadata"]["name"].rsplit("-", 2)[0]
@@ -455,6 +456,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         env["CONTAINERD_SOCK"], env.get("NETWORK_POLICY", "none"),
     )  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="lapse-bench-knative-"))
+    (work / "overlay").mkdir()
     results: dict[str, Any] = {
         "versions": versions(cluster),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},

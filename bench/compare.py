@@ -1207,6 +1207,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         scale = dataclasses.replace(scale, pending_schedules=args.pending_schedules)
     if args.backlog is not None:
         scale = dataclasses.replace(scale, backlog=args.backlog)
+    if args.scale_out_backlog is not None:
+        scale = dataclasses.replace(scale, scale_out_backlog=args.scale_out_backlog)
     only = set(args.tools.split(",")) if args.tools else set()
     work = Path(args.work_dir)
     crds = json.loads((work / "argo-crds.json").read_text())
@@ -1334,6 +1336,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--backlog", type=int, help="override the backlog size (0: no drain phase figures)"
+    )
+    parser.add_argument(
+        "--scale-out-backlog", type=int, help="override the scale-out phase's backlog size"
     )
     parser.add_argument(
         "--tools", help="comma-separated subset: lapse,lapse-read-first,argo,argo-qps50,janitor"
