@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
@@ -94,14 +94,14 @@ def bench_config() -> str:
 
 
 def versions(cluster: Cluster) -> dict[str, str]:
-    """The cluster's Kubernetes and Knative versions (as the node and the releases say)."""
+    """The API server's version, and Knative's as scripts/cluster/lib.sh pins them (the
+    images are built from source: their own version labels say `devel`)."""
     server = json.loads(cluster.kubectl("version", "-o", "json")).get("serverVersion", {})
     found = {"kubernetes": str(server.get("gitVersion", ""))}
-    for namespace, label in (("knative-eventing", "app.kubernetes.io/version"),
-                             ("knative-serving", "app.kubernetes.io/version")):  # fmt: skip
-        out = cluster.kubectl("get", "namespace", namespace, "-o", "json", check=False)
-        with contextlib.suppress(ValueError):
-            found[namespace] = json.loads(out)["metadata"].get("labels", {}).get(label, "")
+    lib = (REPO / "scripts/cluster/lib.sh").read_text()
+    for name in ("EVENTING", "SERVING", "KOURIER"):
+        pinned = re.search(rf'{name}_VERSION="\$\{{LAPSE_{name}_VERSION:-([^}}]+)\}}"', lib)
+        found[f"knative-{name.lower()}"] = pinned.group(1) if pinned else ""
     return found
 
 
