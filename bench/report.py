@@ -88,7 +88,7 @@ class Lateness:
     p50_s: float | None
     p99_s: float | None
     max_s: float | None
-    duplicate_deletes: int  # DELETE requests beyond the first per object (any response)
+    duplicate_deletes: int  # DELETE requests after the one that deleted (`_duplicates`)
 
     def as_dict(self) -> dict[str, float | int | None]:
         return {
@@ -116,11 +116,10 @@ def lateness(
     committed; without `present` such an object counts as lost.)"""
     deleted = deletions(requests, user)
     late = [deleted[key] - at for key, at in due.items() if key in deleted]
-    attempts = Counter(
-        (r.namespace, r.name)
-        for r in requests
-        if r.user == user and r.verb == "delete" and (r.namespace, r.name) in due
-    )
+    attempts: dict[tuple[str, str], list[Request]] = {}
+    for r in requests:
+        if r.user == user and r.verb == "delete" and (r.namespace, r.name) in due:
+            attempts.setdefault((r.namespace, r.name), []).append(r)
     return Lateness(
         count=len(due),
         deleted=len(late),
@@ -129,8 +128,21 @@ def lateness(
         p50_s=percentile(late, 50),
         p99_s=percentile(late, 99),
         max_s=max(late) if late else None,
-        duplicate_deletes=sum(n - 1 for n in attempts.values() if n > 1),
+        duplicate_deletes=sum(_duplicates(tries) for tries in attempts.values()),
     )
+
+
+def _duplicates(tries: Sequence[Request]) -> int:
+    """One object's DELETE requests beyond the one that deleted it: every request after
+    the first that succeeded, or all but one when none did (a 504 then a 404: the first
+    committed). A request before the one that succeeded deleted nothing (that one still
+    found the object): a DELETE cut short by a kill -9 (audited 504) and made again after
+    the restart is a retry, not a second deletion."""
+    ordered = sorted(tries, key=lambda r: r.at)
+    for index, r in enumerate(ordered):
+        if 200 <= r.code < 300:
+            return len(ordered) - index - 1
+    return max(len(ordered) - 1, 0)
 
 
 def count_requests(

@@ -56,6 +56,21 @@ def test_lateness_counts_early_lost_and_duplicates_per_user() -> None:
     assert late.p50_s == pytest.approx(0.5)
 
 
+def test_a_delete_cut_short_by_a_kill_and_made_again_is_not_a_duplicate() -> None:
+    due = {("ns", "a"): 100.0, ("ns", "b"): 100.0, ("ns", "c"): 100.0}
+    requests = [
+        request("delete", "a", 100.2, code=504),  # the client killed: not committed,
+        request("delete", "a", 104.0),  # as the restarted process's 200 shows
+        request("delete", "b", 100.2, code=504),  # committed after all:
+        request("delete", "b", 104.0, code=404),  # the second one was a duplicate
+        request("delete", "c", 100.2),
+        request("delete", "c", 104.0, code=404),  # after a success: a duplicate
+    ]
+    late = lateness(due, requests, "lapse", present=set())
+    assert late.duplicate_deletes == 2
+    assert (late.deleted, late.lost) == (2, 0)
+
+
 def test_lost_is_what_still_exists_when_that_is_known() -> None:
     # A DELETE cut short by a kill -9 is audited 504 although it may have committed: the
     # objects still there at the end decide what was lost.
