@@ -38,7 +38,6 @@ import os
 import platform
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,7 @@ from typing import Any
 
 import yaml
 
+from bench import report
 from tests.cluster.conftest import REPO, Cluster, _cluster_env, json_objects, poll
 from tests.cluster.lapse_on_cluster import (
     JAEGER_QUERY_PORT,
@@ -106,15 +106,14 @@ def versions(cluster: Cluster) -> dict[str, str]:
 
 
 def percentiles(values: list[float]) -> dict[str, float | int | None]:
+    """n, p50, p99 and max, the percentiles as `report.percentile` takes them."""
     if not values:
         return {"n": 0, "p50": None, "p99": None, "max": None}
-    ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
     return {
-        "n": len(ordered),
-        "p50": round(statistics.median(ordered), 3),
-        "p99": round(p99, 3),
-        "max": round(ordered[-1], 3),
+        "n": len(values),
+        "p50": round(report.percentile(values, 50) or 0.0, 3),
+        "p99": round(report.percentile(values, 99) or 0.0, 3),
+        "max": round(max(values), 3),
     }
 
 
@@ -158,14 +157,11 @@ def cpu_seconds(cluster: Cluster) -> dict[str, float]:
                 part = f"{where}:queue-proxy" if name == "queue-proxy" else where
                 used[part] += int(usage.read_text()) / 1e9
     run = Path(_cluster_env()["STATE"]) / "run"
-    ticks = os.sysconf("SC_CLK_TCK")
     for name in ("kube-apiserver", "etcd"):
-        pid_file = run / f"{name}.pid"
         try:
-            fields = Path(f"/proc/{pid_file.read_text().strip()}/stat").read_text().split()
+            used[f"host/{name}"] += process_cpu(int((run / f"{name}.pid").read_text()))
         except (OSError, ValueError):
             continue
-        used[f"host/{name}"] += (int(fields[13]) + int(fields[14])) / ticks
     return dict(used)
 
 
@@ -411,8 +407,8 @@ def lapse_up(cluster: Cluster, work: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def process_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds a host process has used so far."""
+    return report.cpu_seconds(Path(f"/proc/{pid}/stat").read_text(), os.sysconf("SC_CLK_TCK"))
 
 
 # --- the run -------------------------------------------------------------------------
