@@ -10,14 +10,17 @@ since when it has been waiting, why, and how many events wait. The `lapse.waitin
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from dataclasses import dataclass, field
 
+from cloudevents.core.base import BaseCloudEvent
 from nats import errors as nats_errors
 from nats.js import errors as js_errors
 
 from lapse import telemetry
+from lapse.functions.ports import Emitter
 
 log = logging.getLogger(__name__)
 
@@ -110,3 +113,50 @@ class Outages:
             telemetry.observe_waiting(function, 0, 0.0)
         else:
             telemetry.observe_waiting(function, len(outage.waiting), now - outage.since)
+
+
+# How long an emit waits out NATS in place (a stream leader being elected takes seconds),
+# well inside the 30 s a stopping pod is given to finish its work in flight.
+EMIT_PATIENCE = 10.0
+EMIT_BACKOFF = Backoff(first=0.25, cap=2.0)
+
+
+class PatientEmitter:
+    """Emits through `inner`, waiting out NATS's unavailability in place for up to
+    `patience` seconds before the failure reaches the handler.
+
+    A handler emits its outcome after it acted (an object deleted, rows removed). Were the
+    emit's failure to send the event round again, the next try would judge afresh, find
+    nothing left and record `already_gone` for what this process deleted. Waiting here
+    keeps the true outcome through a RAFT election; a longer outage still fails the emit
+    and the event is waited out by redelivery as before. Emitting again is safe: every
+    event's id is its `Nats-Msg-Id`, so a copy NATS stored without confirming is dropped
+    as a duplicate."""
+
+    def __init__(
+        self,
+        inner: Emitter,
+        *,
+        patience: float = EMIT_PATIENCE,
+        backoff: Backoff = EMIT_BACKOFF,
+    ) -> None:
+        self._inner = inner
+        self._patience = patience
+        self._backoff = backoff
+
+    async def emit(self, event: BaseCloudEvent) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._patience
+        attempt = 0
+        while True:
+            try:
+                await self._inner.emit(event)
+                return
+            except Exception as exc:
+                reason = nats_unavailable(exc)
+                attempt += 1
+                delay = self._backoff.delay(attempt)
+                if reason is None or loop.time() + delay > deadline:
+                    raise
+                log.info("emit of %s: %s; again in %.2fs", event.get_id(), reason, delay)
+                await asyncio.sleep(delay)

@@ -28,6 +28,7 @@ from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.errors import LapseError
 from lapse.functions.policy_objects import PolicyBook
+from lapse.runtime.outages import PatientEmitter
 
 # The official Kubernetes client is synchronous: its calls run on this many threads, which
 # also bounds how many API requests one process has in flight.
@@ -145,8 +146,10 @@ class Resources:
     async def schedules(self) -> NatsScheduleStore:
         return NatsScheduleStore(await self.jetstream(), self.config.nats.streams)
 
-    async def emitter(self) -> NatsEmitter:
-        return NatsEmitter(await self.jetstream(), self.config.nats.streams)
+    async def emitter(self) -> PatientEmitter:
+        """Where handlers emit their outcomes: waiting out a stream leader's election in
+        place, so an outcome stays the one the handler reached (lapse/runtime/outages.py)."""
+        return PatientEmitter(NatsEmitter(await self.jetstream(), self.config.nats.streams))
 
     def kube_client(self) -> client.ApiClient:
         if self._api_client is None:

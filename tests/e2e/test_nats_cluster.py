@@ -247,8 +247,10 @@ async def test_three_replicas_lose_nothing_when_a_nats_node_and_a_lapse_are_kill
     assert set(outcomes) == set(due) and set(outcomes.values()) == {1}, "one outcome each"
     kinds = Counter(row["outcome"] for row in history)
     assert set(kinds) <= {"deleted", "already_gone"}, kinds
-    # already_gone only where a DELETE went through but its outcome was not recorded (the
-    # killed process, or a retry after an emit that NATS did not confirm).
+    # already_gone only where a DELETE went through but its outcome was not recorded: the
+    # killed process's work in flight. An outcome emitted while a stream leader is being
+    # elected is waited for in place (lapse/runtime/outages.py, PatientEmitter); before
+    # that, its event went round again and was judged afresh (CI once saw 85 here).
     assert kinds["already_gone"] <= len(cut) + 64, kinds
     assert status["deadLetters"] == 0
     assert status["pending"]["kubernetes"]["count"] == 0
