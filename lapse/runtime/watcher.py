@@ -22,6 +22,10 @@ A list happens only when nothing is stored or the API server answers 410 Gone, a
   published as they come while the list's pages are published beside it, on the re-list
   lane (`lapse.events.relist.<type>`, its own durable consumer): a live finish never
   queues behind a re-list;
+- a listed run that finished in the last RECENT_FINISH seconds before the list (while
+  lapse was restarting) is news, not a repeat: it goes on the live lane too, so it is not
+  planned after everything the list repeats (a list comes in name order, and a new run's
+  name may sort after every old one's);
 - an object whose resourceVersion is not newer than the stored position is not published
   again (its finish is in NATS already), nor is one the live watch has reported since the
   list (the live event is newer);
@@ -38,6 +42,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from cloudevents.core.base import BaseCloudEvent
@@ -69,6 +74,10 @@ POSITION_INTERVAL = 1.0
 RELIST_WINDOW = 64
 # How often a running re-list's progress is written for `lapse status`.
 PROGRESS_INTERVAL = 2.0
+# A listed run that finished this long before the list began, or later, finished while
+# lapse was (re)starting: its event goes on the live lane. Longer than a rolling restart
+# takes; far shorter than any TTL worth a schedule.
+RECENT_FINISH = timedelta(seconds=60)
 
 Publish = Callable[[BaseCloudEvent], Awaitable[None]]
 T = TypeVar("T")
@@ -87,8 +96,11 @@ class Relist:
     """How far a running re-list is."""
 
     started: float = field(default_factory=time.monotonic)
+    # Runs finished at or after this go on the live lane (RECENT_FINISH).
+    recent_since: datetime = field(default_factory=lambda: datetime.now(UTC) - RECENT_FINISH)
     listed: int = 0  # objects read from the API server
     published: int = 0  # published on the re-list lane
+    live: int = 0  # finished recently: published on the live lane
     skipped: int = 0  # not newer than the stored position, or reported live meanwhile
 
     @property
@@ -291,8 +303,13 @@ class KindWatcher:
                 ):
                     progress.skipped += 1
                     continue
-                event = await self._event_of(obj, deleted=False)
-                if event is None:
+                found = await self._event_of(obj, deleted=False)
+                if found is None:
+                    continue
+                event, result = found
+                if _finished_since(result, progress.recent_since):
+                    await self._until_nats("publishing", functools.partial(self._publish, event))
+                    progress.live += 1
                     continue
                 window.append(event)
                 if len(window) >= RELIST_WINDOW:
@@ -316,10 +333,11 @@ class KindWatcher:
         self._live_uids = set()
         self.synced.set()
         log.info(
-            "%s: re-list done: %d objects in %.1fs, %d published, %d unchanged since the "
-            "stored position or reported live",
-            self.kind.name, progress.listed, progress.seconds, progress.published,
-            progress.skipped,
+            "%s: re-list done: %d objects in %.1fs, %d published, %d of them finished "
+            "recently (on the live lane), %d unchanged since the stored position or "
+            "reported live",
+            self.kind.name, progress.listed, progress.seconds, progress.published + progress.live,
+            progress.live, progress.skipped,
         )  # fmt: skip
         # The list and every watch event up to here are stored: the position may advance.
         if self._watched is not None:
@@ -383,14 +401,18 @@ class KindWatcher:
     async def _handle(self, obj: dict[str, Any], *, deleted: bool) -> bool:
         """Publish what the watch reported of `obj`, if anything, on the live lane; whether
         an event was published."""
-        event = await self._event_of(obj, deleted=deleted)
-        if event is None:
+        found = await self._event_of(obj, deleted=deleted)
+        if found is None:
             return False
+        event, _ = found
         await self._until_nats("publishing", lambda: self._publish(event))
         return True
 
-    async def _event_of(self, obj: dict[str, Any], *, deleted: bool) -> BaseCloudEvent | None:
-        """The event `obj` means, if any (an invalid object is reported instead)."""
+    async def _event_of(
+        self, obj: dict[str, Any], *, deleted: bool
+    ) -> tuple[BaseCloudEvent, RunFinished | RunDeleted] | None:
+        """The event `obj` means, if any, and what it carries (an invalid object is
+        reported instead)."""
         try:
             result = adapt(obj, self.kind, deleted)
         except InvalidEvent as exc:
@@ -414,7 +436,7 @@ class KindWatcher:
         # Deterministic id: the same object version is the same event, which JetStream's
         # duplicate window drops when a re-list repeats it.
         event_id = f"{metadata['uid']}.{metadata.get('resourceVersion', '')}.{event_type.value}"
-        return build_event(event_type, source=SOURCE, data=result, id=event_id)
+        return build_event(event_type, source=SOURCE, data=result, id=event_id), result
 
     async def _until_nats(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """NATS unavailable (a stream leader being elected, a restart) is waited out here,
@@ -437,6 +459,12 @@ class KindWatcher:
 def _too_large(exc: ApiException) -> bool:
     """The API server's answer to a watch from a resourceVersion it has not reached."""
     return exc.status == 504 and "Too large resource version" in str(exc.reason or "")
+
+
+def _finished_since(result: RunFinished | RunDeleted, since: datetime) -> bool:
+    """Whether `result` is a run that finished at or after `since` (RECENT_FINISH)."""
+    finished = result.run.finished_at if isinstance(result, RunFinished) else None
+    return finished is not None and finished >= since
 
 
 def _not_newer(resource_version: object, since: str | None) -> bool:

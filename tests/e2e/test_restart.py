@@ -5,6 +5,9 @@ real kube-apiserver (whose audit log counts the LISTs) and NATS.
 - With nothing stored, the re-list of thousands of unchanged runs goes on its own lane: a
   run that finishes meanwhile is planned before the re-list is over, and the re-list
   changes no schedule.
+- Runs that finished while lapse was down are in the list itself, and a list comes in name
+  order: those whose names sort after every unchanged run's are still planned long before
+  the re-list's lane is through (they go on the live lane).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ from lapse.edges.streams import count_messages
 from lapse.edges.watch_positions import WatchPositions
 from lapse.embedded.nats import EmbeddedNats
 from lapse.events.subjects import audit_subject
+from lapse.events.timeutil import format_rfc3339
 from lapse.events.types import EventType
 from lapse.runtime.pipeline import Pipeline
 from lapse.runtime.routing import load_routes, relist_lane
@@ -100,11 +105,20 @@ async def scheduled(js: JetStreamContext, uid: str) -> bool:
     return await count_messages(js, STREAMS.schedule, f"lapse.sched.kubernetes.{uid}") > 0
 
 
+def old_workflow(name: str) -> dict[str, Any]:
+    """A run that finished ten minutes ago: before any restart here, and well inside its 1h
+    TTL (the watcher's RECENT_FINISH is 60 s)."""
+    obj = finished_workflow(name)
+    finished = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)
+    obj["status"]["startedAt"] = obj["status"]["finishedAt"] = format_rfc3339(finished)
+    return obj
+
+
 async def create_many(kube: KubeStack, ns: str, count: int) -> list[dict[str, Any]]:
     created: list[dict[str, Any]] = []
     for start in range(0, count, 50):
         batch = [
-            kube.workflows.create(ns, finished_workflow(f"old-{i}"))
+            kube.workflows.create(ns, old_workflow(f"old-{i}"))
             for i in range(start, min(start + 50, count))
         ]
         created += await asyncio.gather(*batch)
@@ -192,6 +206,61 @@ async def test_a_finish_during_a_relist_is_planned_before_the_relist_ends(
         assert relisting, "the re-list was over before the new finish was planned"
         # The re-list changed no schedule: the one new run is all that was scheduled.
         assert await count_messages(js, STREAMS.audit, scheduled_events) == planned_before + 1
+    finally:
+        await nc.close()
+
+
+async def test_runs_that_finished_during_the_restart_do_not_wait_for_the_relist(
+    tmp_path: Path, own_nats: EmbeddedNats, audited_kube: tuple[KubeStack, Path]
+) -> None:
+    kube, _ = audited_kube
+    ns = kube.namespace(f"meanwhile-{uuid.uuid4().hex[:6]}")
+    config = config_for(tmp_path / "lapse.yaml", kube)
+    (lane,) = [r for route in load_routes() if (r := relist_lane(route)) is not None]
+    nc = await connect(own_nats.url)
+    js = nc.jetstream()
+    try:
+        created = await create_many(kube, ns, MANY)
+        async with Running(config, own_nats.url):
+
+            async def all_planned() -> bool:
+                pending = await count_messages(js, STREAMS.schedule, "lapse.sched.kubernetes.>")
+                return pending >= MANY
+
+            await wait_for(all_planned, timeout=300, interval=0.5)
+        # Down, with nothing stored to resume from (a lost position, or a first start on a
+        # cluster lapse planned before): every run is listed again, each at a new version.
+        await WatchPositions(js).forget(KIND)
+        await touch_all(kube, ns, created)
+        # Finished while lapse was down; "zz-" sorts after every "old-": the list's end.
+        meanwhile = [
+            await kube.workflows.create(ns, finished_workflow(f"zz-finished-meanwhile-{i}"))
+            for i in range(5)
+        ]
+
+        async def relist_backlog() -> int:
+            info = await js.consumer_info(STREAMS.events, f"lapse-{lane.name}")
+            return int(info.num_pending + info.num_ack_pending)
+
+        async with Running(config, own_nats.url) as second:
+
+            async def all_meanwhile_planned() -> bool:
+                for obj in meanwhile:
+                    if not await scheduled(js, obj["metadata"]["uid"]):
+                        return False
+                return True
+
+            await wait_for(all_meanwhile_planned, timeout=120, interval=0.05)
+            # Had they gone on the re-list lane they would be its last events, planned once
+            # the lane is through: what is still waiting on it shows they did not.
+            behind = await relist_backlog()
+
+            async def relist_over() -> bool:
+                return second.watcher.relist is None and not await relist_backlog()
+
+            await wait_for(relist_over, timeout=300)
+        print(f"\nfinished during the restart: planned with {behind} re-listed runs still to plan")
+        assert behind >= MANY // 5, f"only {behind} re-listed runs were still to plan"
     finally:
         await nc.close()
 
