@@ -3,9 +3,9 @@
 N finished Workflows are planned by one `lapse up` pipeline (in this process, embedded
 kube-apiserver and NATS); it stops; JetStream's duplicate window is let pass (as on any
 restart more than two minutes later, or the re-listed events are dropped as duplicates and
-nothing is measured); a second pipeline starts and NEW runs finish at once. Printed: how
-long after the restart each new run's schedule existed (p50, p99, max), and how long the
-second start's re-list took, if there was one.
+nothing is measured); NEW runs finish meanwhile, named to sort after every old one; a
+second pipeline starts. Printed: how long after the restart each new run's schedule
+existed (p50, p99, max), and how long the second start's re-list took, if there was one.
 
     .venv/bin/python -m bench.bench_restart --objects 20000 [--relist]
 
@@ -20,6 +20,7 @@ import asyncio
 import json
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from tempfile import mkdtemp
 from typing import Any
@@ -28,12 +29,20 @@ from lapse.config import Streams, load_config
 from lapse.edges.nats import connect
 from lapse.edges.streams import count_messages
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.timeutil import format_rfc3339
 from lapse.runtime.pipeline import Pipeline
 from tests.conftest import kube_stack
 from tests.e2e.test_lapse_up import finished_workflow
 from tests.stack import wait_for
 
 NEW = 20
+
+
+def earlier(obj: dict[str, Any]) -> dict[str, Any]:
+    """Finished ten minutes ago: long before the restart, as a pending run is."""
+    then = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)
+    obj["status"]["startedAt"] = obj["status"]["finishedAt"] = format_rfc3339(then)
+    return obj
 
 
 async def main(objects: int, relist: bool) -> dict[str, Any]:
@@ -59,7 +68,7 @@ async def measure(kube: Any, nats: EmbeddedNats, work: Path, objects: int, relis
     for start in range(0, objects, 50):
         batch = range(start, min(start + 50, objects))
         await asyncio.gather(
-            *(kube.workflows.create(ns, finished_workflow(f"old-{i}")) for i in batch)
+            *(kube.workflows.create(ns, earlier(finished_workflow(f"old-{i}"))) for i in batch)
         )
     nc = await connect(nats.url)
     js = nc.jetstream()
@@ -92,13 +101,15 @@ async def measure(kube: Any, nats: EmbeddedNats, work: Path, objects: int, relis
 
         await WatchPositions(js).forget("argo-workflow")
 
+    # NEW runs finish while lapse is down: they are in the new process's list, if it lists,
+    # and their names sort after every old run's (a list comes in name order): the worst
+    # place for them.
+    for i in range(NEW):
+        await kube.workflows.create(ns, finished_workflow(f"zz-new-{i}"))
     stop = asyncio.Event()
     second = Pipeline(config, nats_url=nats.url)
     started = time.monotonic()
     task = asyncio.create_task(second.run(stop))
-    await second.ready.wait()
-    for i in range(NEW):
-        await kube.workflows.create(ns, finished_workflow(f"new-{i}"))
     # One count for all (an ephemeral consumer per look): the k-th new schedule's time.
     seen: list[float] = []
 

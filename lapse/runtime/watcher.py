@@ -294,31 +294,18 @@ class KindWatcher:
     async def _publish_list(self, page: Page, pages: AsyncIterator[Page], progress: Relist) -> None:
         since = self._stored
         while True:
-            window: list[BaseCloudEvent] = []
-            for obj in page.items:
-                progress.listed += 1
-                metadata = obj.get("metadata", {})
-                if _not_newer(metadata.get("resourceVersion"), since) or (
-                    metadata.get("uid") in self._live_uids
-                ):
-                    progress.skipped += 1
-                    continue
-                found = await self._event_of(obj, deleted=False)
-                if found is None:
-                    continue
-                event, result = found
-                if _finished_since(result, progress.recent_since):
-                    await self._until_nats("publishing", functools.partial(self._publish, event))
-                    progress.live += 1
-                    continue
-                window.append(event)
-                if len(window) >= RELIST_WINDOW:
-                    progress.published += await self._publish_window(window)
-                    window = []
-            if window:
-                progress.published += await self._publish_window(window)
+            # The next page is read while this one is published (two pages held at most):
+            # the list's end, where a new run may sort, is reached sooner.
+            following = asyncio.ensure_future(anext(pages))
             try:
-                page = await anext(pages)
+                await self._publish_page(page, since, progress)
+            except BaseException:
+                following.cancel()
+                with contextlib.suppress(BaseException):
+                    await following
+                raise
+            try:
+                page = await following
             except StopAsyncIteration:
                 break
             except Exception as exc:
@@ -342,6 +329,32 @@ class KindWatcher:
         # The list and every watch event up to here are stored: the position may advance.
         if self._watched is not None:
             await self._store(self._watched)
+
+    async def _publish_page(self, page: Page, since: str | None, progress: Relist) -> None:
+        """A listed page's events: news on the live lane, repeats on the re-list lane."""
+        window: list[BaseCloudEvent] = []
+        for obj in page.items:
+            progress.listed += 1
+            metadata = obj.get("metadata", {})
+            if _not_newer(metadata.get("resourceVersion"), since) or (
+                metadata.get("uid") in self._live_uids
+            ):
+                progress.skipped += 1
+                continue
+            found = await self._event_of(obj, deleted=False)
+            if found is None:
+                continue
+            event, result = found
+            if _finished_since(result, progress.recent_since):
+                await self._until_nats("publishing", functools.partial(self._publish, event))
+                progress.live += 1
+                continue
+            window.append(event)
+            if len(window) >= RELIST_WINDOW:
+                progress.published += await self._publish_window(window)
+                window = []
+        if window:
+            progress.published += await self._publish_window(window)
 
     async def _first_page_until_listed(self) -> tuple[Page, AsyncIterator[Page]]:
         """A failed list is retried (an API server restart must not end the watcher)."""
