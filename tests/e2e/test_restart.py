@@ -134,6 +134,32 @@ async def touch_all(kube: KubeStack, ns: str, objects: list[dict[str, Any]]) -> 
         await asyncio.gather(*batch)
 
 
+async def planned_then_relisted(
+    kube: KubeStack, ns: str, config: LapseConfig, nats_url: str, js: JetStreamContext
+) -> None:
+    """MANY finished runs planned by one `lapse up`, which stops; then, as after a 410 Gone
+    or a first start on a cluster lapse planned before, nothing is stored to resume from,
+    and each run's version is a new one (a label no policy reads), as later than
+    JetStream's duplicate window: the next start lists each again, and finds it unchanged."""
+    created = await create_many(kube, ns, MANY)
+    async with Running(config, nats_url):
+
+        async def all_planned() -> bool:
+            pending = await count_messages(js, STREAMS.schedule, "lapse.sched.kubernetes.>")
+            return pending >= MANY
+
+        await wait_for(all_planned, timeout=300, interval=0.5)
+    await WatchPositions(js).forget(KIND)
+    await touch_all(kube, ns, created)
+
+
+async def relist_backlog(js: JetStreamContext) -> int:
+    """Events on the planner's re-list lane not yet handled."""
+    (lane,) = [r for route in load_routes() if (r := relist_lane(route)) is not None]
+    info = await js.consumer_info(STREAMS.events, f"lapse-{lane.name}")
+    return int(info.num_pending + info.num_ack_pending)
+
+
 async def test_a_restart_with_a_stored_position_lists_nothing(
     tmp_path: Path, own_nats: EmbeddedNats, audited_kube: tuple[KubeStack, Path]
 ) -> None:
@@ -169,38 +195,20 @@ async def test_a_finish_during_a_relist_is_planned_before_the_relist_ends(
     kube, _ = audited_kube
     ns = kube.namespace(f"relist-{uuid.uuid4().hex[:6]}")
     config = config_for(tmp_path / "lapse.yaml", kube)
-    (lane,) = [r for route in load_routes() if (r := relist_lane(route)) is not None]
     nc = await connect(own_nats.url)
     js = nc.jetstream()
     scheduled_events = audit_subject(EventType.CLEANUP_SCHEDULED)
     try:
-        created = await create_many(kube, ns, MANY)
-        async with Running(config, own_nats.url):
-
-            async def all_planned() -> bool:
-                pending = await count_messages(js, STREAMS.schedule, "lapse.sched.kubernetes.>")
-                return pending >= MANY
-
-            await wait_for(all_planned, timeout=300, interval=0.5)
-        # As after a 410 Gone, or a first start on a cluster lapse already planned; and each
-        # run's version is a new one (a label no policy reads), as later than JetStream's
-        # duplicate window: each is planned again, and found unchanged.
-        await WatchPositions(js).forget(KIND)
-        await touch_all(kube, ns, created)
+        await planned_then_relisted(kube, ns, config, own_nats.url, js)
         planned_before = await count_messages(js, STREAMS.audit, scheduled_events)
-
-        async def relist_lane_busy() -> bool:
-            info = await js.consumer_info(STREAMS.events, f"lapse-{lane.name}")
-            return bool(info.num_pending or info.num_ack_pending)
-
         async with Running(config, own_nats.url) as second:
             await wait_for(lambda: _now(second.watcher.relist is not None), interval=0.01)
             fresh = await kube.workflows.create(ns, finished_workflow("finished-meanwhile"))
             await wait_for(lambda: scheduled(js, fresh["metadata"]["uid"]), interval=0.05)
-            relisting = second.watcher.relist is not None or await relist_lane_busy()
+            relisting = second.watcher.relist is not None or await relist_backlog(js) > 0
 
             async def relist_over() -> bool:
-                return second.watcher.relist is None and not await relist_lane_busy()
+                return second.watcher.relist is None and not await relist_backlog(js)
 
             await wait_for(relist_over, timeout=300)
         assert relisting, "the re-list was over before the new finish was planned"
@@ -216,32 +224,15 @@ async def test_runs_that_finished_during_the_restart_do_not_wait_for_the_relist(
     kube, _ = audited_kube
     ns = kube.namespace(f"meanwhile-{uuid.uuid4().hex[:6]}")
     config = config_for(tmp_path / "lapse.yaml", kube)
-    (lane,) = [r for route in load_routes() if (r := relist_lane(route)) is not None]
     nc = await connect(own_nats.url)
     js = nc.jetstream()
     try:
-        created = await create_many(kube, ns, MANY)
-        async with Running(config, own_nats.url):
-
-            async def all_planned() -> bool:
-                pending = await count_messages(js, STREAMS.schedule, "lapse.sched.kubernetes.>")
-                return pending >= MANY
-
-            await wait_for(all_planned, timeout=300, interval=0.5)
-        # Down, with nothing stored to resume from (a lost position, or a first start on a
-        # cluster lapse planned before): every run is listed again, each at a new version.
-        await WatchPositions(js).forget(KIND)
-        await touch_all(kube, ns, created)
+        await planned_then_relisted(kube, ns, config, own_nats.url, js)
         # Finished while lapse was down; "zz-" sorts after every "old-": the list's end.
         meanwhile = [
             await kube.workflows.create(ns, finished_workflow(f"zz-finished-meanwhile-{i}"))
             for i in range(5)
         ]
-
-        async def relist_backlog() -> int:
-            info = await js.consumer_info(STREAMS.events, f"lapse-{lane.name}")
-            return int(info.num_pending + info.num_ack_pending)
-
         async with Running(config, own_nats.url) as second:
 
             async def all_meanwhile_planned() -> bool:
@@ -253,10 +244,10 @@ async def test_runs_that_finished_during_the_restart_do_not_wait_for_the_relist(
             await wait_for(all_meanwhile_planned, timeout=120, interval=0.05)
             # Had they gone on the re-list lane they would be its last events, planned once
             # the lane is through: what is still waiting on it shows they did not.
-            behind = await relist_backlog()
+            behind = await relist_backlog(js)
 
             async def relist_over() -> bool:
-                return second.watcher.relist is None and not await relist_backlog()
+                return second.watcher.relist is None and not await relist_backlog(js)
 
             await wait_for(relist_over, timeout=300)
         print(f"\nfinished during the restart: planned with {behind} re-listed runs still to plan")
