@@ -4,6 +4,7 @@ opt-in Components' Triggers (TRIGGER_FILES), so `lapse up` routes what the clust
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -26,7 +27,9 @@ FORMERLY_ANNOTATION = "lapse.dev/formerly"
 
 @dataclass(frozen=True)
 class Route:
-    name: str  # the Trigger's name; also names the durable consumer
+    # The Trigger's name (and, for a Trigger of several types, the type's: load_routes);
+    # also names the durable consumer.
+    name: str
     function: str  # e.g. "ttl-planner" (Knative Service "lapse-ttl-planner")
     filters: dict[str, str]  # CloudEvent attribute -> exact value, as Knative filters
     # The Trigger's former name (annotation lapse.dev/formerly): its durable consumer's
@@ -95,18 +98,71 @@ def load_routes(text: str | None = None) -> list[Route]:
     for doc in documents:
         if not doc or doc.get("kind") != "Trigger":
             continue
+        name = doc["metadata"]["name"]
         spec = doc["spec"]
         service = spec["subscriber"]["ref"]["name"]
-        filters = {str(k): str(v) for k, v in spec.get("filter", {}).get("attributes", {}).items()}
-        if "type" not in filters:
-            raise ValueError(f"Trigger {doc['metadata']['name']} must filter on type")
         annotations = doc["metadata"].get("annotations") or {}
-        routes.append(
-            Route(
-                name=doc["metadata"]["name"],
-                function=service.removeprefix(SERVICE_PREFIX),
-                filters=filters,
-                formerly=annotations.get(FORMERLY_ANNOTATION),
+        formerly = annotations.get(FORMERLY_ANNOTATION)
+        matches = _exact_matches(name, spec)
+        for filters in matches:
+            if "type" not in filters:
+                raise ValueError(f"Trigger {name} must filter on type")
+            # One route per type a Trigger takes, each with a durable consumer of its own
+            # (docs/architecture.md, "Routing"): a single-type Trigger's route is named after
+            # it, the routes of one with `filters: any` after it and their type.
+            suffix = "" if len(matches) == 1 else f"-{type_words(filters['type'])}"
+            routes.append(
+                Route(
+                    name=name + suffix,
+                    function=service.removeprefix(SERVICE_PREFIX),
+                    filters=filters,
+                    formerly=formerly + suffix if formerly else None,
+                )
             )
-        )
+    named = Counter(route.name for route in routes)
+    if twice := sorted(n for n, count in named.items() if count > 1):
+        raise ValueError(f"two routes would share the durable consumer of {', '.join(twice)}")
     return routes
+
+
+def _exact_matches(name: str, spec: Mapping[str, object]) -> list[dict[str, str]]:
+    """The attribute sets a Trigger passes, each matched exactly: its `filter.attributes`,
+    or its `filters` as one `exact` or one `any` of `exact`s. NATS subjects can mirror
+    those; a Trigger with any other filter would route differently here than on the
+    cluster, so it is refused."""
+    legacy, filters = spec.get("filter"), spec.get("filters")
+    if legacy and filters:
+        raise ValueError(f"Trigger {name}: use filter or filters, not both")
+    if not filters:
+        attributes = legacy.get("attributes", {}) if isinstance(legacy, Mapping) else {}
+        return [{str(k): str(v) for k, v in attributes.items()}]
+    if not isinstance(filters, list) or len(filters) != 1 or not isinstance(filters[0], Mapping):
+        raise ValueError(f"Trigger {name}: filters must be one exact or one any of exacts")
+    (dialect,) = filters
+    exacts = dialect["any"] if dialect.keys() == {"any"} else [dialect]
+    if not isinstance(exacts, list) or not exacts:
+        raise ValueError(f"Trigger {name}: filters must be one exact or one any of exacts")
+    matches = []
+    for dialect in exacts:
+        if not (isinstance(dialect, Mapping) and dialect.keys() == {"exact"}):
+            raise ValueError(
+                f"Trigger {name}: only exact filters can be routed on NATS, not {dialect}"
+            )
+        matches.append({str(k): str(v) for k, v in dialect["exact"].items()})
+    return matches
+
+
+# Words that tell none of lapse's event types from another: reverse-DNS prefixes, Tekton's
+# `event`, ApiServerSource's `resource`, the version.
+_COMMON_WORDS = frozenset({"dev", "lapse", "knative", "event", "resource"})
+
+
+def type_words(event_type: str) -> str:
+    """An event type in the words that tell it apart, for a route's name:
+    `dev.lapse.run.finished.v1` -> `run-finished`, `dev.knative.apiserver.ref.add` ->
+    `apiserver-ref-add`. These are the names the routes had when each type had a Trigger
+    of its own, so their durable consumers (and positions) stay the same."""
+    words = event_type.split(".")
+    return "-".join(
+        w for w in words if w not in _COMMON_WORDS and not (w[:1] == "v" and w[1:].isdigit())
+    )
