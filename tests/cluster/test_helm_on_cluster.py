@@ -106,8 +106,8 @@ IMAGE_VALUES = {
 # which knows Deployments, not Knative's objects).
 KNATIVE_READY = (
     "broker/lapse", "sinkbinding/lapse-bridge", "ksvc/lapse-ttl-planner",
-    "ksvc/lapse-object-reaper", "ksvc/lapse-row-reaper", "trigger/ttl-planner",
-    "trigger/object-reaper-due",
+    "ksvc/lapse-object-reaper", "ksvc/lapse-row-reaper", "trigger/ttl-planner-apiserver-add",
+    "trigger/ttl-planner-apiserver-update", "trigger/object-reaper-due",
     "apiserversource/lapse-workflows", "eventpolicy/lapse-broker",
 )  # fmt: skip
 # The Deployment a changed lapse.yaml must roll, per shape.
@@ -235,11 +235,15 @@ def test_install_delete_upgrade_uninstall(
 
     release("uninstall", RELEASE, "--wait", "--timeout", TIMEOUT)
     # Pods go after their Deployment (the garbage collector): wait for them too.
-    poll(
-        "nothing of the release left in its namespace but what it keeps",
-        lambda: leftovers(cluster, NAMESPACE) <= KEPT,
-        timeout=120,
-    )
+    try:
+        poll(
+            "nothing of the release left in its namespace but what it keeps",
+            lambda: leftovers(cluster, NAMESPACE) <= KEPT,
+            timeout=120,
+        )
+    except AssertionError as exc:
+        left = sorted(leftovers(cluster, NAMESPACE) - KEPT)
+        raise AssertionError(f"{exc}; still there: {left}") from None
     assert leftovers(cluster, NAMESPACE) == KEPT
     # Nothing in the cleaned namespace (its Roles, RoleBinding) or cluster-wide.
     assert not {o for o in leftovers(cluster, namespace) if o.split("/")[1].startswith("lapse")}, (
