@@ -107,9 +107,9 @@ def load_routes(text: str | None = None) -> list[Route]:
         for filters in matches:
             if "type" not in filters:
                 raise ValueError(f"Trigger {name} must filter on type")
-            # One route per type a Trigger takes, each with a durable consumer of its own
-            # (docs/architecture.md, "Routing"): a single-type Trigger's route is named after
-            # it, the routes of one with `filters: any` after it and their type.
+            # One route per type a Trigger takes, each with a durable consumer of its own: a
+            # single-type Trigger's route is named after it, the routes of one with
+            # `filters: any` after it and their type (the names one-type Triggers have).
             suffix = "" if len(matches) == 1 else f"-{type_words(filters['type'])}"
             routes.append(
                 Route(
