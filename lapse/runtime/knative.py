@@ -25,6 +25,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from lapse.config import ConfigError, load_config
 from lapse.functions.ports import Handler, RetryLater
+from lapse.runtime import shutdown
 from lapse.runtime.asgi import Receive, Scope, Send, respond
 from lapse.runtime.policy_watcher import FOLLOWERS, follow
 from lapse.runtime.registry import RENAMED, build_handler
@@ -51,6 +52,7 @@ class FunctionShell:
         # Ends the policy follower (docs/policies.md, "On the Knative path").
         self._stopping = asyncio.Event()
         self._follower: asyncio.Task[None] | None = None  # held: the loop keeps only weak refs
+        self._closing: asyncio.Task[None] | None = None
         self._telemetry = Telemetry()
         # Who may deliver events here (the Broker's Triggers): lapse/runtime/senders.py.
         self._senders = SenderCheck.from_env(os.environ)
@@ -94,8 +96,12 @@ class FunctionShell:
 
     def stop(self) -> None:
         self._stopping.set()
+        loop = asyncio.get_event_loop()
         if self._resources is not None:
-            asyncio.get_event_loop().create_task(self._resources.close())
+            self._closing = loop.create_task(self._resources.close())
+        # asyncio.run cancels what is left and waits for all of it: a task that swallows
+        # its cancellation is named and cancelled again (lapse/runtime/shutdown.py).
+        shutdown.guard(loop)
         # Synchronous on purpose: the process may be gone right after func-python's stop.
         self._telemetry.shutdown()
 
