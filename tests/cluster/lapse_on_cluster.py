@@ -573,9 +573,7 @@ def _install(
         )  # fmt: skip
         for ready in ("broker/lapse", "sinkbinding/lapse-bridge", f"ksvc/{PLANNER}",
                       f"ksvc/{REAPER}", f"ksvc/{ROW_REAPER}",
-                      "trigger/ttl-planner-apiserver-add",
-                      "trigger/ttl-planner-apiserver-update",
-                      "trigger/ttl-planner-apiserver-delete", "trigger/object-reaper-due",
+                      "trigger/ttl-planner", "trigger/object-reaper-due",
                       "trigger/row-reaper-due", "apiserversource/lapse-workflows",
                       "eventpolicy/lapse-broker"):  # fmt: skip
             cluster.wait_ready(SYSTEM, ready, timeout=left())

@@ -106,8 +106,8 @@ IMAGE_VALUES = {
 # which knows Deployments, not Knative's objects).
 KNATIVE_READY = (
     "broker/lapse", "sinkbinding/lapse-bridge", "ksvc/lapse-ttl-planner",
-    "ksvc/lapse-object-reaper", "ksvc/lapse-row-reaper", "trigger/ttl-planner-apiserver-add",
-    "trigger/ttl-planner-apiserver-update", "trigger/object-reaper-due",
+    "ksvc/lapse-object-reaper", "ksvc/lapse-row-reaper", "trigger/ttl-planner",
+    "trigger/object-reaper-due",
     "apiserversource/lapse-workflows", "eventpolicy/lapse-broker",
 )  # fmt: skip
 # The Deployment a changed lapse.yaml must roll, per shape.

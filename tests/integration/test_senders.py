@@ -71,7 +71,7 @@ def bearer(value: str) -> list[tuple[bytes, bytes]]:
 async def test_only_a_token_for_the_audience_from_lapse_system_is_admitted(
     kube: KubeStack, check: SenderCheck
 ) -> None:
-    trigger = token(kube, SYSTEM, "ttl-planner-run-finished-oidc-trigger", AUDIENCE)
+    trigger = token(kube, SYSTEM, "ttl-planner-oidc-trigger", AUDIENCE)
     assert await check.admit(bearer(trigger)) is None
     assert await check.admit(bearer(trigger)) is None  # remembered: no second review needed
 
@@ -82,7 +82,7 @@ async def test_only_a_token_for_the_audience_from_lapse_system_is_admitted(
     assert stranger is not None and stranger.status == 403
     assert "system:serviceaccount:elsewhere:default" in stranger.reason
 
-    other_audience = token(kube, SYSTEM, "ttl-planner-run-finished-oidc-trigger", "other")
+    other_audience = token(kube, SYSTEM, "ttl-planner-oidc-trigger", "other")
     wrong = await check.admit(bearer(other_audience))
     assert wrong is not None and wrong.status == 401
 

@@ -1,12 +1,15 @@
-"""Routes from Trigger manifests: one route and durable consumer per type a Trigger takes
-(`filter.attributes`, or `filters` as one exact or one any of exacts), a Trigger of several
-types naming each route after the type, so merging Triggers keeps every durable. No
-servers."""
+"""Routes from Trigger manifests: one Trigger per function on the cluster (the Broker hands
+every event to every Trigger's filter), one route and durable consumer per type for `lapse
+up`, named as they were when each type had a Trigger of its own. No servers."""
 
 from __future__ import annotations
 
-import pytest
+from collections import Counter
 
+import pytest
+import yaml
+
+from lapse import infra
 from lapse.runtime.routing import load_routes, type_words
 
 # The durable consumers `lapse up` creates are `lapse-<route name>`: their positions are
@@ -32,6 +35,12 @@ SHIPPED_ROUTES = [
 
 def test_the_shipped_routes_keep_the_names_of_their_durable_consumers() -> None:
     assert [route.name for route in load_routes()] == SHIPPED_ROUTES
+
+
+def test_each_function_has_one_trigger_on_the_cluster() -> None:
+    triggers = [d for d in yaml.safe_load_all(infra.read_text("knative/triggers.yaml")) if d]
+    subscribers = Counter(t["spec"]["subscriber"]["ref"]["name"] for t in triggers)
+    assert subscribers == {"lapse-ttl-planner": 1, "lapse-object-reaper": 1, "lapse-row-reaper": 1}
 
 
 def _trigger(spec_filters: str, annotations: str = "{}") -> str:
