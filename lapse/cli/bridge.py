@@ -9,6 +9,7 @@ import signal
 
 from lapse.cli.common import UsageError, config_from
 from lapse.embedded.nats_identities import PROCESS
+from lapse.runtime import shutdown
 from lapse.runtime.bridge import Bridge
 
 
@@ -53,7 +54,10 @@ def run_bridge(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await bridge.run(stop)
+        try:
+            await bridge.run(stop)
+        finally:
+            shutdown.guard(loop)  # asyncio.run then waits for what is left
 
     asyncio.run(serve())
     return 0

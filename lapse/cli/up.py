@@ -31,6 +31,7 @@ from lapse.embedded.nats_identities import (
 from lapse.embedded.process import ServerStartError, free_port, port_open
 from lapse.embedded.seaweedfs import REGION, EmbeddedSeaweedFS, weed_binary
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
+from lapse.runtime import shutdown
 from lapse.runtime.ingress import listen_token
 from lapse.runtime.pipeline import Pipeline
 
@@ -301,4 +302,7 @@ async def _serve(pipeline: Pipeline) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await pipeline.run(stop)
+    try:
+        await pipeline.run(stop)
+    finally:
+        shutdown.guard(loop)  # asyncio.run then waits for what is left

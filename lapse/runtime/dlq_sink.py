@@ -34,6 +34,7 @@ from lapse.events.errors import InvalidEvent
 from lapse.events.models import CleanupDue, CleanupFailed
 from lapse.events.original import capture_event
 from lapse.events.types import EventType
+from lapse.runtime import shutdown
 from lapse.runtime.asgi import Receive, Scope, Send, posted_headers, respond
 from lapse.runtime.resources import Resources
 
@@ -123,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await serve(config, args.listen, stop)
+        try:
+            await serve(config, args.listen, stop)
+        finally:
+            shutdown.guard(loop)  # asyncio.run then waits for what is left
 
     asyncio.run(run())
     return 0

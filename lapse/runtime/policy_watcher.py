@@ -72,6 +72,7 @@ from lapse.events.types import EventType
 from lapse.functions.policy import Policy
 from lapse.functions.policy_objects import LAPSE_POLICY, PolicyBook, Verdict, effective
 from lapse.functions.trust import Trust
+from lapse.runtime import shutdown
 from lapse.runtime.outages import Backoff
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
@@ -516,6 +517,7 @@ def main() -> None:
             await serve(config, stop, ready_file=Path(ready) if ready else None)
         finally:
             exporting.shutdown()
+            shutdown.guard(loop)  # asyncio.run then waits for what is left
 
     asyncio.run(run())
 
