@@ -1,13 +1,14 @@
 """A stopping process names what keeps it from ending, and cancels that again.
 
-When func-python's server returns, `asyncio.run` cancels every task left and waits for all
-of them. A task that swallows its cancellation keeps the process alive until the kubelet
-kills it at the end of the grace period (300 s for the object-reaper: a Knative uninstall
-waited that long). nats-py's reconnect loop, reconnecting to a NATS that is gone, swallows
-about one cancellation in a hundred and goes on to its next attempt (measured with a real
-server: tests/integration/test_shutdown_nats.py); one cancelled again ends. So once a process is stopping, a
-task that was cancelled and is still running a while later is logged with what it awaits,
-and cancelled again, every `AFTER` seconds until none is left: a lost cancellation is
+When a process's main coroutine returns (func-python's server, `lapse up`), `asyncio.run`
+cancels every task left and waits for all of them. A task that swallows its cancellation
+keeps the process alive until the kubelet kills it at the end of the grace period (300 s
+for the object-reaper: a Knative uninstall waited that long). nats-py's reconnect loop,
+reconnecting to a NATS that is gone, swallows about one cancellation in a hundred and goes
+on to its next attempt (measured with a real server: tests/integration/
+test_shutdown_nats.py); cancelled again, it ends. So once a process is stopping, a task
+that was cancelled and is still running a while later is logged with what it awaits, and
+cancelled again, every `AFTER` seconds until none is left: a lost cancellation is
 delivered by the next one, and one that is refused every time is at least named.
 
 Only tasks already cancelled are touched, so arming this where the loop goes on (an
