@@ -52,7 +52,7 @@ class FunctionShell:
         # Ends the policy follower (docs/policies.md, "On the Knative path").
         self._stopping = asyncio.Event()
         self._follower: asyncio.Task[None] | None = None  # held: the loop keeps only weak refs
-        self._closing: asyncio.Task[None] | None = None
+        self._closing: asyncio.Task[None] | None = None  # held, as the follower is
         self._telemetry = Telemetry()
         # Who may deliver events here (the Broker's Triggers): lapse/runtime/senders.py.
         self._senders = SenderCheck.from_env(os.environ)
