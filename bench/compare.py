@@ -595,7 +595,6 @@ class Bench:
         names = [f"backlog-{tool.user}-{i:06d}" for i in range(s.backlog)]
         due, took = create_many(self.admin, names, "backlog", int(time.time()) - 3600, 60)
         self.say(f"{tool.name}: backlog of {len(due):,} expired objects made in {took:.0f}s")
-        # A sweeper is ready once its first sweep is done, which is most of the drain.
         started = tool.run(timeout=s.backlog_cap_s + 300)
         end = self.wait_deleted(tool, due, s.backlog_cap_s, after_last_due=False)
         late = lateness(due, self.audit.read(), tool.user)
@@ -1160,7 +1159,7 @@ def make_tools(
              "--kubeconfig", str(stack.kubeconfig_for("janitor", work / "janitor.kubeconfig")),
              "--namespace", NAMESPACE, "--interval", str(scale.janitor_interval_s),
              "--max-seconds", "7200"],
-            "janitor: listed",
+            "janitor: working",  # its first page listed, as Argo's ready line: GC started
         )
     )  # fmt: skip
     for tool in tools:

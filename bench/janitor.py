@@ -16,10 +16,12 @@ same objects at the same deadlines as the other tools. (kube-janitor itself read
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -102,8 +104,17 @@ def event_for(workflow: dict[str, Any], namespace: str) -> dict[str, Any]:
     }
 
 
-def sweep(api: httpx.Client, namespace: str, page_size: int, events: bool) -> tuple[int, int]:
-    """One full pass: (objects listed, objects deleted)."""
+READY = "janitor: working"  # the benchmark's ready marker: its first LIST page was answered
+
+
+def sweep(
+    api: httpx.Client,
+    namespace: str,
+    page_size: int,
+    events: bool,
+    answered: Callable[[], object] = lambda: None,
+) -> tuple[int, int]:
+    """One full pass: (objects listed, objects deleted). `answered` after each page."""
     listed = deleted = 0
     token: str | None = None
     while True:
@@ -111,7 +122,16 @@ def sweep(api: httpx.Client, namespace: str, page_size: int, events: bool) -> tu
         if token:
             params["continue"] = token
         page = api.get(f"{GROUP_PATH}/namespaces/{namespace}/workflows", params=params)
+        if page.status_code == 410 and token:
+            # A sweep of 100,000 objects, deleting one at a time, outlives the API server's
+            # compaction of the list's snapshot (5 minutes): its continue token expires. The
+            # list starts over (client-go's pager falls back to a full list the same way);
+            # what this sweep deleted is no longer listed.
+            print("janitor: the list's continue token expired (410); listing again", flush=True)
+            token = None
+            continue
         page.raise_for_status()
+        answered()
         body = page.json()
         for workflow in body.get("items", []):
             listed += 1
@@ -143,11 +163,12 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     api = client_from_kubeconfig(args.kubeconfig)
     stop_at = time.monotonic() + args.max_seconds
+    ready = functools.cache(lambda: print(READY, flush=True))  # said once
     print(f"janitor: sweeping {args.namespace} every {args.interval:g}s", flush=True)
     while time.monotonic() < stop_at:
         started = time.monotonic()
         try:
-            listed, deleted = sweep(api, args.namespace, args.page_size, args.events)
+            listed, deleted = sweep(api, args.namespace, args.page_size, args.events, ready)
             took = time.monotonic() - started
             print(f"janitor: listed {listed}, deleted {deleted} in {took:.2f}s", flush=True)
         except httpx.HTTPError as exc:
