@@ -96,6 +96,7 @@ from bench.harness import (
     put_pending,
     rss_mib,
 )
+from bench.janitor import READY as JANITOR_READY
 from bench.report import (
     Request,
     count_requests,
@@ -1159,7 +1160,7 @@ def make_tools(
              "--kubeconfig", str(stack.kubeconfig_for("janitor", work / "janitor.kubeconfig")),
              "--namespace", NAMESPACE, "--interval", str(scale.janitor_interval_s),
              "--max-seconds", "7200"],
-            "janitor: working",  # its first page listed, as Argo's ready line: GC started
+            JANITOR_READY,  # its first page listed, as Argo's ready line: GC started
         )
     )  # fmt: skip
     for tool in tools:
