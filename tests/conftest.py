@@ -6,8 +6,11 @@ unit tests ask for none of them and start nothing.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -160,6 +163,31 @@ def kube_stack(work_dir: Path, extra_args: tuple[str, ...] = ()) -> Iterator[Kub
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeStack]:
     with kube_stack(tmp_path_factory.mktemp("kube")) as stack:
         yield stack
+
+
+@pytest.fixture
+def uncached_kube(tmp_path: Path) -> Iterator[KubeStack]:
+    """A kube stack of the test's own with no watch cache for Workflows: watches and list
+    pages are served by etcd, so `compact_etcd` makes an old resourceVersion or continue
+    token answer 410 Gone, as a long disconnect or a long listing on a busy cluster does."""
+    no_cache = ("--watch-cache-sizes=workflows.argoproj.io#0",)
+    with kube_stack(tmp_path / "kube", extra_args=no_cache) as stack:
+        yield stack
+
+
+def compact_etcd(etcd_url: str) -> None:
+    """Compact (physically) etcd's history up to its current revision."""
+
+    def call(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            etcd_url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            result: dict[str, Any] = json.load(response)
+            return result
+
+    revision = call("/v3/kv/range", {"key": base64.b64encode(b"/").decode()})["header"]["revision"]
+    call("/v3/kv/compaction", {"revision": revision, "physical": True})
 
 
 @pytest.fixture(scope="session")

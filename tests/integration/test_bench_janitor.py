@@ -10,53 +10,48 @@ first and the second page (no watch cache for Workflows, so pages are read from 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 from bench.janitor import client_from_kubeconfig, sweep
-from tests.conftest import kube_stack
-from tests.integration.test_watcher import compact_etcd
+from tests.conftest import KubeStack, compact_etcd
 from tests.stack import expired_workflow
 
 pytestmark = pytest.mark.kube
 
 NAMESPACE = "sweep"
 PLURAL = ("argoproj.io", "v1alpha1", NAMESPACE, "workflows")
-# No watch cache for Workflows: list pages are read from etcd, so compacting it expires
-# a continue token, as a long sweep on a busy cluster does.
-NO_WATCH_CACHE = ("--watch-cache-sizes=workflows.argoproj.io#0",)
 
 
 def test_a_sweep_whose_continue_token_expired_lists_again(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    uncached_kube: KubeStack, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with kube_stack(tmp_path / "kube", extra_args=NO_WATCH_CACHE) as stack:
-        stack.namespace(NAMESPACE)
-        objects = client.CustomObjectsApi(stack.api_client)
-        long_ago = datetime.now(UTC) - timedelta(hours=1)
-        for i in range(6):
-            body: dict[str, Any] = expired_workflow(f"w{i}", long_ago)
-            body["spec"]["ttlStrategy"] = {"secondsAfterCompletion": 1}
-            objects.create_namespaced_custom_object(*PLURAL, body)
-        pages = 0
+    stack = uncached_kube
+    stack.namespace(NAMESPACE)
+    objects = client.CustomObjectsApi(stack.api_client)
+    long_ago = datetime.now(UTC) - timedelta(hours=1)
+    for i in range(6):
+        body: dict[str, Any] = expired_workflow(f"w{i}", long_ago)
+        body["spec"]["ttlStrategy"] = {"secondsAfterCompletion": 1}
+        objects.create_namespaced_custom_object(*PLURAL, body)
+    pages = 0
 
-        def answered() -> None:
-            nonlocal pages
-            pages += 1
-            if pages == 1:
-                # A write moves the revision past the list's snapshot; compaction drops it.
-                client.CoreV1Api(stack.api_client).create_namespaced_config_map(
-                    NAMESPACE, {"metadata": {"name": "revision"}}
-                )
-                compact_etcd(stack.server.etcd_url)
+    def answered() -> None:
+        nonlocal pages
+        pages += 1
+        if pages == 1:
+            # A write moves the revision past the list's snapshot; compaction drops it.
+            client.CoreV1Api(stack.api_client).create_namespaced_config_map(
+                NAMESPACE, {"metadata": {"name": "revision"}}
+            )
+            compact_etcd(stack.server.etcd_url)
 
-        with client_from_kubeconfig(stack.kubeconfig) as janitor:
-            listed, deleted = sweep(janitor, NAMESPACE, 2, events=False, answered=answered)
+    with client_from_kubeconfig(stack.kubeconfig) as janitor:
+        listed, deleted = sweep(janitor, NAMESPACE, 2, events=False, answered=answered)
 
-        assert "continue token expired (410)" in capsys.readouterr().out
-        assert deleted == 6
-        assert listed == 6  # the first page's 2, then the 4 left, listed again
-        assert objects.list_namespaced_custom_object(*PLURAL)["items"] == []
+    assert "continue token expired (410)" in capsys.readouterr().out
+    assert deleted == 6
+    assert listed == 6  # the first page's 2, then the 4 left, listed again
+    assert objects.list_namespaced_custom_object(*PLURAL)["items"] == []

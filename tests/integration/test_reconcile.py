@@ -8,10 +8,8 @@ already passed (the scheduler fires those within about a quarter of a second).
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +23,7 @@ from lapse.config import LapseConfig, Streams
 from lapse.edges.database import create_engine
 from lapse.edges.kubernetes import KubeObjects, Workflows, load_api_client
 from lapse.edges.schedules import NatsScheduleStore
-from lapse.embedded.kube import EmbeddedKube, argo_workflow_crd
+from lapse.embedded.kube import EmbeddedKube
 from lapse.embedded.nats import EmbeddedNats
 from lapse.events.builder import parse_payload
 from lapse.events.kinds import ARGO_WORKFLOW, KindSpec
@@ -43,8 +41,7 @@ from lapse.operations.reconcile import (
 )
 from lapse.runtime.resources import Resources
 from tests import kfp_schema as kfp
-from tests.conftest import KubeStack, install_crd
-from tests.integration.test_watcher import compact_etcd
+from tests.conftest import KubeStack, compact_etcd
 from tests.stack import Database, scratch_database, wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.nats, pytest.mark.db]
@@ -286,22 +283,6 @@ async def _insert_run(conn: Any, run_id: str, namespace: str, finished_at: int |
         await conn.execute(insert(kfp.metadata.tables[name]), rows[name])
 
 
-@pytest.fixture
-def uncached_kube(tmp_path: Path) -> Iterator[tuple[EmbeddedKube, Workflows]]:
-    # Without a watch cache for Workflows, list pages are read from etcd, so compacting
-    # etcd expires a continue token, as a long listing on a busy cluster does.
-    server = EmbeddedKube(
-        tmp_path / "kube", extra_args=("--watch-cache-sizes=workflows.argoproj.io#0",)
-    ).start()
-    api = load_api_client(str(server.kubeconfig_path))
-    install_crd(api, argo_workflow_crd())
-    executor = ThreadPoolExecutor(4)
-    yield server, Workflows(api, executor)
-    executor.shutdown(wait=False, cancel_futures=True)
-    api.close()
-    server.stop()
-
-
 class CompactingObjects(KubeObjects):
     """Compacts etcd between the first and the second page, and checks that the server then
     refuses the old continue token, before reconcile itself asks for the page."""
@@ -357,9 +338,9 @@ class CompactingResources(Resources):
 
 
 async def test_an_expired_continue_token_does_not_end_the_listing(
-    uncached_kube: tuple[EmbeddedKube, Workflows], nats_server: EmbeddedNats, js: JetStreamContext
+    uncached_kube: KubeStack, nats_server: EmbeddedNats, js: JetStreamContext
 ) -> None:
-    server, workflows = uncached_kube
+    server, workflows = uncached_kube.server, uncached_kube.workflows
     core = client.CoreV1Api(load_api_client(str(server.kubeconfig_path)))
     for name in ("expiry", "elsewhere"):
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))

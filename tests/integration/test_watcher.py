@@ -4,12 +4,8 @@ events."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
-import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
@@ -24,7 +20,7 @@ from lapse.events.kinds import ARGO_WORKFLOW, JOB, KindSpec
 from lapse.events.models import RunDeleted, RunFinished
 from lapse.events.types import EventType
 from lapse.runtime.watcher import RELIST_WINDOW, KindWatcher
-from tests.conftest import KubeStack, kube_stack
+from tests.conftest import KubeStack, compact_etcd
 from tests.integration.test_kinds import job
 from tests.stack import wait_for
 
@@ -186,29 +182,6 @@ async def test_a_kind_the_api_server_does_not_serve_is_waited_for(kube: KubeStac
     stop.set()
     await asyncio.wait_for(task, 10)
     assert recorder.events == [] and recorder.failures == []
-
-
-@pytest.fixture
-def uncached_kube(tmp_path: Path) -> Iterator[KubeStack]:
-    # Without a watch cache for Workflows, watches are served by etcd, so compacting etcd
-    # makes an old resourceVersion answer 410 Gone, as it does in production after a
-    # long disconnect.
-    no_cache = ("--watch-cache-sizes=workflows.argoproj.io#0",)
-    with kube_stack(tmp_path / "kube", extra_args=no_cache) as stack:
-        yield stack
-
-
-def compact_etcd(etcd_url: str) -> None:
-    def call(path: str, body: dict[str, Any]) -> dict[str, Any]:
-        request = urllib.request.Request(
-            etcd_url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            result: dict[str, Any] = json.load(response)
-            return result
-
-    revision = call("/v3/kv/range", {"key": base64.b64encode(b"/").decode()})["header"]["revision"]
-    call("/v3/kv/compaction", {"revision": revision, "physical": True})
 
 
 async def test_410_gone_relists_and_misses_no_finish(
