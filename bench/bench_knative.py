@@ -436,10 +436,14 @@ def print_phase(name: str, result: dict[str, Any]) -> None:
         f"{result['deletions_per_s']}/s; lateness p50 {late['p50']} s, p99 {late['p99']} s, "
         f"max {late['max']} s", flush=True,
     )  # fmt: skip
+    hops = result.get("hops", {})
     for hop, what in HOPS:
-        got = result.get("hops", {}).get(hop)
+        got = hops.get(hop)
         if got and got["n"]:
             print(f"    {what}: p50 {got['p50']} s, p99 {got['p99']} s (n {got['n']})")
+    if hops and not any(got["n"] for got in hops.values()):
+        # Empty hops would read as a phase with no delay anywhere.
+        print("    where the time goes: none of this phase's spans were found in Jaeger")
     top = list(result["cpu_ms_per_deletion"].items())
     top.sort(key=lambda kv: -kv[1])
     print("    CPU ms per deletion: " + ", ".join(f"{k} {v}" for k, v in top[:10]), flush=True)
