@@ -213,12 +213,8 @@ def count_out(members: Sequence[RunRef], rule: KeepLast, now: datetime) -> list[
         )
         for index in range(limit, len(ranked)):
             pusher, run = ranked[index - limit], ranked[index]
-            out.append(
-                CountedOut(
-                    run.uid, pusher.finished_at or now, bucket, limit, pusher.name,
-                    run.finished_at,
-                )  # fmt: skip
-            )
+            at = pusher.finished_at or now
+            out.append(CountedOut(run.uid, at, bucket, limit, pusher.name, run.finished_at))
     return out
 
 

@@ -122,7 +122,8 @@ async def test_a_count_never_deletes_before_the_admins_floor(
         )
 
         async def stated() -> bool:
-            return all(floor_note in condition(n).get("message", "") for n in ("finding", "counting"))
+            notes = [condition(name).get("message", "") for name in ("finding", "counting")]
+            return all(floor_note in note for note in notes)
 
         await wait_for(stated, timeout=30)
         assert condition("finding")["reason"] == "Clamped"
