@@ -127,6 +127,13 @@ class Bound:
     minimum: timedelta | None = None
     maximum: timedelta | None = None  # None: no maximum (never allowed)
     sources: tuple[str, ...] = ()  # the ClusterLapsePolicies that set it
+    # Of those, the ones that set the minimum, and the maximum, that hold.
+    minimum_by: tuple[str, ...] = ()
+    maximum_by: tuple[str, ...] = ()
+
+    def set_by(self, side: str) -> str:
+        """Who set the `side` ("minimum" or "maximum") bound, as the status names them."""
+        return ", ".join(self.minimum_by if side == "minimum" else self.maximum_by)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +246,12 @@ def bounds_for(namespace: str, rules: Sequence[ClusterRule]) -> dict[str, Bound]
                 high = rule_high
             if rule_low is not None or rule_high is not None:
                 sources.append(rule.ref.label)
-        out[target] = Bound(low, high, tuple(sources))
+        held = [r for r in rules if r.covers(namespace) and target in r.bounds]
+        out[target] = Bound(
+            low, high, tuple(sources),
+            tuple(r.ref.label for r in held if low is not None and r.bounds[target][0] == low),
+            tuple(r.ref.label for r in held if high is not None and r.bounds[target][1] == high),
+        )  # fmt: skip
     return out
 
 
@@ -261,7 +273,7 @@ def _keep_last_floor(spec: Mapping[str, Any], bound: Bound) -> Floor | None:
     finished, however short a time after its own finish: the minimum by another road."""
     if spec.get("keepLast") is None or bound.minimum is None:
         return None
-    return Floor(bound.minimum, bound.sources)
+    return Floor(bound.minimum, bound.minimum_by)
 
 
 def namespaced_policy(obj: Mapping[str, Any], rules: Sequence[ClusterRule]) -> Verdict:
@@ -312,7 +324,7 @@ def namespaced_policy(obj: Mapping[str, Any], rules: Sequence[ClusterRule]) -> V
                 side = "maximum" if clamped == bounds[target].maximum else "minimum"
                 notes.append(
                     f"{target}.{key} {_show(value)} clamped to the {side} {_show(clamped)} "
-                    f"({', '.join(bounds[target].sources)})"
+                    f"({bounds[target].set_by(side)})"
                 )
                 section[key] = _show(clamped)
     floor = _keep_last_floor(spec, bounds["kubernetes"])

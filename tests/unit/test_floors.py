@@ -100,10 +100,19 @@ def test_a_run_pushed_out_after_the_floor_is_due_when_it_was_pushed_out() -> Non
     assert "kept at least" not in decision.reason
 
 
-def test_the_tightest_floor_of_the_covering_cluster_policies_holds() -> None:
-    found = effective([COUNT_ONLY], [floor_of("1h", "a"), floor_of("3h", "b")])
+def test_the_tightest_floor_of_the_covering_cluster_policies_holds_and_is_named() -> None:
+    capped = cluster_policy("capped", {
+        "match": {"namespaces": ["team-*"]},
+        "namespacedPolicies": {"allowed": True, "kubernetes": {"maxTTL": "30d"}},
+    })  # fmt: skip
+    found = effective([COUNT_ONLY], [floor_of("1h", "a"), floor_of("3h", "b"), capped])
     old, new = run("old", 2), run("new", 1)
-    assert decisions([old, new], found.policies)["old"].deadline == finished(old) + 3 * HOUR
+    decision = decisions([old, new], found.policies)["old"]
+    assert decision.deadline == finished(old) + 3 * HOUR
+    assert "kept at least the minimum 3h (clusterlapsepolicy:b@1)" in decision.reason
+    # Only the policy whose minimum holds is named: not "a" (a lower one), not "capped".
+    assert found.verdicts[0].message.endswith("the minimum 3h after it finished "
+                                              "(clusterlapsepolicy:b@1)")  # fmt: skip
 
 
 def test_the_operators_own_counts_have_no_floor() -> None:
