@@ -218,3 +218,14 @@ def test_no_deadline_comes_before_the_floor(
                 assert ends <= NOW, verdict
             if isinstance(verdict, Reschedule):
                 assert verdict.deadline >= ends, verdict
+
+
+def test_a_field_group_holds_the_floor_too() -> None:
+    by_template = lapse_policy("p", "team-a", {
+        "keepLast": {"groupBy": "field:spec.workflowTemplateRef.name", "total": 1},
+    })  # fmt: skip
+    found = effective([by_template], [floor_of("1h")])
+    old, new = run("old", 2, by="field"), run("new", 1, by="field")
+    decision = decisions([old, new], found.policies)["old"]
+    assert decision.policy == "keep_last:lapsepolicy:team-a/p@1"
+    assert decision.deadline == finished(old) + HOUR
