@@ -5,7 +5,8 @@ field of the object, or `auto`: the first of the engines' own labels the run car
 how many of its newest finished runs stay: `succeeded` and `failed` apiece, or `total`.
 Every other run of the group is counted out: due at the moment the run that pushed it out
 finished (so the deadline is the same whoever counts, and whenever), or earlier if its TTL
-says so.
+says so; never before the floor a LapsePolicy's count holds (functions/policy.py:
+`count_deadline`).
 
 What is counted is what the caller listed from the API server a moment ago: the objects
 that exist now, never runs already deleted. Runs being deleted (`deletionTimestamp`),
@@ -192,6 +193,7 @@ class CountedOut:
     bucket: Bucket
     limit: int
     pushed_out_by: str  # the name of that run
+    finished: datetime | None = None  # its own finish as listed (a floor counts from it)
 
 
 def _newest_first(run: RunRef) -> tuple[datetime, str, str]:
@@ -210,10 +212,9 @@ def count_out(members: Sequence[RunRef], rule: KeepLast, now: datetime) -> list[
             reverse=True,
         )
         for index in range(limit, len(ranked)):
-            pusher = ranked[index - limit]
-            out.append(
-                CountedOut(ranked[index].uid, pusher.finished_at or now, bucket, limit, pusher.name)
-            )
+            pusher, run = ranked[index - limit], ranked[index]
+            at = pusher.finished_at or now
+            out.append(CountedOut(run.uid, at, bucket, limit, pusher.name, run.finished_at))
     return out
 
 

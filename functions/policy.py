@@ -41,7 +41,9 @@ Deadlines are `finishedAt + ttl` (`now + ttl` when the run has no finishedAt), i
 Then the count (`keep_last`, functions/keep_last.py; docs/architecture.md, "Keep the last
 N"): `with_count` makes a run counted out of its group due when the run that pushed it out
 finished, if that comes before the deadline above; `keep` and an invalid annotation are
-never overruled.
+never overruled. A LapsePolicy's count holds the floor its ClusterLapsePolicies set
+(`Floor`): a run it counts out is due no earlier than its own finish plus the Kubernetes
+`minTTL` of its namespace, exactly as that policy's TTLs are clamped.
 """
 
 from __future__ import annotations
@@ -184,6 +186,19 @@ def _policy_name(name: str) -> str:
     return name
 
 
+@dataclass(frozen=True, slots=True)
+class Floor:
+    """The least time a run counted out by a policy's `keep_last` stays after it finished:
+    the Kubernetes `minTTL` the ClusterLapsePolicies covering a LapsePolicy's namespace set
+    (`sources` names them). lapse.yaml's policies are the operator's own word: no floor."""
+
+    minimum: timedelta
+    sources: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        return f"the minimum {format_duration(self.minimum)} ({', '.join(self.sources)})"
+
+
 class Policy(_Model):
     """One entry of the ordered policy list. See the module docstring for how it is used."""
 
@@ -212,6 +227,12 @@ class Policy(_Model):
     def title(self) -> str:
         """How decision reasons name this policy."""
         return f"policy {self.name!r}"
+
+    @property
+    def keep_last_floor(self) -> Floor | None:
+        """The floor of the runs this policy's `keep_last` counts out (a LapsePolicy's:
+        functions/policy_objects.py); None: counted-out runs are due when pushed out."""
+        return None
 
     def clock(self, target: Target, phase: str) -> tuple[str, Ttl] | None:
         """(key, ttl) this policy sets for `target` on a run in `phase`, or None."""
@@ -359,6 +380,8 @@ class Group:
     label: str  # the label key, or the field path (`field`)
     value: str | None
     field: bool = False
+    # The least time a counted-out run stays after its finish (the policy's; None: none).
+    floor: Floor | None = None
 
     @property
     def selector(self) -> str:
@@ -390,13 +413,20 @@ def keep_last_group(run: RunRef, policies: Sequence[Policy]) -> tuple[Group, Kee
             if listed is not None and value is None:
                 continue
             field = rule.group_by[len("field:") :]
-            group = Group(policy.name, run.namespace, api_group, run.kind, field, value, True)
+            group = Group(
+                policy.name, run.namespace, api_group, run.kind, field, value, True,
+                policy.keep_last_floor,
+            )  # fmt: skip
             return group, rule
         found = rule.group_label(run.labels)
         if found is None:
             continue
         label, label_value = found
-        return Group(policy.name, run.namespace, api_group, run.kind, label, label_value), rule
+        group = Group(
+            policy.name, run.namespace, api_group, run.kind, label, label_value,
+            floor=policy.keep_last_floor,
+        )  # fmt: skip
+        return group, rule
     return None
 
 
@@ -434,23 +464,48 @@ def counted_out(
     }
 
 
-def with_count(decision: Decision, counted: Counted | None) -> Decision:
+def count_deadline(counted: Counted, finished: datetime | None = None) -> datetime:
+    """When a run counted out is due: when the run that pushed it out finished, and never
+    before its own finish plus its group's floor. `finished`: the run's finish as the
+    caller knows it (the reaper's is the planner's reference time when the object has
+    none), else as listed; a run with neither is floored from when its pusher finished,
+    or now (`out.at`): never earlier than its true finish plus the floor."""
+    group, out = counted
+    if group.floor is None:
+        return out.at
+    start = finished or out.finished or out.at
+    try:
+        return max(out.at, (start + group.floor.minimum).astimezone(UTC))
+    except OverflowError:
+        return datetime.max.replace(tzinfo=UTC)
+
+
+def with_count(
+    decision: Decision, counted: Counted | None, finished: datetime | None = None
+) -> Decision:
     """The Kubernetes decision once the count is heard too: whichever comes first, the
-    TTL or the count, deletes. `keep` and a malformed annotation still delete nothing."""
+    TTL or the count (`count_deadline`: never before its group's floor), deletes. `keep`
+    and a malformed annotation still delete nothing."""
     if counted is None or decision.action is Action.INVALID:
         return decision
     if decision.action is Action.CANCEL and decision.policy == f"annotation:{KEEP_ANNOTATION}":
         return decision
     group, out = counted
-    if decision.deadline is not None and decision.deadline <= out.at:
+    due = count_deadline(counted, finished)
+    if decision.deadline is not None and decision.deadline <= due:
         return decision
+    floored = (
+        f"; kept at least {group.floor.describe()} after it finished"
+        if group.floor is not None and due > out.at
+        else ""
+    )
     return Decision(
         Target.KUBERNETES,
         Action.SCHEDULE,
-        out.at,
+        due,
         f"{KEEP_LAST_SOURCE}:{group.policy}",
         f"policy {group.policy!r} keep_last.{out.bucket}={out.limit} for {group.describe()}: "
-        f"not among the {out.limit} newest since {out.pushed_out_by} finished",
+        f"not among the {out.limit} newest since {out.pushed_out_by} finished{floored}",
     )
 
 

@@ -9,8 +9,10 @@ in (the dicts the API server returns), policies and verdicts out.
 - A `LapsePolicy` applies to runs of its own namespace only: its `match` has no
   `namespaces`, and the policy built here is pinned to the namespace it lives in.
   It is honoured where a covering ClusterLapsePolicy allows namespaced policies and none
-  forbids them. A TTL outside the bounds is clamped to the nearest bound; a refusal or a
-  clamp is said in the object's `status.conditions` (type `Accepted`), never silent.
+  forbids them. A TTL outside the bounds is clamped to the nearest bound, and its
+  `keepLast` holds the Kubernetes minimum too (a run it counts out stays at least that long
+  after its finish: `Floor`); a refusal or a clamp is said in the object's
+  `status.conditions` (type `Accepted`), never silent.
   What the schema can say (duration syntax, the fixed 1m minimum, at least one clock), the
   API server refuses itself (infra/crds/).
 
@@ -31,7 +33,7 @@ from typing import Any, Final, overload
 from pydantic import ValidationError
 
 from lapse.functions.durations import NEVER, DurationError, Ttl, format_duration, parse_ttl
-from lapse.functions.policy import Policy
+from lapse.functions.policy import Floor, Policy
 
 GROUP: Final = "lapse.dev"
 VERSION: Final = "v1alpha1"
@@ -90,9 +92,15 @@ def ref_of(obj: Mapping[str, Any]) -> ObjectRef:
 class ObjectPolicy(Policy):
     """A policy built from an object: its name is the object's label
     (`lapsepolicy:<namespace>/<name>@<generation>`), so every decision it makes names the
-    object, keep_last's too (`keep_last:<label>`)."""
+    object, keep_last's too (`keep_last:<label>`). `floor`: a LapsePolicy's, the Kubernetes
+    minimum of its namespace, held by the runs its `keep_last` counts out."""
 
     name: str
+    floor: Floor | None = None
+
+    @property
+    def keep_last_floor(self) -> Floor | None:
+        return self.floor
 
     @property
     def label(self) -> str:
@@ -119,6 +127,13 @@ class Bound:
     minimum: timedelta | None = None
     maximum: timedelta | None = None  # None: no maximum (never allowed)
     sources: tuple[str, ...] = ()  # the ClusterLapsePolicies that set it
+    # Of those, the ones that set the minimum, and the maximum, that hold.
+    minimum_by: tuple[str, ...] = ()
+    maximum_by: tuple[str, ...] = ()
+
+    def set_by(self, side: str) -> str:
+        """Who set the `side` ("minimum" or "maximum") bound, as the status names them."""
+        return ", ".join(self.minimum_by if side == "minimum" else self.maximum_by)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +163,10 @@ def _snake(section: Mapping[str, Any]) -> dict[str, Any]:
 _OPTIONAL_FIELDS: Final = (("keepLast", "keep_last"), ("artifacts", "artifacts"))
 
 
-def _policy(ref: ObjectRef, spec: Mapping[str, Any], namespace: str | None) -> ObjectPolicy:
-    body: dict[str, Any] = {"name": ref.label}
+def _policy(
+    ref: ObjectRef, spec: Mapping[str, Any], namespace: str | None, floor: Floor | None = None
+) -> ObjectPolicy:
+    body: dict[str, Any] = {"name": ref.label, "floor": floor}
     match = _snake(dict(spec.get("match") or {}))
     if namespace is not None:
         # Whatever the object says, a namespaced policy reaches its own namespace only.
@@ -229,7 +246,12 @@ def bounds_for(namespace: str, rules: Sequence[ClusterRule]) -> dict[str, Bound]
                 high = rule_high
             if rule_low is not None or rule_high is not None:
                 sources.append(rule.ref.label)
-        out[target] = Bound(low, high, tuple(sources))
+        held = [r for r in rules if r.covers(namespace) and target in r.bounds]
+        out[target] = Bound(
+            low, high, tuple(sources),
+            tuple(r.ref.label for r in held if low is not None and r.bounds[target][0] == low),
+            tuple(r.ref.label for r in held if high is not None and r.bounds[target][1] == high),
+        )  # fmt: skip
     return out
 
 
@@ -243,6 +265,15 @@ def _clamp(value: Ttl, bound: Bound) -> Ttl:
 
 def _show(value: Ttl) -> str:
     return NEVER.value if value is NEVER else format_duration(value)
+
+
+def _keep_last_floor(spec: Mapping[str, Any], bound: Bound) -> Floor | None:
+    """The floor of a LapsePolicy's count: the Kubernetes minimum, which its TTLs are
+    clamped to. Without it a count would make an older run due the moment a newer one
+    finished, however short a time after its own finish: the minimum by another road."""
+    if spec.get("keepLast") is None or bound.minimum is None:
+        return None
+    return Floor(bound.minimum, bound.minimum_by)
 
 
 def namespaced_policy(obj: Mapping[str, Any], rules: Sequence[ClusterRule]) -> Verdict:
@@ -293,11 +324,17 @@ def namespaced_policy(obj: Mapping[str, Any], rules: Sequence[ClusterRule]) -> V
                 side = "maximum" if clamped == bounds[target].maximum else "minimum"
                 notes.append(
                     f"{target}.{key} {_show(value)} clamped to the {side} {_show(clamped)} "
-                    f"({', '.join(bounds[target].sources)})"
+                    f"({bounds[target].set_by(side)})"
                 )
                 section[key] = _show(clamped)
+    floor = _keep_last_floor(spec, bounds["kubernetes"])
+    if floor is not None:
+        notes.append(
+            f"keepLast: a run it counts out is kept at least the minimum "
+            f"{_show(floor.minimum)} after it finished ({', '.join(floor.sources)})"
+        )
     try:
-        policy = _policy(ref, spec, namespace)
+        policy = _policy(ref, spec, namespace, floor)
     except PolicyError as exc:
         return Verdict(ref, False, "Invalid", str(exc))
     if notes:

@@ -229,9 +229,11 @@ def _judge(
     decision = decide(run, Target.KUBERNETES, policies, now)
     if group is not None:
         # Counted from the group as it is now: a run already gone is not counted, and a
-        # run only counted out in an older listing is not deleted on that word.
+        # run only counted out in an older listing is not deleted on that word. The
+        # count's floor is held here too, from the finish the clocks use: a schedule put
+        # by a count without it (an older lapse, a bound set since) deletes nothing early.
         counted = counted_out(listed_runs(group, kind), policies, now)
-        decision = with_count(decision, counted.get(run.uid))
+        decision = with_count(decision, counted.get(run.uid), run.finished_at)
     if decision.action is Action.CANCEL:
         return Kept(run, decision.reason)
     if decision.action is Action.INVALID:
