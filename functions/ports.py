@@ -28,7 +28,9 @@ class PendingSchedule:
     `fired`: the deadline has come and the server stored its due message, whose content
     lapse wrote when it put the schedule (`due`). That stored content, not a due event's
     claim, is what a reaper that cannot read its target's owner judges from
-    (the row-reaper: functions/row_reaper/verdict.py).
+    (the row-reaper: functions/row_reaper/verdict.py). A pending schedule carries it too
+    where the store can read it back: the planner reads a run where lapse stored it, not
+    where a deletion claim says (functions/ttl_planner/claims.py).
     """
 
     target: Target

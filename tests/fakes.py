@@ -45,7 +45,7 @@ class FakeSchedules:
     ) -> None:
         payload = parse_payload(due_event, CleanupDue)
         self.puts.append((target, uid, deadline, payload))
-        self.stored[(target, uid)] = PendingSchedule(target, uid, deadline)
+        self.stored[(target, uid)] = PendingSchedule(target, uid, deadline, due=payload)
 
     async def cancel(self, target: Target, uid: str) -> bool:
         return self.stored.pop((target, uid), None) is not None

@@ -119,9 +119,8 @@ class NatsScheduleStore:
         return self._direct_get
 
     async def _fired(self, msg: RawStreamMsg, target: Target, uid: str) -> PendingSchedule | None:
-        try:
-            due = parse_payload(from_nats(msg.headers, msg.data or b""), CleanupDue)
-        except InvalidEvent:
+        due = _stored_due(msg)
+        if due is None:
             return None
         subject = msg.subject or due_subject(target, uid)
         if self._rederive_handled and await self._handled(subject, msg.seq or 0):
@@ -176,17 +175,31 @@ class NatsScheduleStore:
 
     async def cancel(self, target: Target, uid: str) -> bool:
         msg = await self._last(schedule_subject(target, uid))
-        if msg is None or _pending_of(msg, target, uid) is None:
+        if msg is None or _pending_deadline(msg) is None:
             return False
         await self._js.purge_stream(self._stream, subject=schedule_subject(target, uid))
         return True
 
 
 def _pending_of(msg: RawStreamMsg, target: Target, uid: str) -> PendingSchedule | None:
-    spec = (msg.headers or {}).get(SCHEDULE_HEADER, "")
-    if not spec.startswith(_AT):
+    """The pending schedule `msg` holds, with the due event lapse stored in it: where the
+    run lives is read back from there (the planner confirms a deletion claim by it)."""
+    deadline = _pending_deadline(msg)
+    if deadline is None:
         return None
-    return PendingSchedule(target, uid, parse_rfc3339(spec[len(_AT) :]))
+    return PendingSchedule(target, uid, deadline, due=_stored_due(msg))
+
+
+def _pending_deadline(msg: RawStreamMsg) -> datetime | None:
+    spec = (msg.headers or {}).get(SCHEDULE_HEADER, "")
+    return parse_rfc3339(spec[len(_AT) :]) if spec.startswith(_AT) else None
+
+
+def _stored_due(msg: RawStreamMsg) -> CleanupDue | None:
+    try:
+        return parse_payload(from_nats(msg.headers, msg.data or b""), CleanupDue)
+    except InvalidEvent:
+        return None
 
 
 def _takes(consumer: ConsumerInfo, subject: str) -> bool:
