@@ -31,7 +31,9 @@ class FakeSchedules:
         self.stored[key] = PendingSchedule(*key, payload.deadline, fired=True, due=payload)
         return event
 
-    async def get(self, target: Target, uid: str) -> PendingSchedule | None:
+    async def get(
+        self, target: Target, uid: str, *, with_due: bool = False
+    ) -> PendingSchedule | None:
         return self.stored.get((target, uid))
 
     async def put(

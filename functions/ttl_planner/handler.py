@@ -270,7 +270,7 @@ class Planner:
         schedule of `uid` (the claim's own only when nothing is stored, so nothing would be
         withdrawn), and it must be gone or another uid's now. A failed read raises: the
         event is delivered again, and nothing is withdrawn meanwhile."""
-        stored = await self.schedules.get(Target.KUBERNETES, uid)
+        stored = await self.schedules.get(Target.KUBERNETES, uid, with_due=True)
         read_at = where_to_read(uid, stored, claimed)
         if read_at is None:
             return None
