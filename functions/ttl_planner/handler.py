@@ -234,7 +234,7 @@ class Planner:
         if isinstance(claimed, Ignored):
             return None
         if trust.observed:
-            # The watcher saw the object go (or reconcile listed it): believed as it is.
+            # A version lapse read itself (its watcher, reconcile): believed as it is.
             return _Change(claimed, observed=True)
         if isinstance(claimed, RunDeleted):
             return await self._confirm_deleted(claimed.run.uid, claimed.run)
