@@ -96,8 +96,10 @@ class Up:
         ]
 
     async def answers(self, uid: str, count: int) -> list[dict[str, Any]]:
-        """The planner's first `count` answers to deletion claims about `uid`, as recorded:
-        a refusal (`cleanup.failed`, stage planner) or a withdrawal (`cleanup.cancelled`)."""
+        """The planner's answers to deletion claims about `uid`, as recorded: refusals
+        (`cleanup.failed`, stage planner) and withdrawals (`cleanup.cancelled`), once there
+        are `count` of them or a withdrawal (which settles it: a later claim finds nothing
+        to withdraw, and is silent)."""
 
         async def found() -> list[dict[str, Any]] | None:
             answers = [
@@ -106,7 +108,8 @@ class Up:
                 if r["type"] == EventType.CLEANUP_CANCELLED
                 or (r["type"] == EventType.CLEANUP_FAILED and r["stage"] == "planner")
             ]
-            return answers if len(answers) >= count else None
+            withdrawn = any(a["type"] == EventType.CLEANUP_CANCELLED for a in answers)
+            return answers if len(answers) >= count or withdrawn else None
 
         return await wait_for(found, timeout=20, interval=0.1)
 
