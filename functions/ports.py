@@ -28,7 +28,9 @@ class PendingSchedule:
     `fired`: the deadline has come and the server stored its due message, whose content
     lapse wrote when it put the schedule (`due`). That stored content, not a due event's
     claim, is what a reaper that cannot read its target's owner judges from
-    (the row-reaper: functions/row_reaper/verdict.py).
+    (the row-reaper: functions/row_reaper/verdict.py). A pending schedule carries it when
+    asked for (`ScheduleStore.get(with_due=True)`): the planner reads a run where lapse
+    stored it, not where a deletion claim says (functions/ttl_planner/claims.py).
     """
 
     target: Target
@@ -44,7 +46,13 @@ class ScheduleStore(Protocol):
     One pending schedule per (target, uid): `put` replaces, `cancel` withdraws.
     """
 
-    async def get(self, target: Target, uid: str) -> PendingSchedule | None: ...
+    async def get(
+        self, target: Target, uid: str, *, with_due: bool = False
+    ) -> PendingSchedule | None:
+        """The schedule held for (target, uid), pending or fired. `with_due`: a pending one
+        carries the due event lapse stored in it too (a fired one always does); reading it
+        back is a parse, paid only where it is needed."""
+        ...
 
     async def put(
         self,

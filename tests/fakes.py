@@ -31,7 +31,9 @@ class FakeSchedules:
         self.stored[key] = PendingSchedule(*key, payload.deadline, fired=True, due=payload)
         return event
 
-    async def get(self, target: Target, uid: str) -> PendingSchedule | None:
+    async def get(
+        self, target: Target, uid: str, *, with_due: bool = False
+    ) -> PendingSchedule | None:
         return self.stored.get((target, uid))
 
     async def put(
@@ -45,7 +47,7 @@ class FakeSchedules:
     ) -> None:
         payload = parse_payload(due_event, CleanupDue)
         self.puts.append((target, uid, deadline, payload))
-        self.stored[(target, uid)] = PendingSchedule(target, uid, deadline)
+        self.stored[(target, uid)] = PendingSchedule(target, uid, deadline, due=payload)
 
     async def cancel(self, target: Target, uid: str) -> bool:
         return self.stored.pop((target, uid), None) is not None

@@ -8,8 +8,11 @@
 - Input that cannot be used becomes a `cleanup.failed` event with the reason.
 - An event lapse did not read itself (`Trust.CLAIM`: over HTTP, a replay) is checked
   against the API server first: a finished run is planned from the object as read, a
-  claim the API server contradicts (a Running run said to be finished, a run said to be
-  deleted that still exists, a run the API server does not have) is refused and recorded.
+  claim the API server contradicts (a Running run said to be finished, a run the API server
+  does not have) is refused and recorded.
+- A deletion claim (`run.deleted` as a `CLAIM`, any ApiServerSource `ref.delete`) withdraws
+  nothing until the API server confirms the uid is gone, read where lapse stored the run,
+  not where the claim says (`claims.py`); otherwise it is refused and recorded.
 
 Each decision is a span (`schedule <target>`, `cancel <target>`); the due event is created
 inside it, so its own `traceparent` names the span that scheduled it, and the reaper's
@@ -77,6 +80,7 @@ from lapse.functions.tracing import (
 )
 from lapse.functions.trust import Trust
 from lapse.functions.ttl_planner.artifacts import ArtifactPlanning
+from lapse.functions.ttl_planner.claims import Refusal, judge_deletion, where_to_read
 
 SOURCE = "/lapse/ttl-planner"
 # Without object stores configured, the artifacts target has nothing to delete.
@@ -114,7 +118,7 @@ class Planner:
             if isinstance(change, _Refused):
                 failed = CleanupFailed(
                     run=change.run,
-                    reason=f"refused: {change.reason}; nothing was planned",
+                    reason=f"refused: {change.reason}; {change.consequence}",
                     stage=STAGE,
                     original=capture_event(event),
                 )
@@ -223,29 +227,71 @@ class Planner:
         else:
             claimed = adapt_cloudevent(event, self.kinds)
         if isinstance(claimed, NeedsFetch):
+            if claimed.deleted:
+                return await self._reference_deleted(claimed)
             fetched = await self._fetch(claimed)
             return None if isinstance(fetched, Ignored) else _Change(fetched, observed=True)
         if isinstance(claimed, Ignored):
             return None
         if trust.observed:
+            # A version lapse read itself (its watcher, reconcile): believed as it is.
             return _Change(claimed, observed=True)
+        if isinstance(claimed, RunDeleted):
+            return await self._confirm_deleted(claimed.run.uid, claimed.run)
         return await self._verify(claimed)
 
-    async def _verify(self, claim: RunFinished | RunDeleted) -> _Change | _Refused | None:
-        """A claim checked against the API server: what it says of the object now."""
-        run = claim.run
+    def _checker(self, what: str) -> ObjectFetcher:
         if self.fetcher is None:
             raise InvalidEvent(
-                f"{run.kind} {run.subject}: this planner has no Kubernetes access to check "
-                "an event lapse did not read itself; not planned"
+                f"{what}: this planner has no Kubernetes access to check an event lapse did "
+                "not read itself; not planned"
             )
-        obj = await self.fetcher.fetch(run.api_version, run.kind, run.namespace, run.name)
+        return self.fetcher
+
+    async def _reference_deleted(self, ref: NeedsFetch) -> _Change | _Refused | None:
+        """An ApiServerSource `ref.delete`: a name, and at most a uid. Which uid's deletion
+        it claims is the reference's own, or else that of the object now under the name;
+        either is then confirmed like any deletion claim (`_confirm_deleted`). A reference
+        to a name the API server no longer has, without a uid, says whose schedule to
+        withdraw to no one: nothing is withdrawn (the object reaper finds the object gone
+        at its deadline: `already_gone`)."""
+        fetcher = self._checker(f"{ref.kind} {ref.namespace}/{ref.name}")
+        obj = await fetcher.fetch(ref.api_version, ref.kind, ref.namespace, ref.name)
+        named = adapt_object(obj, True, self.kinds) if obj is not None else None
+        run = named.run if isinstance(named, RunDeleted) else None
+        uid = ref.uid or (run.uid if run is not None else None)
+        if uid is None:
+            return None
+        return await self._confirm_deleted(uid, run if run is not None and run.uid == uid else None)
+
+    async def _confirm_deleted(self, uid: str, claimed: RunRef | None) -> _Change | _Refused | None:
+        """A claim that the object with `uid` was deleted, believed only when the API server
+        confirms it: the object is read by the namespace and name lapse stored with the
+        schedule of `uid` (the claim's own only when nothing is stored, so nothing would be
+        withdrawn), and it must be gone or another uid's now. A failed read raises: the
+        event is delivered again, and nothing is withdrawn meanwhile."""
+        stored = await self.schedules.get(Target.KUBERNETES, uid, with_due=True)
+        read_at = where_to_read(uid, stored, claimed)
+        if read_at is None:
+            return None
+        if isinstance(read_at, Refusal):
+            return _Refused(claimed, read_at.reason, _NOT_WITHDRAWN)
+        fetcher = self._checker(f"{read_at.kind} {read_at.subject}")
+        obj = await fetcher.fetch(
+            read_at.api_version, read_at.kind, read_at.namespace, read_at.name
+        )
+        refusal = judge_deletion(uid, read_at, claimed, obj)
+        if refusal is not None:
+            return _Refused(read_at, refusal.reason, _NOT_WITHDRAWN)
+        return _Change(RunDeleted(run=read_at), observed=False)
+
+    async def _verify(self, claim: RunFinished) -> _Change | _Refused | None:
+        """A claim checked against the API server: what it says of the object now."""
+        run = claim.run
+        fetcher = self._checker(f"{run.kind} {run.subject}")
+        obj = await fetcher.fetch(run.api_version, run.kind, run.namespace, run.name)
         uid = (obj or {}).get("metadata", {}).get("uid")
         exists = obj is not None and uid == run.uid
-        if isinstance(claim, RunDeleted):
-            if exists:
-                return _Refused(run, f"{run.subject} (uid {run.uid}) still exists")
-            return _Change(claim, observed=False)
         if not exists:
             # Gone (or the name is another run's now): nothing lapse can read says what the
             # run was. Its namespace and labels choose the policy, and its run ids choose
@@ -274,7 +320,7 @@ class Planner:
         obj = await self.fetcher.fetch(ref.api_version, ref.kind, ref.namespace, ref.name)
         if obj is None:
             return Ignored(f"{ref.kind} {ref.namespace}/{ref.name} no longer exists")
-        result = adapt_object(obj, ref.deleted, self.kinds)
+        result = adapt_object(obj, False, self.kinds)
         if isinstance(result, NeedsFetch):
             raise InvalidEvent(f"fetched {ref.kind} {ref.namespace}/{ref.name} is a reference")
         return result
@@ -380,10 +426,15 @@ class _Change:
 
 @dataclass(frozen=True, slots=True)
 class _Refused:
-    """A claim the API server contradicts: nothing is planned, and it is recorded."""
+    """A claim the API server contradicts: nothing is planned, and it is recorded. `run`:
+    the run the refusal is about, if any can be named."""
 
-    run: RunRef
+    run: RunRef | None
     reason: str
+    consequence: str = "nothing was planned"
+
+
+_NOT_WITHDRAWN = "no schedule was withdrawn"
 
 
 def _uid(obj: Mapping[str, Any]) -> object:

@@ -246,7 +246,9 @@ def _artifacts(obj: dict[str, Any], kind: KindSpec) -> RunArtifacts | None:
 class _NoSchedules:
     """The preview never schedules: `_OrphanedRows` replaces the one call that would."""
 
-    async def get(self, target: Target, uid: str) -> PendingSchedule | None:
+    async def get(
+        self, target: Target, uid: str, *, with_due: bool = False
+    ) -> PendingSchedule | None:
         raise AssertionError("lapse plan reads no schedules")
 
     async def put(

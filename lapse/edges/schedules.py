@@ -81,7 +81,9 @@ class NatsScheduleStore:
         self._consumers: tuple[float, list[ConsumerInfo]] | None = None
         self._direct_get: bool | None = None
 
-    async def get(self, target: Target, uid: str) -> PendingSchedule | None:
+    async def get(
+        self, target: Target, uid: str, *, with_due: bool = False
+    ) -> PendingSchedule | None:
         # One lookup answers both questions: the newest message on either subject of this
         # (target, uid) is its state. The server removes a schedule when it fires, and a
         # schedule put after a firing is newer than the due message it follows.
@@ -89,14 +91,14 @@ class NatsScheduleStore:
         if msg is None:
             return None
         if (msg.subject or "").startswith(SCHEDULE_PREFIX + "."):
-            return _pending_of(msg, target, uid)
+            return _pending_of(msg, target, uid, with_due)
         fired = await self._fired(msg, target, uid)
         # The server removes a schedule when it fires it, so a due message newer than a
         # schedule still pending, for a later deadline, was not fired from it: it was
         # published on the due subject (`lapse dlq replay`, a replay). The deadline lapse
         # stored is the pending one; a replayed due event never stands for it.
         later = await self._last(schedule_subject(target, uid))
-        pending = _pending_of(later, target, uid) if later is not None else None
+        pending = _pending_of(later, target, uid, with_due) if later is not None else None
         if pending is not None and (fired is None or pending.deadline > fired.deadline):
             return pending
         return fired
@@ -119,9 +121,8 @@ class NatsScheduleStore:
         return self._direct_get
 
     async def _fired(self, msg: RawStreamMsg, target: Target, uid: str) -> PendingSchedule | None:
-        try:
-            due = parse_payload(from_nats(msg.headers, msg.data or b""), CleanupDue)
-        except InvalidEvent:
+        due = _stored_due(msg)
+        if due is None:
             return None
         subject = msg.subject or due_subject(target, uid)
         if self._rederive_handled and await self._handled(subject, msg.seq or 0):
@@ -176,17 +177,34 @@ class NatsScheduleStore:
 
     async def cancel(self, target: Target, uid: str) -> bool:
         msg = await self._last(schedule_subject(target, uid))
-        if msg is None or _pending_of(msg, target, uid) is None:
+        if msg is None or _pending_deadline(msg) is None:
             return False
         await self._js.purge_stream(self._stream, subject=schedule_subject(target, uid))
         return True
 
 
-def _pending_of(msg: RawStreamMsg, target: Target, uid: str) -> PendingSchedule | None:
-    spec = (msg.headers or {}).get(SCHEDULE_HEADER, "")
-    if not spec.startswith(_AT):
+def _pending_of(
+    msg: RawStreamMsg, target: Target, uid: str, with_due: bool
+) -> PendingSchedule | None:
+    """The pending schedule `msg` holds; `with_due`: with the due event lapse stored in it
+    (where the run lives: the planner confirms a deletion claim by it). Parsing it costs
+    about 0.1 ms, so the planner's re-plans, which only compare deadlines, do without."""
+    deadline = _pending_deadline(msg)
+    if deadline is None:
         return None
-    return PendingSchedule(target, uid, parse_rfc3339(spec[len(_AT) :]))
+    return PendingSchedule(target, uid, deadline, due=_stored_due(msg) if with_due else None)
+
+
+def _pending_deadline(msg: RawStreamMsg) -> datetime | None:
+    spec = (msg.headers or {}).get(SCHEDULE_HEADER, "")
+    return parse_rfc3339(spec[len(_AT) :]) if spec.startswith(_AT) else None
+
+
+def _stored_due(msg: RawStreamMsg) -> CleanupDue | None:
+    try:
+        return parse_payload(from_nats(msg.headers, msg.data or b""), CleanupDue)
+    except InvalidEvent:
+        return None
 
 
 def _takes(consumer: ConsumerInfo, subject: str) -> bool:

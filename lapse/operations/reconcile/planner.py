@@ -26,8 +26,10 @@ class ReadOnlySchedules:
     def __init__(self, store: ScheduleStore) -> None:
         self._store = store
 
-    async def get(self, target: Target, uid: str) -> PendingSchedule | None:
-        return await self._store.get(target, uid)
+    async def get(
+        self, target: Target, uid: str, *, with_due: bool = False
+    ) -> PendingSchedule | None:
+        return await self._store.get(target, uid, with_due=with_due)
 
     async def put(
         self,
