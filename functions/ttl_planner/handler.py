@@ -137,7 +137,7 @@ class Planner:
             recorded = change.payload.artifacts
             counted, others, gone = await self._count(run)
             k8s = Target.KUBERNETES
-            decisions[k8s] = with_count(decisions[k8s], counted.get(run.uid))
+            decisions[k8s] = with_count(decisions[k8s], counted.get(run.uid), run.finished_at)
             if gone:
                 # Counted out and deleted already (another process's count came first):
                 # nothing is left to delete, and a TTL put now would wait for nothing.
@@ -197,7 +197,7 @@ class Planner:
                 if member.uid == run.uid or member.uid not in counted:
                     continue
                 own = decide(member, Target.KUBERNETES, self.policies, now)
-                decision = with_count(own, counted[member.uid])
+                decision = with_count(own, counted[member.uid], member.finished_at)
                 if decision.policy.startswith(f"{KEEP_LAST_SOURCE}:"):
                     moved.append(await self._apply(member, decision, observed=True))
             return counted, moved, gone

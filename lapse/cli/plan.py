@@ -451,7 +451,7 @@ async def _preview_listing(
     for run, obj in listed:
         decisions = plan(run, policies, now, targets)
         k8s = Target.KUBERNETES
-        decisions[k8s] = with_count(decisions[k8s], counted.get(run.uid))
+        decisions[k8s] = with_count(decisions[k8s], counted.get(run.uid), run.finished_at)
         if args.policy is not None and not any(
             _unversioned(d.policy) in chosen for d in decisions.values()
         ):
