@@ -243,6 +243,11 @@ class TableTarget(_Section):
     # The table's own record of when the run finished (a timestamp, or seconds since the
     # epoch; NULL or 0 while it runs): checked before its rows are deleted.
     finished_column: ColumnName | None = None
+    # The table's own record of the run's namespace: when set, a run's rows are deleted only
+    # if its row there names the namespace lapse stored with the run (another namespace:
+    # `refused`). Without it a key taken from a label or annotation is the tenant's word
+    # (docs/security.md, "Tenants and databases").
+    namespace_column: ColumnName | None = None
 
     @property
     def key_source(self) -> tuple[Literal["uid", "name", "label", "annotation"], str | None]:
