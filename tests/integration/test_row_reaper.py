@@ -76,6 +76,7 @@ def due(
     labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
     finished_at: datetime | None = None,
+    namespace: str = "team-a",
 ) -> BaseCloudEvent:
     labels = dict(labels or {})
     if kfp_run_id is not None:
@@ -84,7 +85,7 @@ def due(
         engine=Engine.ARGO,
         api_version="argoproj.io/v1alpha1",
         kind="Workflow",
-        namespace="team-a",
+        namespace=namespace,
         name=name,
         uid=uid or str(uuid.uuid4()),
         phase="Succeeded",
