@@ -26,6 +26,9 @@ TEKTON_RESULTS: Final = "tekton_results"
 ARGO_OFFLOAD_TABLE: Final = "argo_workflows"
 # Where each engine records whose run a row is (gorm's and Argo's column names).
 KFP_NAMESPACE_COLUMN: Final = "Namespace"
+# KFP in single-user mode leaves run_details.Namespace empty: its runs are those of the
+# namespace KFP is installed in (`database.targets.kfp.single_user_namespace`).
+KFP_SINGLE_USER_NAMESPACE: Final = "kubeflow"
 ARGO_NAMESPACE_COLUMN: Final = "namespace"
 KFP_RUN_RESOURCE_TYPE: Final = "Run"
 # KFP v2's RuntimeState values of a run that is not over (backend/api/v2beta1/run.proto).
@@ -128,6 +131,9 @@ class Step:
     column_key: str
     where: tuple[tuple[str, str], ...] = ()
     namespace_column: str | None = None
+    # The namespace a NULL or empty value in `namespace_column` stands for (KFP's
+    # single-user runs); None: such a row is no namespace's, and refuses every run.
+    namespace_default: str | None = None
 
 
 @dataclass(frozen=True)
@@ -214,6 +220,11 @@ class Enabled(Protocol):
     def enabled(self) -> bool: ...
 
 
+class KfpDeclaration(Enabled, Protocol):
+    @property
+    def single_user_namespace(self) -> str: ...
+
+
 class ArgoArchiveDeclaration(Enabled, Protocol):
     @property
     def cluster_name(self) -> str: ...
@@ -228,7 +239,7 @@ class TargetsDeclaration(Protocol):
     @property
     def tekton_results(self) -> Enabled: ...
     @property
-    def kfp(self) -> Enabled: ...
+    def kfp(self) -> KfpDeclaration: ...
     @property
     def ml_metadata(self) -> MlMetadataDeclaration: ...
     @property
@@ -237,8 +248,12 @@ class TargetsDeclaration(Protocol):
     def tables(self) -> Sequence[TableDeclaration]: ...
 
 
-def kfp_target(config_key: str = "database.targets.kfp") -> TargetSpec:
-    """KFP's run tables, in KFP's own delete order (storage/run_store.go DeleteRun)."""
+def kfp_target(
+    config_key: str = "database.targets.kfp",
+    single_user_namespace: str = KFP_SINGLE_USER_NAMESPACE,
+) -> TargetSpec:
+    """KFP's run tables, in KFP's own delete order (storage/run_store.go DeleteRun).
+    `single_user_namespace`: whose runs those are that KFP records with no namespace."""
 
     def step(table: str, column: str, *where: tuple[str, str]) -> Step:
         return Step(table, column, config_key, config_key, tuple(where))
@@ -250,7 +265,12 @@ def kfp_target(config_key: str = "database.targets.kfp") -> TargetSpec:
         # The run id is the tenant's label; run_details.Namespace is KFP's own record of
         # whose run it is (written by KFP's API server from the run's request).
         parent=Step(
-            "run_details", "UUID", config_key, config_key, namespace_column=KFP_NAMESPACE_COLUMN
+            "run_details",
+            "UUID",
+            config_key,
+            config_key,
+            namespace_column=KFP_NAMESPACE_COLUMN,
+            namespace_default=single_user_namespace,
         ),
         children=(
             step("run_metrics", "RunUUID"),
@@ -369,7 +389,7 @@ def targets_for(config: TargetsDeclaration, prefix: str = "database.targets") ->
     """Every enabled target, built-ins first, in configuration order."""
     targets = []
     if config.kfp.enabled:
-        targets.append(kfp_target(f"{prefix}.kfp"))
+        targets.append(kfp_target(f"{prefix}.kfp", config.kfp.single_user_namespace))
     if config.argo_archive.enabled:
         targets.append(
             argo_archive_target(config.argo_archive.cluster_name, f"{prefix}.argo_archive")

@@ -28,6 +28,7 @@ from lapse.events.kinds import DEFAULT_KIND_NAMES, KindSet, KindSpec, resolve_ki
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig
 from lapse.functions.durations import PositiveDuration
 from lapse.functions.policy import Policies
+from lapse.functions.row_reaper.targets import KFP_SINGLE_USER_NAMESPACE
 from lapse.functions.safety import SafetyConfig
 
 
@@ -205,6 +206,10 @@ class NatsConfig(_Section):
 
 class KfpTarget(_Section):
     enabled: bool = False
+    # Whose runs those are that KFP records with no namespace (single-user mode leaves
+    # run_details.Namespace empty): the namespace KFP is installed in. A run's KFP rows are
+    # deleted only when run_details names the run's namespace (docs/security.md).
+    single_user_namespace: str = Field(default=KFP_SINGLE_USER_NAMESPACE, min_length=1)
 
 
 class ArgoArchiveTarget(_Section):

@@ -180,6 +180,22 @@ async def test_a_label_naming_another_namespaces_kfp_run_is_refused_and_its_rows
     assert await kfp_rows_of(engine, theirs) == NONE_KFP
 
 
+async def test_single_user_kfp_runs_are_the_kfp_namespaces_alone(engine: AsyncEngine) -> None:
+    """KFP in single-user mode records no namespace (run_details.Namespace empty): its runs
+    are those of the namespace KFP is installed in (single_user_namespace, kubeflow)."""
+    run = str(uuid.uuid4())
+    await insert_kfp(engine, "", run)
+    handler, _ = await reaper(engine, [kfp_target()])
+
+    [thief] = await batch(handler, [due(kfp_run_id=run, name="thief", namespace=A)])
+    assert thief.outcome is Outcome.REFUSED, thief
+    assert await kfp_rows_of(engine, run) == FULL_KFP
+
+    [own] = await batch(handler, [due(kfp_run_id=run, name="own", namespace="kubeflow")])
+    assert own.outcome is Outcome.DELETED, own
+    assert await kfp_rows_of(engine, run) == NONE_KFP
+
+
 def tenant_batches(pool: dict[str, list[str]]) -> st.SearchStrategy[list[tuple[str, str]]]:
     """Due runs as (namespace, the KFP run id its label names): any pool run, or none KFP has."""
     ids = [run for runs in pool.values() for run in runs] + ["not-a-kfp-run"]

@@ -111,6 +111,7 @@ def test_kfp_deletes_in_kfps_own_order_keyed_by_the_run_id() -> None:
         "database.targets.kfp",
         "database.targets.kfp",
         namespace_column="Namespace",
+        namespace_default="kubeflow",  # KFP's single-user runs record none
     )
     assert target.namespace_column == "Namespace"
     assert [(s.table, s.column, s.where, s.namespace_column) for s in target.steps] == [

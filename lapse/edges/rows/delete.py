@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from typing import Final, TypeAlias
 
-from sqlalchemy import delete, false, func, select
+from sqlalchemy import delete, false, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -68,9 +68,21 @@ def namespaces(step: Bound, runs: list[PendingRun]) -> list[Group]:
     for position, run in enumerate(runs):
         groups.setdefault(run.namespace, []).append(position)
     return [
-        ((step.namespace == namespace,) if namespace is not None else (false(),), positions)
+        ((_recorded_as(step, namespace),), positions)
         for namespace, positions in sorted(groups.items(), key=lambda g: g[0] or "")
     ]
+
+
+def _recorded_as(step: Bound, namespace: str | None) -> ColumnElement[bool]:
+    """The step's rows recorded as `namespace`'s: its own value, or none where that stands
+    for this namespace (KFP's single-user runs)."""
+    column = step.namespace
+    assert column is not None
+    if namespace is None:
+        return false()
+    if namespace != step.namespace_default:
+        return column == namespace
+    return or_(column == namespace, column == "", column.is_(None))
 
 
 def owners_of(

@@ -53,7 +53,9 @@ async def read_facts(
             position = owners.get(normalize(row[0]))
             if position is None or position in facts:
                 continue
-            namespace = None if parent.namespace is None else str(row[-1] or "")
+            namespace = None
+            if parent.namespace is not None:
+                namespace = str(row[-1] or "") or parent.namespace_default or ""
             if guard is None:
                 # Whose run it is, and nothing of its finish (the target keeps none).
                 facts[position] = RunFacts(running=False, finished_at=None, namespace=namespace)

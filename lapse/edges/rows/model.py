@@ -38,6 +38,8 @@ class Bound:
     # Where the table records the run's namespace (the step's `namespace_column`): every
     # statement on the step holds its rows to the run's namespace.
     namespace: Column[Any] | None = None
+    # The namespace a NULL or empty `namespace` value stands for (Step.namespace_default).
+    namespace_default: str | None = None
 
 
 @dataclass(eq=False, frozen=True)

@@ -93,7 +93,17 @@ class _Reflector:
         if coerce is None:
             return None
         conditions = tuple(w for w in where if w is not None)
-        return Bound(spec.name, step.table, table, column, conditions, coerce, via, namespace)
+        return Bound(
+            spec.name,
+            step.table,
+            table,
+            column,
+            conditions,
+            coerce,
+            via,
+            namespace,
+            step.namespace_default,
+        )
 
     def _namespace(
         self, spec: TargetSpec, table: Table, step: Step
