@@ -224,15 +224,15 @@ async def test_random_labels_and_namespaces_never_touch_another_namespaces_rows(
         for ns, placeholder_runs in placeholders.items():
             for p in placeholder_runs:
                 claimed_by_owner = (ns, fresh[p]) in dues
-                expected = NONE_KFP if claimed_by_owner else FULL_KFP
-                assert await kfp_rows_of(engine, fresh[p]) == expected, (example, p)
+                rows = NONE_KFP if claimed_by_owner else FULL_KFP
+                assert await kfp_rows_of(engine, fresh[p]) == rows, (example, p)
         for i, ((ns, run), result) in enumerate(zip(dues, results, strict=True)):
             owner = next((o for o, ps in placeholders.items() if run in map(fresh.get, ps)), None)
             if owner is not None and owner != ns:
                 # Refused, unless its owner's run had them deleted in an earlier round.
                 gone_before = (owner, run) in dues[:i]
-                expected = Outcome.ALREADY_GONE if gone_before else Outcome.REFUSED
-                assert result.outcome is expected, (example, result)
+                ends = Outcome.ALREADY_GONE if gone_before else Outcome.REFUSED
+                assert result.outcome is ends, (example, result)
             else:
                 assert result.outcome in (Outcome.DELETED, Outcome.ALREADY_GONE), result
             outcomes[result.outcome] += 1
