@@ -99,7 +99,7 @@ async def insert_archived(
     *,
     cluster: str = "default",
     name: str = "wf",
-    namespace: str = "argo",
+    namespace: str = "team-a",
     label_count: int = 2,
     node_versions: int = 1,
 ) -> None:

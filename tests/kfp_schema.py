@@ -112,11 +112,19 @@ def kfp_rows(
 
 
 async def insert_kfp_runs(
-    conn: AsyncConnection, run_ids: Iterable[str], *, metrics: int = 2, tasks: int = 2
+    conn: AsyncConnection,
+    run_ids: Iterable[str],
+    *,
+    metrics: int = 2,
+    tasks: int = 2,
+    namespace: str = "team-a",
 ) -> None:
+    """The runs' rows, each a run of `namespace` (run_details.Namespace: KFP's own record
+    of whose run it is, which lapse holds a Workflow's label to)."""
     batch: dict[str, list[dict[str, Any]]] = {name: [] for name in KFP_TABLES}
     for run_id in run_ids:
-        for name, rows in kfp_rows(run_id, metrics=metrics, tasks=tasks).items():
+        rows_of = kfp_rows(run_id, metrics=metrics, tasks=tasks, namespace=namespace)
+        for name, rows in rows_of.items():
             batch[name] += rows
     for name in KFP_TABLES:  # parents first: the foreign keys are enforced
         if batch[name]:

@@ -10,20 +10,26 @@ safe"; docs/security.md):
    server fired from it, or the one still pending — says which run and which deadline
    (`verdict.prove`). Nothing stored: `refused`. A later stored deadline: `rescheduled`
    (the stored schedule will fire).
-2. **Keys** of the stored run, per target; a target the run has no key for is skipped.
-3. **Brake and rate limit**, once per due event, counted apart from the objects' (the
+2. **Scope.** The stored run's namespace outside `safety.namespaces`: `skipped`, nothing
+   read (the object-reaper's step 1, the same function).
+3. **Keys** of the stored run, per target; a target the run has no key for is skipped.
+4. **Brake and rate limit**, once per due event, counted apart from the objects' (the
    same settings, `safety.mass_deletion_brake` and `safety.max_deletions_per_second`).
-4. **Delete** in one transaction, held to a precondition judged inside it with the run's
-   rows locked: the database's own record says the run finished, no later than lapse
-   planned from (`verdict.judge_facts`). Running: `kept`. Finished later: `rescheduled`
-   by as much. Zero rows: `already_gone`.
-5. **Outcome**, with an id derived from the due event's: one due event, one outcome.
+5. **Delete** in one transaction, held to a precondition judged inside it with the run's
+   rows locked (`verdict.judge_facts`): where the database records whose run the rows are
+   (KFP's run_details.Namespace, Argo's archive, a declared `namespace_column`), it names
+   the namespace lapse stored with the run, else `refused` and nothing deleted (the key
+   may be a tenant's label); ML Metadata only for a run id KFP's record vouched for in
+   the same transaction. The database's own record says the run finished, no later than
+   lapse planned from. Running: `kept`. Finished later: `rescheduled` by as much. Zero
+   rows: `already_gone`.
+6. **Outcome**, with an id derived from the due event's: one due event, one outcome.
 
 The database being unreachable (or asking to back off) raises `RetryLater`: nothing was
 committed, the runtime delivers the event again after its back-off.
 
 `handle_batch` is the same sequence for many due events (`lapse up`'s dispatcher hands it
-each fetch), and `handle` is that for one: steps 1-3 and 5 are each event's own, step 4 is
+each fetch), and `handle` is that for one: steps 1-4 and 6 are each event's own, step 5 is
 one transaction for the runs that reached it. No two runs in one transaction name the
 same uid or row key (functions/row_reaper/batches.py), so each event's outcome comes from
 the rows the transaction matched to its own keys; an event that would share is put off to
@@ -48,6 +54,7 @@ from lapse.events.original import capture_event
 from lapse.events.run import RunRef, Target
 from lapse.events.subjects import InvalidSubjectToken
 from lapse.events.types import EventType, Outcome
+from lapse.functions.object_reaper.gates import out_of_scope
 from lapse.functions.outcomes import Outcomes
 from lapse.functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
 from lapse.functions.ratelimit import Brake, RateLimit, local_limits
@@ -66,6 +73,7 @@ from lapse.functions.row_reaper.targets import ML_METADATA, RunKeys, keys_for
 from lapse.functions.row_reaper.verdict import (
     Keep,
     MoveTo,
+    NotOwned,
     NotYet,
     Proven,
     RunFacts,
@@ -135,7 +143,15 @@ class _Held:
     tripped: bool
 
 
-_End: TypeAlias = _Done | _Refused | _Later | _Kept | _Held
+@dataclass(frozen=True, slots=True)
+class _Skipped:
+    """Outside safety.namespaces: nothing read, nothing deleted."""
+
+    due: CleanupDue
+    reason: str
+
+
+_End: TypeAlias = _Done | _Refused | _Later | _Kept | _Held | _Skipped
 
 
 class _Proven(NamedTuple):
@@ -255,8 +271,13 @@ class RowReaper:
                     ends[i] = _Refused(claim.run, f"{reason}; nothing was deleted")
                 case NotYet(deadline=deadline, reason=reason):
                     ends[i] = _Later(claim, deadline, reason, put=False)
+                case Proven(due=due) if (
+                    outside := out_of_scope(due.run.namespace, self.safety.namespaces)
+                ) is not None:
+                    # 2. Scope: the namespace lapse stored, never the event's.
+                    ends[i] = _Skipped(due, outside)
                 case Proven(due=due):
-                    # 2. The stored run's keys.
+                    # 3. The stored run's keys.
                     keys = keys_for(due.run, self.rows.targets)
                     if keys.keys:
                         proven.append(_Proven(i, claim, due, keys))
@@ -264,7 +285,7 @@ class RowReaper:
                         ends[i] = _Done(due, Counted(()), keys.skipped)
         # One transaction holds each uid and row key once: the rest wait for the next round.
         taken, later = split(proven, _Proven.row_keys)
-        # 3. The brake, then the rate limit (a dry run deletes nothing: neither applies),
+        # 4. The brake, then the rate limit (a dry run deletes nothing: neither applies),
         # once per run; the transaction waits for its last run's slot.
         deleting: list[_Proven] = []
         wait = 0.0
@@ -284,7 +305,7 @@ class RowReaper:
                 deleting.append(p)
         if wait > 0:
             await asyncio.sleep(wait)
-        # 4. One transaction, each run held to the database's own account of it.
+        # 5. One transaction, each run held to the database's own account of it.
         if deleting:
             rows = [self._run_rows(p.due, p.keys) for p in deleting]
             results = await self.rows.delete(rows, dry_run=self.dry_run)
@@ -293,7 +314,7 @@ class RowReaper:
                     ends[p.at] = self._judged(p.due, result, p.keys.skipped)
                 except RetryLater as exc:
                     failed[p.at] = exc
-        # 5. Each event's outcome, from its own end alone.
+        # 6. Each event's outcome, from its own end alone.
         produced: dict[int, list[BaseCloudEvent]] = {}
         claimed = dict(claims)
         for i, problem in failed.items():
@@ -322,7 +343,7 @@ class RowReaper:
         record = None
         if self.metadata is not None and ML_METADATA in keys.keys:
             record = functools.partial(self.metadata.record, due.run.uid)
-        return RunRows(keys.keys, accepts, record=record)
+        return RunRows(keys.keys, accepts, record=record, namespace=due.run.namespace)
 
     async def _emit(
         self,
@@ -352,6 +373,8 @@ class RowReaper:
                 return _Refused(due.run, reason, outcome=None)
             case Contradicted(facts=facts):
                 match judge_facts(due, facts, self.clock()):
+                    case NotOwned(reason=reason):
+                        return _Refused(due.run, reason)
                     case Keep(reason=reason):
                         return _Kept(due, reason)
                     case MoveTo(deadline=deadline, reason=reason):
@@ -402,6 +425,9 @@ class RowReaper:
                 ]
             case _Kept(due=due, reason=reason):
                 return [self._outcomes.completed(due.run, Outcome.KEPT, due.deadline, reason)]
+            case _Skipped(due=due, reason=reason):
+                detail = f"{reason}; no rows were read or deleted"
+                return [self._outcomes.completed(due.run, Outcome.SKIPPED, due.deadline, detail)]
             case _Held(due=due, until=until, tripped=tripped):
                 await self._put(due, due.deadline, fire_at=until)
                 produced = []
@@ -442,5 +468,6 @@ def describe(counted: Counted, skipped: Mapping[str, str], *, dry_run: bool = Fa
     parts = [f"{target}: {', '.join(tables)}" for target, tables in per_target.items()]
     if parts and dry_run:
         parts[0] = f"would delete {parts[0]}"
-    parts += [f"{target}: skipped ({reason})" for target, reason in skipped.items()]
+    skips = [*skipped.items(), *counted.skipped]
+    parts += [f"{target}: skipped ({reason})" for target, reason in skips]
     return clip("; ".join(parts))

@@ -16,6 +16,9 @@ class Counted:
     """Rows deleted (or, in a dry run, that would be) per (target, table), in delete order."""
 
     counts: tuple[tuple[str, str, int], ...]
+    # Targets the store did not touch for this run, and why (ML Metadata of a run KFP's
+    # own record did not vouch for in the transaction).
+    skipped: tuple[tuple[str, str], ...] = ()
 
     @property
     def total(self) -> int:
@@ -58,6 +61,11 @@ class RunRows:
 
     keys: Mapping[str, str]
     accepts: Callable[[RunFacts], bool] | None = None
+    # The run's namespace as lapse stored it (from the API server's object). A target whose
+    # parent table records a namespace deletes the run's rows only when its parent row is
+    # there and names this one (None: never), whatever `accepts` says; a row of another
+    # namespace makes the run `Contradicted` (functions/row_reaper/targets.py: Step).
+    namespace: str | None = None
     # Called with ML Metadata's account of the run's artifacts inside the deleting
     # transaction, before its MLMD rows are deleted and before it commits (never in a dry
     # run; an empty account when MLMD has no such run). What it raises is raised by

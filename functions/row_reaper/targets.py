@@ -24,6 +24,12 @@ TEKTON_RESULTS: Final = "tekton_results"
 # Argo's offloaded node status table; Argo's default name, which lapse's configuration
 # does not (yet) let anyone change.
 ARGO_OFFLOAD_TABLE: Final = "argo_workflows"
+# Where each engine records whose run a row is (gorm's and Argo's column names).
+KFP_NAMESPACE_COLUMN: Final = "Namespace"
+# KFP in single-user mode leaves run_details.Namespace empty: its runs are those of the
+# namespace KFP is installed in (`database.targets.kfp.single_user_namespace`).
+KFP_SINGLE_USER_NAMESPACE: Final = "kubeflow"
+ARGO_NAMESPACE_COLUMN: Final = "namespace"
 KFP_RUN_RESOURCE_TYPE: Final = "Run"
 # KFP v2's RuntimeState values of a run that is not over (backend/api/v2beta1/run.proto).
 KFP_RUNNING_STATES: Final = frozenset(
@@ -111,8 +117,12 @@ class Step:
     """Delete (or lock) the rows of `table` whose `column` equals the run's key.
 
     `where` adds equalities with constants (the engine's own discriminators, such as KFP's
-    `ResourceType = 'Run'` or Argo's cluster name). `table_key` / `column_key` name the
-    configuration keys the names came from, so a start-up error can point at them.
+    `ResourceType = 'Run'` or Argo's cluster name). `namespace_column`, when set, is where
+    the table records the run's namespace: only rows whose value there is the namespace
+    lapse stored with the run (from the API server's object) are locked and deleted, and on
+    the parent table a row of another namespace refuses the run (the key may be a label, a
+    tenant's word: docs/security.md, "Tenants and databases"). `table_key` / `column_key`
+    name the configuration keys the names came from, so a start-up error can point at them.
     """
 
     table: str
@@ -120,6 +130,10 @@ class Step:
     table_key: str
     column_key: str
     where: tuple[tuple[str, str], ...] = ()
+    namespace_column: str | None = None
+    # The namespace a NULL or empty value in `namespace_column` stands for (KFP's
+    # single-user runs); None: such a row is no namespace's, and refuses every run.
+    namespace_default: str | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +180,12 @@ class TargetSpec:
     def locks_parent(self) -> bool:
         return bool(self.children)
 
+    @property
+    def namespace_column(self) -> str | None:
+        """Where the parent table records whose run a row is: when set, a run's rows are
+        deleted only if its parent row is there and names the run's namespace."""
+        return self.parent.namespace_column
+
 
 # --- from configuration ----------------------------------------------------------------
 # Structural views of `lapse.config`'s models, so this package need not import `lapse`.
@@ -190,12 +210,19 @@ class TableDeclaration(Protocol):
     @property
     def key_from(self) -> str: ...
     @property
+    def namespace_column(self) -> str | None: ...
+    @property
     def children(self) -> Sequence[ChildDeclaration]: ...
 
 
 class Enabled(Protocol):
     @property
     def enabled(self) -> bool: ...
+
+
+class KfpDeclaration(Enabled, Protocol):
+    @property
+    def single_user_namespace(self) -> str: ...
 
 
 class ArgoArchiveDeclaration(Enabled, Protocol):
@@ -212,7 +239,7 @@ class TargetsDeclaration(Protocol):
     @property
     def tekton_results(self) -> Enabled: ...
     @property
-    def kfp(self) -> Enabled: ...
+    def kfp(self) -> KfpDeclaration: ...
     @property
     def ml_metadata(self) -> MlMetadataDeclaration: ...
     @property
@@ -221,8 +248,12 @@ class TargetsDeclaration(Protocol):
     def tables(self) -> Sequence[TableDeclaration]: ...
 
 
-def kfp_target(config_key: str = "database.targets.kfp") -> TargetSpec:
-    """KFP's run tables, in KFP's own delete order (storage/run_store.go DeleteRun)."""
+def kfp_target(
+    config_key: str = "database.targets.kfp",
+    single_user_namespace: str = KFP_SINGLE_USER_NAMESPACE,
+) -> TargetSpec:
+    """KFP's run tables, in KFP's own delete order (storage/run_store.go DeleteRun).
+    `single_user_namespace`: whose runs those are that KFP records with no namespace."""
 
     def step(table: str, column: str, *where: tuple[str, str]) -> Step:
         return Step(table, column, config_key, config_key, tuple(where))
@@ -231,7 +262,16 @@ def kfp_target(config_key: str = "database.targets.kfp") -> TargetSpec:
         name=KFP,
         config_key=config_key,
         key=KeySource("kfp_run_id"),
-        parent=step("run_details", "UUID"),
+        # The run id is the tenant's label; run_details.Namespace is KFP's own record of
+        # whose run it is (written by KFP's API server from the run's request).
+        parent=Step(
+            "run_details",
+            "UUID",
+            config_key,
+            config_key,
+            namespace_column=KFP_NAMESPACE_COLUMN,
+            namespace_default=single_user_namespace,
+        ),
         children=(
             step("run_metrics", "RunUUID"),
             step("tasks", "RunUUID"),
@@ -259,18 +299,19 @@ def argo_archive_target(
     """Argo's workflow archive for one cluster, and the run's offloaded node status."""
     cluster = ("clustername", cluster_name)
 
-    def step(table: str) -> Step:
-        return Step(table, "uid", config_key, config_key, (cluster,))
+    def step(table: str, namespace_column: str | None = None) -> Step:
+        return Step(table, "uid", config_key, config_key, (cluster,), namespace_column)
 
     return TargetSpec(
         name=ARGO_ARCHIVE,
         config_key=config_key,
         key=KeySource("uid"),
-        parent=step("argo_archived_workflows"),
+        # Both of Argo's tables that record the namespace hold the delete to it.
+        parent=step("argo_archived_workflows", ARGO_NAMESPACE_COLUMN),
         # ON DELETE CASCADE would remove the labels too, but only on InnoDB/PostgreSQL and
         # without telling us how many: deleting them first is exact everywhere.
         children=(step("argo_archived_workflows_labels"),),
-        after=(step(ARGO_OFFLOAD_TABLE),),
+        after=(step(ARGO_OFFLOAD_TABLE, ARGO_NAMESPACE_COLUMN),),
         guard=Guard(
             finished_column="finishedat",
             state_column="phase",
@@ -333,7 +374,11 @@ def table_target(declared: TableDeclaration, config_key: str) -> TargetSpec:
         config_key=config_key,
         key=KeySource.parse(declared.key_from),
         parent=Step(
-            declared.table, declared.key_column, f"{config_key}.table", f"{config_key}.key_column"
+            declared.table,
+            declared.key_column,
+            f"{config_key}.table",
+            f"{config_key}.key_column",
+            namespace_column=declared.namespace_column,
         ),
         children=children,
         guard=Guard(declared.finished_column) if declared.finished_column else None,
@@ -344,7 +389,7 @@ def targets_for(config: TargetsDeclaration, prefix: str = "database.targets") ->
     """Every enabled target, built-ins first, in configuration order."""
     targets = []
     if config.kfp.enabled:
-        targets.append(kfp_target(f"{prefix}.kfp"))
+        targets.append(kfp_target(f"{prefix}.kfp", config.kfp.single_user_namespace))
     if config.argo_archive.enabled:
         targets.append(
             argo_archive_target(config.argo_archive.cluster_name, f"{prefix}.argo_archive")

@@ -6,9 +6,10 @@ due), so it never takes a due event's word for the deadline or for which rows it
 - `prove`: the deadline and the run are those of the schedule lapse stored for this
   (database, uid) — the due message the server fired from it, or the schedule still
   pending — never the event's own content (docs/security.md, "The row-reaper");
-- `judge_facts`: inside the deleting transaction the database says whether the run is
-  still running, and when it finished; a run that is running is kept, a run that finished
-  later than lapse planned from has its deadline moved by the difference.
+- `judge_facts`: inside the deleting transaction the database says whose run the rows are
+  (the namespace the engine recorded), whether the run is still running, and when it
+  finished; rows of another namespace's run are refused, a run that is running is kept, a
+  run that finished later than lapse planned from has its deadline moved by the difference.
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class RunFacts:
     running: bool
     finished_at: datetime | None
     state: str | None = None
+    # The namespace the table records for the run ("" when its column is NULL); None where
+    # the table records none (or it was not read).
+    namespace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +96,24 @@ class MoveTo:
     reason: str
 
 
-Contradiction: TypeAlias = Keep | MoveTo
+@dataclass(frozen=True, slots=True)
+class NotOwned:
+    """The database says the rows the key names are another namespace's run: `refused`."""
+
+    reason: str
+
+
+Contradiction: TypeAlias = NotOwned | Keep | MoveTo
 
 
 def judge_facts(due: CleanupDue, facts: RunFacts, now: datetime) -> Contradiction | None:
-    """None when the database agrees with the plan (delete); otherwise why not."""
+    """None when the database agrees with the plan (delete); otherwise why not. Whose run
+    it is comes first: another namespace's rows are never this run's, finished or not."""
+    if facts.namespace is not None and facts.namespace != due.run.namespace:
+        return NotOwned(
+            f"the database records the rows {due.run.subject}'s key names as a run of "
+            f"namespace {facts.namespace[:63]!r}, not {due.run.namespace!r}; nothing was deleted"
+        )
     planned = due.run.finished_at
     if facts.running or facts.finished_at is None:
         state = f" ({facts.state})" if facts.state else ""

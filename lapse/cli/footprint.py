@@ -224,7 +224,8 @@ class RowFootprints:
         keyed = [keys_for(run, self._store.targets).keys for run in runs]
         asked = [i for i, keys in enumerate(keyed) if keys]
         counts: list[RowCount] = [{} for _ in runs]  # no key in any target: no rows
-        results = await self._store.delete([RunRows(keyed[i]) for i in asked], dry_run=True)
+        rows = [RunRows(keyed[i], namespace=runs[i].namespace) for i in asked]
+        results = await self._store.delete(rows, dry_run=True)
         for i, result in zip(asked, results, strict=True):
             match result:
                 case Counted():

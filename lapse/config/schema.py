@@ -28,6 +28,7 @@ from lapse.events.kinds import DEFAULT_KIND_NAMES, KindSet, KindSpec, resolve_ki
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig
 from lapse.functions.durations import PositiveDuration
 from lapse.functions.policy import Policies
+from lapse.functions.row_reaper.targets import KFP_SINGLE_USER_NAMESPACE
 from lapse.functions.safety import SafetyConfig
 
 
@@ -205,6 +206,10 @@ class NatsConfig(_Section):
 
 class KfpTarget(_Section):
     enabled: bool = False
+    # Whose runs those are that KFP records with no namespace (single-user mode leaves
+    # run_details.Namespace empty): the namespace KFP is installed in. A run's KFP rows are
+    # deleted only when run_details names the run's namespace (docs/security.md).
+    single_user_namespace: str = Field(default=KFP_SINGLE_USER_NAMESPACE, min_length=1)
 
 
 class ArgoArchiveTarget(_Section):
@@ -243,6 +248,11 @@ class TableTarget(_Section):
     # The table's own record of when the run finished (a timestamp, or seconds since the
     # epoch; NULL or 0 while it runs): checked before its rows are deleted.
     finished_column: ColumnName | None = None
+    # The table's own record of the run's namespace: when set, a run's rows are deleted only
+    # if its row there names the namespace lapse stored with the run (another namespace:
+    # `refused`). Without it a key taken from a label or annotation is the tenant's word
+    # (docs/security.md, "Tenants and databases").
+    namespace_column: ColumnName | None = None
 
     @property
     def key_source(self) -> tuple[Literal["uid", "name", "label", "annotation"], str | None]:

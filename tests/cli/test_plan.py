@@ -459,12 +459,12 @@ async def test_plan_counts_the_rows_each_runs_database_target_will_delete(
     shell: Shell, kube: KubeStack, kfp_rows_db: Database, tmp_path: Path
 ) -> None:
     run_id = str(uuid.uuid4())
+    ns = kube.namespace(f"plan-rows-{uuid.uuid4().hex[:6]}")
     engine = create_engine(kfp_rows_db.url)
     async with engine.begin() as conn:
-        await insert_kfp_runs(conn, [run_id], metrics=3, tasks=4)
+        await insert_kfp_runs(conn, [run_id], metrics=3, tasks=4, namespace=ns)
     async with engine.connect() as conn:
         before = await kfp_counts(conn, run_id)
-    ns = kube.namespace(f"plan-rows-{uuid.uuid4().hex[:6]}")
     await kube.workflows.create(
         ns, finished_workflow("kfp-run", "Succeeded", FINISHED, labels={"pipeline/runid": run_id})
     )
@@ -538,18 +538,18 @@ async def test_plan_counts_ml_metadata_rows_as_the_reaper_then_deletes_them(
     # MLMD's own library writes the run (MySQL: the writer's only backend), KFP's rows beside
     # it on the same server, as KFP keeps them (metadb next to mlpipeline).
     run_id = str(uuid.uuid4())
+    ns = kube.namespace(f"plan-mlmd-{uuid.uuid4().hex[:6]}")
     async with scratch_database("mysql") as kfp_db:
         engine = create_engine(kfp_db.url)
         await create_kfp_tables(engine)
         async with engine.begin() as conn:
-            await insert_kfp_runs(conn, [run_id])
+            await insert_kfp_runs(conn, [run_id], namespace=ns)
         metadb = f"metadb_{uuid.uuid4().hex[:8]}"
         async with engine.connect() as conn:
             await conn.execute(text(f"CREATE DATABASE {metadb}"))
         try:
             mlmd = Mlmd(mlmd_python, kfp_db.url, metadb)
             await mlmd.write(mlmd_runs(run_id, str(uuid.uuid4()))[0])
-            ns = kube.namespace(f"plan-mlmd-{uuid.uuid4().hex[:6]}")
             labels = {"pipeline/runid": run_id}
             await kube.workflows.create(
                 ns, finished_workflow("kfp-run", "Succeeded", FINISHED, labels=labels)
@@ -581,7 +581,7 @@ async def test_plan_counts_ml_metadata_rows_as_the_reaper_then_deletes_them(
 
             # What the row-reaper then deletes is what plan said, table by table.
             handler, _ = await reaper(engine, [kfp_target(), mlmd_target(metadb)])
-            done = completed((await handler.handle(due(kfp_run_id=run_id)))[0])
+            done = completed((await handler.handle(due(kfp_run_id=run_id, namespace=ns)))[0])
             assert done.outcome is Outcome.DELETED, done
             after = await table_counts(engine, metadb)
             assert {name: before[name] - after[name] for name in DELETE_ORDER} == {

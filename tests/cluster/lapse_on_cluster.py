@@ -312,7 +312,7 @@ class KfpRows:
     def insert_run(self, run_id: str) -> None:
         async def work(engine: Any) -> None:
             async with engine.begin() as conn:
-                await insert_kfp_runs(conn, [run_id])
+                await insert_kfp_runs(conn, [run_id], namespace=RUNS)
 
         self._run(work)
 

@@ -170,7 +170,7 @@ async def test_a_kfp_runs_object_rows_metadata_and_artifacts_go_on_their_own_clo
     )
     engine = create_engine(kfp_db.url)
     async with engine.begin() as conn:
-        await insert_kfp_runs(conn, [a])
+        await insert_kfp_runs(conn, [a], namespace=ns)
 
     config = tmp_path / "lapse.yaml"
     config.write_text(

@@ -170,7 +170,7 @@ async def test_forged_events_delete_nothing_and_each_is_recorded(
     running_id, finished_id, control_id = (str(uuid.uuid4()) for _ in range(3))
     engine = create_engine(kfp_database.url)
     async with engine.begin() as conn:
-        await insert_kfp_runs(conn, [running_id, finished_id, control_id])
+        await insert_kfp_runs(conn, [running_id, finished_id, control_id], namespace=ns)
         # What KFP holds for a run that is still going.
         await conn.execute(
             run_details.update()

@@ -286,7 +286,7 @@ async def world(
     finished_ids = [str(uuid.uuid4()) for _ in range(2)]
     orphan_ids = [str(uuid.uuid4()) for _ in range(2)]
     async with engine.begin() as conn:
-        await insert_kfp_runs(conn, [*running_ids, *finished_ids, *orphan_ids])
+        await insert_kfp_runs(conn, [*running_ids, *finished_ids, *orphan_ids], namespace=ns)
         # What KFP holds for a run that is still going.
         await conn.execute(
             update(run_details)
@@ -603,7 +603,7 @@ async def control_run_deleted(world: World) -> None:
     engine = create_engine(world.db.url)
     try:
         async with engine.begin() as conn:
-            await insert_kfp_runs(conn, [run_id])
+            await insert_kfp_runs(conn, [run_id], namespace=world.namespace)
         name = f"control-{world.controls}"
         body = workflow_body(name, running=False, kfp_run_id=run_id, role="control")
         created = await world.kube.workflows.create(world.namespace, body)
@@ -880,7 +880,7 @@ async def moved_later(world: World, name: str) -> dict[Target, BaseCloudEvent]:
     run_id = str(uuid.uuid4())
     engine = create_engine(world.db.url)
     async with engine.begin() as conn:
-        await insert_kfp_runs(conn, [run_id])
+        await insert_kfp_runs(conn, [run_id], namespace=ns)
         await conn.execute(
             update(run_details)
             .where(run_details.c["UUID"] == run_id)

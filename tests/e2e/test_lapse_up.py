@@ -130,7 +130,7 @@ async def test_up_deletes_objects_and_rows_on_their_own_clocks(
         run_ids = [str(uuid.uuid4()) for _ in range(2)]
         engine = create_engine(kfp_database.url)
         async with engine.begin() as conn:
-            await insert_kfp_runs(conn, run_ids)
+            await insert_kfp_runs(conn, run_ids, namespace=ns)
         wfs = kube.workflows
         for i in range(3):
             await wfs.create(

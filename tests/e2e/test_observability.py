@@ -166,7 +166,7 @@ async def test_one_workflow_is_one_connected_picture_and_the_metrics_are_true(
         ns = kube.namespace(f"otel-{uuid.uuid4().hex[:6]}")
         run_id = str(uuid.uuid4())
         async with engine.begin() as conn:
-            await insert_kfp_runs(conn, [run_id])
+            await insert_kfp_runs(conn, [run_id], namespace=ns)
         labels = {"pipeline/runid": run_id, "pipeline/persistedFinalState": "true"}
         created = await kube.workflows.create(ns, finished_workflow("traced", labels=labels))
         uid = created["metadata"]["uid"]

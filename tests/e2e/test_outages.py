@@ -269,7 +269,7 @@ async def test_an_unreachable_database_is_waited_out_and_every_row_deletion_happ
         await up.start()
         run_ids = [str(uuid.uuid4()) for _ in range(12)]
         async with engine.begin() as conn:
-            await insert_kfp_runs(conn, run_ids)
+            await insert_kfp_runs(conn, run_ids, namespace=ns)
         for i, run_id in enumerate(run_ids):
             labels = {"pipeline/runid": run_id, "pipeline/persistedFinalState": "true"}
             await kube.workflows.create(ns, finished_workflow(f"kfp-{i}", labels=labels))

@@ -401,7 +401,7 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
         # Wave 1: every series appears (a counter's first value is not a rate yet).
         run_1, run_2 = str(uuid.uuid4()), str(uuid.uuid4())
         async with engine.begin() as conn:
-            await insert_kfp_runs(conn, [run_1, run_2])
+            await insert_kfp_runs(conn, [run_1, run_2], namespace=ns)
         await create_wave([("plain-1", 2)], "kfp-1", run_1)
         await refuse_a_push()
         await wait_for(objects_gone, timeout=60, interval=0.5)

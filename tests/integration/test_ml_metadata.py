@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,23 @@ async def mlmd(engine: AsyncEngine, mysql: Database, mlmd_python: str) -> AsyncI
         await conn.execute(text(f"DROP DATABASE {name}"))
 
 
+Vouch = Callable[..., Awaitable[None]]
+
+
+@pytest.fixture
+async def vouch(engine: AsyncEngine) -> AsyncIterator[Vouch]:
+    """KFP's run tables beside MLMD, and a run's rows in them: MLMD's run id counts only
+    where KFP's own record names the run a run of the run's namespace (team-a)."""
+    await kfp.create_kfp_tables(engine)
+
+    async def insert(*run_ids: str) -> None:
+        async with engine.begin() as conn:
+            await kfp.insert_kfp_runs(conn, run_ids)
+
+    yield insert
+    await kfp.drop_kfp_tables(engine)
+
+
 def uri(run: str, name: str) -> str:
     return f"s3://mlpipeline/v2/artifacts/demo/{run}/{name}"
 
@@ -163,10 +180,11 @@ async def table_counts(engine: AsyncEngine, database: str) -> dict[str, int]:
 
 
 async def test_a_runs_footprint_goes_and_a_cached_artifact_stays(
-    engine: AsyncEngine, mlmd: Mlmd
+    engine: AsyncEngine, mlmd: Mlmd, vouch: Vouch
 ) -> None:
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
     await mlmd.write(*runs(a, b))
+    await vouch(a, b)
     target = mlmd_target(mlmd.database)
     store = await open_row_store(engine, [target])
     assert store.schemas == {"ml_metadata": "ML Metadata schema version 10"}
@@ -177,13 +195,13 @@ async def test_a_runs_footprint_goes_and_a_cached_artifact_stays(
     assert run_only_artifact_uris(graph) == sorted([uri(a, "log"), uri(a, "metrics")])
 
     before = await table_counts(engine, mlmd.database)
-    handler, _ = await reaper(engine, [target])
+    handler, _ = await reaper(engine, [kfp_target(), target])
     result = completed((await handler.handle(due(kfp_run_id=a)))[0])
 
     assert result.outcome is Outcome.DELETED, result
     # Children first, in MLMD's dependency order, each table counted.
     assert result.detail is not None
-    parts = result.detail.removeprefix("ml_metadata: ").split(", ")
+    parts = result.detail.partition("; ml_metadata: ")[2].split(", ")
     assert [part.split("=")[0] for part in parts] == list(DELETE_ORDER)
     after = await table_counts(engine, mlmd.database)
     gone = {name: before[name] - after[name] for name in DELETE_ORDER}
@@ -222,8 +240,11 @@ async def test_a_runs_footprint_goes_and_a_cached_artifact_stays(
     assert again.outcome is Outcome.ALREADY_GONE
 
 
-async def test_a_run_mlmd_says_is_running_keeps_every_row(engine: AsyncEngine, mlmd: Mlmd) -> None:
+async def test_a_run_mlmd_says_is_running_keeps_every_row(
+    engine: AsyncEngine, mlmd: Mlmd, vouch: Vouch
+) -> None:
     run = str(uuid.uuid4())
+    await vouch(run)
     await mlmd.write(
         {
             "run_id": run,
@@ -238,7 +259,7 @@ async def test_a_run_mlmd_says_is_running_keeps_every_row(engine: AsyncEngine, m
         }
     )
     before = await table_counts(engine, mlmd.database)
-    handler, _ = await reaper(engine, [mlmd_target(mlmd.database)])
+    handler, _ = await reaper(engine, [kfp_target(), mlmd_target(mlmd.database)])
     result = completed((await handler.handle(due(kfp_run_id=run)))[0])
     assert result.outcome is Outcome.KEPT, result
     assert "RUNNING" in (result.detail or ""), result
@@ -286,17 +307,18 @@ def item(key: str) -> CapturedItem:
 
 
 async def test_the_runs_artifact_account_goes_into_its_capture_before_its_rows(
-    engine: AsyncEngine, mlmd: Mlmd, lapse_streams: JetStreamContext
+    engine: AsyncEngine, mlmd: Mlmd, lapse_streams: JetStreamContext, vouch: Vouch
 ) -> None:
     """The row-reaper, deleting run a's MLMD rows, records which of a's URIs were a's alone
     and which b still uses into a's capture (NATS key-value bucket, as the planner stored
     it): after the transaction nothing says so any more."""
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
     written = await mlmd.write(*runs(a, b))
+    await vouch(a, b)
     captures = NatsCaptures(lapse_streams)
     uid = str(uuid.uuid4())
     await captures.put(RunCapture(uid=uid))  # what the planner captured of a
-    store = await open_row_store(engine, [mlmd_target(mlmd.database)])
+    store = await open_row_store(engine, [kfp_target(), mlmd_target(mlmd.database)])
     handler = Backed(store, ListEmitter(), metadata=CaptureMetadata(captures, kfp_store()))
 
     result = completed((await handler.handle(due(kfp_run_id=a, uid=uid)))[0])
@@ -315,17 +337,18 @@ async def test_the_runs_artifact_account_goes_into_its_capture_before_its_rows(
 
 
 async def test_an_account_that_cannot_be_recorded_keeps_every_row(
-    engine: AsyncEngine, mlmd: Mlmd, nats_server: EmbeddedNats
+    engine: AsyncEngine, mlmd: Mlmd, nats_server: EmbeddedNats, vouch: Vouch
 ) -> None:
     """NATS unreachable while the account is recorded (its connection closed under the
     captures): the transaction commits nothing, the row-reaper waits (RetryLater)."""
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
     await mlmd.write(*runs(a, b))
+    await vouch(a, b)
     nc = await nats.connect(nats_server.url)
     captures = NatsCaptures(nc.jetstream())
     await nc.close()
     before = await table_counts(engine, mlmd.database)
-    store = await open_row_store(engine, [mlmd_target(mlmd.database)])
+    store = await open_row_store(engine, [kfp_target(), mlmd_target(mlmd.database)])
     handler = Backed(store, ListEmitter(), metadata=CaptureMetadata(captures, kfp_store()))
 
     with pytest.raises(RetryLater, match="artifact captures"):

@@ -76,6 +76,7 @@ def due(
     labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
     finished_at: datetime | None = None,
+    namespace: str = "team-a",
 ) -> BaseCloudEvent:
     labels = dict(labels or {})
     if kfp_run_id is not None:
@@ -84,7 +85,7 @@ def due(
         engine=Engine.ARGO,
         api_version="argoproj.io/v1alpha1",
         kind="Workflow",
-        namespace="team-a",
+        namespace=namespace,
         name=name,
         uid=uid or str(uuid.uuid4()),
         phase="Succeeded",
@@ -813,8 +814,10 @@ async def test_mysql_without_returning_counts_with_a_locking_select(mysql: Datab
 
         assert not any("RETURNING" in s for s in statements)
         # Per run: run_metrics, tasks, resource_references, run_details, and the archive's
-        # labels, workflow and offloaded nodes (the archive's parent is locked by its guard).
-        assert sum("GROUP BY" in s and "FOR UPDATE" in s for s in statements) == 14
+        # labels, workflow and offloaded nodes (the archive's parent is locked by its guard)
+        # for the run the archive has: without its parent row, whose run the other rows are
+        # is unknown, and the second run's archive tables are not touched.
+        assert sum("GROUP BY" in s and "FOR UPDATE" in s for s in statements) == 4 + 3 + 4
 
         assert [r.detail for r in results] == [
             "kfp: run_metrics=3, tasks=2, resource_references=2, run_details=1; "

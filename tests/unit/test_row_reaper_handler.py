@@ -343,3 +343,62 @@ def test_detail_is_bounded() -> None:
     text = describe(counted, {})
 
     assert len(text) == MAX_TEXT and text.endswith("...")
+
+
+async def test_rows_another_namespace_records_are_refused_with_the_reason() -> None:
+    theirs = RunFacts(running=False, finished_at=FINISHED, namespace="team-b")
+    rows = FakeRows(facts=theirs)
+    handler, _, stored = reaper(rows)
+
+    result = completed((await handler.handle(stored.fired(due())))[0])
+
+    assert result.outcome is Outcome.REFUSED
+    assert result.detail is not None and "namespace 'team-b', not 'team-a'" in result.detail
+    assert stored.puts == []
+
+
+async def test_the_store_is_told_the_stored_runs_namespace() -> None:
+    seen: list[str | None] = []
+
+    class Recording(FakeRows):
+        async def delete(self, runs: Sequence[RunRows], *, dry_run: bool) -> list[RunResult]:
+            seen.extend(r.namespace for r in runs)
+            return await super().delete(runs, dry_run=dry_run)
+
+    handler, _, stored = reaper(Recording())
+    await handler.handle(stored.fired(due()))
+
+    assert seen == ["team-a"]
+
+
+@pytest.mark.parametrize(
+    ("namespaces", "why"),
+    [
+        ({"include": ["team-b", "ci-*"]}, "matches no safety.namespaces.include pattern"),
+        ({"exclude": ["team-*"]}, "is excluded by safety.namespaces.exclude 'team-*'"),
+    ],
+)
+async def test_a_run_outside_safety_namespaces_is_skipped_and_the_database_never_asked(
+    namespaces: dict[str, Any], why: str
+) -> None:
+    rows = FakeRows()
+    emitter, schedules = ListEmitter(), FakeSchedules()
+    safety = SafetyConfig.model_validate({"namespaces": namespaces})
+    handler = RowReaper(rows, schedules, emitter, safety=safety, clock=lambda: NOW)
+
+    result = completed((await handler.handle(schedules.fired(due())))[0])
+
+    assert result.outcome is Outcome.SKIPPED
+    assert result.detail is not None and why in result.detail
+    assert rows.calls == []
+
+
+async def test_targets_the_store_skipped_are_named_in_the_detail() -> None:
+    skipped = Counted(kfp_counts().counts, (("ml_metadata", "not deleted: no KFP run"),))
+    handler, _, stored = reaper(FakeRows(lambda keys: skipped))
+
+    result = completed((await handler.handle(stored.fired(due())))[0])
+
+    assert result.outcome is Outcome.DELETED
+    assert result.detail is not None
+    assert result.detail.endswith("; ml_metadata: skipped (not deleted: no KFP run)")

@@ -104,14 +104,21 @@ def test_kfp_deletes_in_kfps_own_order_keyed_by_the_run_id() -> None:
 
     assert target.key == KeySource("kfp_run_id")
     assert target.locks_parent
+    # The run id is a label's word; run_details.Namespace is KFP's record of whose run it is.
     assert target.parent == Step(
-        "run_details", "UUID", "database.targets.kfp", "database.targets.kfp"
+        "run_details",
+        "UUID",
+        "database.targets.kfp",
+        "database.targets.kfp",
+        namespace_column="Namespace",
+        namespace_default="kubeflow",  # KFP's single-user runs record none
     )
-    assert [(s.table, s.column, s.where) for s in target.steps] == [
-        ("run_metrics", "RunUUID", ()),
-        ("tasks", "RunUUID", ()),
-        ("resource_references", "ResourceUUID", (("ResourceType", "Run"),)),
-        ("run_details", "UUID", ()),
+    assert target.namespace_column == "Namespace"
+    assert [(s.table, s.column, s.where, s.namespace_column) for s in target.steps] == [
+        ("run_metrics", "RunUUID", (), None),
+        ("tasks", "RunUUID", (), None),
+        ("resource_references", "ResourceUUID", (("ResourceType", "Run"),), None),
+        ("run_details", "UUID", (), "Namespace"),
     ]
 
 
@@ -120,11 +127,13 @@ def test_argo_archive_is_scoped_to_the_cluster_and_keyed_by_uid() -> None:
 
     assert target.key == KeySource("uid")
     assert target.locks_parent
-    assert [(s.table, s.column, s.where) for s in target.steps] == [
-        ("argo_archived_workflows_labels", "uid", (("clustername", "prod-eu"),)),
-        ("argo_archived_workflows", "uid", (("clustername", "prod-eu"),)),
-        ("argo_workflows", "uid", (("clustername", "prod-eu"),)),
+    cluster = (("clustername", "prod-eu"),)
+    assert [(s.table, s.column, s.where, s.namespace_column) for s in target.steps] == [
+        ("argo_archived_workflows_labels", "uid", cluster, None),
+        ("argo_archived_workflows", "uid", cluster, "namespace"),
+        ("argo_workflows", "uid", cluster, "namespace"),
     ]
+    assert target.namespace_column == "namespace"
 
 
 # --- from configuration ------------------------------------------------------------------

@@ -7,6 +7,7 @@ its rows.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import given, settings
@@ -20,6 +21,7 @@ from lapse.functions.row_reaper.verdict import (
     FINISH_TOLERANCE,
     Keep,
     MoveTo,
+    NotOwned,
     NotYet,
     Proven,
     RunFacts,
@@ -116,3 +118,24 @@ def test_judge_facts_never_lets_a_running_run_or_an_unknown_finish_through(
             assert moved - now <= EARLY_TOLERANCE
     if isinstance(verdict, MoveTo):
         assert verdict.deadline > due.deadline and verdict.deadline - now > EARLY_TOLERANCE
+
+
+@settings(max_examples=300, derandomize=True, database=None)
+@given(
+    due=dues(),
+    account=facts(),
+    now=MOMENTS,
+    recorded=st.sampled_from(["team-a", "team-b", "", "TEAM-A", "team-a "]),
+)
+def test_judge_facts_refuses_rows_another_namespace_records_whatever_else_they_say(
+    due: CleanupDue, account: RunFacts, now: datetime, recorded: str
+) -> None:
+    """Whose run comes first: rows the database records as another namespace's are refused
+    (running, finished or not); the run's own namespace changes nothing of the verdict."""
+    owned = dataclasses.replace(account, namespace=recorded)
+    verdict = judge_facts(due, owned, now)
+    if recorded != due.run.namespace:
+        assert isinstance(verdict, NotOwned)
+        assert "nothing was deleted" in verdict.reason
+    else:
+        assert verdict == judge_facts(due, account, now)

@@ -1,7 +1,8 @@
 """A run's own account in the database, read with its parent rows locked, before deleting.
 
 The row-reaper's precondition (functions/row_reaper/ports.py: `RunRows.accepts`) is judged
-on this: the database's finish time and state for the run, as the engine wrote them.
+on this: the database's finish time and state for the run, and whose run it is (the
+namespace), as the engine wrote them.
 """
 
 from __future__ import annotations
@@ -26,17 +27,22 @@ async def read_facts(
     dry_run: bool,
     normalize: Normalize,
 ) -> dict[int, RunFacts]:
-    """Facts per run position in `runs`, for the runs the parent table has a row of. The
-    rows are locked (FOR UPDATE, outside a dry run) until the transaction ends, so what is
-    judged is what is deleted."""
+    """Facts per run position in `runs`, for the runs the parent table has a row of: the
+    guard's finish time and state, and the namespace the table records (where it records
+    one). The rows are locked (FOR UPDATE, outside a dry run) until the transaction ends,
+    so what is judged is what is deleted."""
     guard = target.guard
-    if guard is None:
-        return {}
     parent = target.parent
+    if guard is None and parent.namespace is None:
+        return {}
     owners, values = owners_of(parent, runs, normalize)
-    columns = [parent.column, guard.finished]
-    if guard.state is not None:
-        columns.append(guard.state)
+    columns = [parent.column]
+    if guard is not None:
+        columns.append(guard.finished)
+        if guard.state is not None:
+            columns.append(guard.state)
+    if parent.namespace is not None:
+        columns.append(parent.namespace)
     facts: dict[int, RunFacts] = {}
     for part in slices(values):
         query = select(*columns).where(parent.column.in_(part), *parent.where)
@@ -45,16 +51,25 @@ async def read_facts(
             query = query.with_for_update()
         for row in await conn.execute(query):
             position = owners.get(normalize(row[0]))
-            if position is not None and position not in facts:
-                facts[position] = _facts(guard, row[1], row[2] if guard.state is not None else None)
+            if position is None or position in facts:
+                continue
+            namespace = None
+            if parent.namespace is not None:
+                namespace = str(row[-1] or "") or parent.namespace_default or ""
+            if guard is None:
+                # Whose run it is, and nothing of its finish (the target keeps none).
+                facts[position] = RunFacts(running=False, finished_at=None, namespace=namespace)
+                continue
+            state = row[2] if guard.state is not None else None
+            facts[position] = _facts(guard, row[1], state, namespace)
     return facts
 
 
-def _facts(guard: BoundGuard, finished: Any, state: Any) -> RunFacts:
+def _facts(guard: BoundGuard, finished: Any, state: Any, namespace: str | None) -> RunFacts:
     state_text = None if state is None else str(state)
     finished_at = _as_time(finished)
     running = state_text is not None and state_text in guard.running_states
-    return RunFacts(running=running, finished_at=finished_at, state=state_text)
+    return RunFacts(running=running, finished_at=finished_at, state=state_text, namespace=namespace)
 
 
 def _as_time(value: Any) -> datetime | None:

@@ -35,6 +35,11 @@ class Bound:
     # The parent column this child's foreign key points at, when that is not the parent's
     # key column: the child is then matched through the parent rows locked first.
     via: Column[Any] | None = None
+    # Where the table records the run's namespace (the step's `namespace_column`): every
+    # statement on the step holds its rows to the run's namespace.
+    namespace: Column[Any] | None = None
+    # The namespace a NULL or empty `namespace` value stands for (Step.namespace_default).
+    namespace_default: str | None = None
 
 
 @dataclass(eq=False, frozen=True)
@@ -78,3 +83,4 @@ class PendingRun:
     accepts: Callable[[RunFacts], bool] | None = None
     values: dict[Bound, object] = field(default_factory=dict)
     record: Callable[[ArtifactAccount], Awaitable[None]] | None = None
+    namespace: str | None = None

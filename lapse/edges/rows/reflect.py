@@ -84,7 +84,8 @@ class _Reflector:
             return None
         column = self._column(table, step.column, step.column_key)
         where = [self._constant(table, name, value, step.table_key) for name, value in step.where]
-        if column is None or any(w is None for w in where):
+        fits, namespace = self._namespace(spec, table, step)
+        if column is None or any(w is None for w in where) or not fits:
             return None
         via = _referenced_parent_column(column, parent) if parent is not None else None
         # Through the parent, the values compared are the database's own: nothing to coerce.
@@ -92,7 +93,38 @@ class _Reflector:
         if coerce is None:
             return None
         conditions = tuple(w for w in where if w is not None)
-        return Bound(spec.name, step.table, table, column, conditions, coerce, via)
+        return Bound(
+            spec.name,
+            step.table,
+            table,
+            column,
+            conditions,
+            coerce,
+            via,
+            namespace,
+            step.namespace_default,
+        )
+
+    def _namespace(
+        self, spec: TargetSpec, table: Table, step: Step
+    ) -> tuple[bool, Column[Any] | None]:
+        """The step's namespace column (None: it has none), and False when it is missing or
+        cannot hold a namespace (the problem is noted)."""
+        if step.namespace_column is None:
+            return True, None
+        key = (
+            f"{spec.config_key}.namespace_column" if spec.name not in _BUILT_IN else step.column_key
+        )
+        column = self._column(table, step.namespace_column, key)
+        if column is None:
+            return False, None
+        if self._coercer(column, key) is not str:
+            self.problems.append(
+                f"{key}: column {table.fullname}.{column.name} is {column.type}, not text: "
+                "it cannot hold a namespace"
+            )
+            return False, None
+        return True, column
 
     def mlmd(self, spec: TargetSpec) -> MlmdTables | None:
         """Every ML Metadata table and column lapse reads or deletes by, beside the context

@@ -9,7 +9,7 @@ from typing import Final
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from lapse.edges.rows.delete import delete_target, normalizer
+from lapse.edges.rows.delete import Normalize, delete_target, normalizer
 from lapse.edges.rows.failures import DATABASE_ERRORS, classify_failure, is_conflict
 from lapse.edges.rows.guard import read_facts
 from lapse.edges.rows.mlmd import delete_footprint, read_run
@@ -32,7 +32,7 @@ from lapse.functions.row_reaper.ports import (
     RunRows,
     Unavailable,
 )
-from lapse.functions.row_reaper.targets import TargetSpec
+from lapse.functions.row_reaper.targets import KFP, TargetSpec
 
 DEFAULT_TIMEOUT: Final = 60.0
 # Deadlocks between overlapping batches are retried in place this many times.
@@ -104,7 +104,9 @@ class SqlRowStore:
         results: list[RunResult] = [Unavailable("not attempted")] * len(runs)
         prepared: list[PendingRun] = []
         for index, rows in enumerate(runs):
-            run = PendingRun(index, rows.keys, rows.accepts, record=rows.record)
+            run = PendingRun(
+                index, rows.keys, rows.accepts, record=rows.record, namespace=rows.namespace
+            )
             try:
                 self._coerce(run)
             except BadKey as exc:
@@ -159,49 +161,45 @@ class SqlRowStore:
     async def _transaction(self, runs: list[PendingRun], dry_run: bool) -> list[RunResult]:
         tallies: list[dict[tuple[str, str], int]] = [{} for _ in runs]
         refused: dict[int, Contradicted] = {}
+        skipped: list[dict[str, str]] = [{} for _ in runs]
         async with asyncio.timeout(self.timeout), self.engine.connect() as conn:
             normalize = normalizer(conn)
             async with conn.begin() as tx:
                 # The preconditions first, every run's rows locked while they are judged:
                 # a run the database contradicts keeps all its rows, in every target.
+                owned = await self._judge(conn, runs, refused, dry_run, normalize)
                 graphs: dict[tuple[str, int], MlmdRun] = {}
+                vouched: dict[str, list[int]] = {}
                 for target in self._bound or ():
-                    if target.mlmd is not None:
-                        await _read_graphs(conn, target, runs, graphs, refused, dry_run)
+                    if target.mlmd is None:
                         continue
-                    members = [
-                        i
-                        for i, run in enumerate(runs)
-                        if target.spec.name in run.keys and run.accepts is not None
-                    ]
-                    if target.guard is None or not members:
-                        continue
-                    facts_of = await read_facts(
-                        conn,
-                        target,
-                        [runs[i] for i in members],
-                        dry_run=dry_run,
-                        normalize=normalize,
-                    )
-                    for position, fact in facts_of.items():
-                        index = members[position]
-                        accepts = runs[index].accepts
-                        if accepts is not None and not accepts(fact):
-                            refused.setdefault(index, Contradicted(fact))
+                    name = target.spec.name
+                    vouched[name] = []
+                    for i, run in enumerate(runs):
+                        if name not in run.keys or i in refused:
+                            continue
+                        reason = self._unvouched(i, run, name, owned)
+                        if reason is None:
+                            vouched[name].append(i)
+                        else:
+                            skipped[i][name] = reason
+                    await _read_graphs(conn, target, runs, vouched[name], graphs, refused, dry_run)
                 for target in self._bound or ():
-                    members = [
-                        i
-                        for i, run in enumerate(runs)
-                        if target.spec.name in run.keys and i not in refused
-                    ]
+                    name = target.spec.name
+                    members = [i for i, run in enumerate(runs) if name in run.keys]
                     if target.mlmd is not None:
-                        together = [
-                            g
-                            for (name, i), g in graphs.items()
-                            if name == target.spec.name and i in members
-                        ]
+                        members = vouched[name]
+                    elif target.parent.namespace is not None:
+                        # Only runs whose parent row names their namespace (locked above):
+                        # without that row nothing says whose the other tables' rows are.
                         for i in members:
-                            graph = graphs.get((target.spec.name, i))
+                            tallies[i] |= {(name, step.name): 0 for step in target.steps}
+                        members = [i for i in members if i in owned.get(name, ())]
+                    members = [i for i in members if i not in refused]
+                    if target.mlmd is not None:
+                        together = [g for (n, i), g in graphs.items() if n == name and i in members]
+                        for i in members:
+                            graph = graphs.get((name, i))
                             record = runs[i].record
                             if record is not None and not dry_run:
                                 # Before the rows go: afterwards nothing says which URIs
@@ -209,17 +207,17 @@ class SqlRowStore:
                                 await record(
                                     artifact_account(graph, together)
                                     if graph is not None
-                                    else ArtifactAccount(runs[i].keys[target.spec.name])
+                                    else ArtifactAccount(runs[i].keys[name])
                                 )
                             counts = (
                                 await delete_footprint(
                                     conn, target.mlmd, footprint(graph, together)
                                 )
                                 if graph is not None
-                                else [(name, 0) for name in DELETE_ORDER]
+                                else [(table, 0) for table in DELETE_ORDER]
                             )
                             for table, rows in counts:
-                                tallies[i][(target.spec.name, table)] = rows
+                                tallies[i][(name, table)] = rows
                     elif members:
                         await delete_target(
                             conn,
@@ -232,28 +230,89 @@ class SqlRowStore:
                 if dry_run:
                     await tx.rollback()
         return [
-            refused.get(i) or Counted(tuple((t, table, n) for (t, table), n in tally.items()))
+            refused.get(i)
+            or Counted(
+                tuple((t, table, n) for (t, table), n in tally.items()),
+                tuple(skipped[i].items()),
+            )
             for i, tally in enumerate(tallies)
         ]
+
+    async def _judge(
+        self,
+        conn: AsyncConnection,
+        runs: list[PendingRun],
+        refused: dict[int, Contradicted],
+        dry_run: bool,
+        normalize: Normalize,
+    ) -> dict[str, set[int]]:
+        """Each target's account of each run, its parent rows locked: a row of another
+        namespace (whatever the run's precondition) or a failed precondition refuses the
+        run. Returns, per target that records namespaces, the runs whose parent row names
+        theirs."""
+        owned: dict[str, set[int]] = {}
+        for target in self._bound or ():
+            if target.mlmd is not None:
+                continue
+            checks_owner = target.parent.namespace is not None
+            members = [
+                i
+                for i, run in enumerate(runs)
+                if target.spec.name in run.keys and (checks_owner or run.accepts is not None)
+            ]
+            if (target.guard is None and not checks_owner) or not members:
+                continue
+            facts_of = await read_facts(
+                conn, target, [runs[i] for i in members], dry_run=dry_run, normalize=normalize
+            )
+            for position, fact in facts_of.items():
+                index = members[position]
+                accepts = runs[index].accepts
+                foreign = checks_owner and fact.namespace != runs[index].namespace
+                judged = target.guard is not None and accepts is not None
+                if foreign or (judged and accepts is not None and not accepts(fact)):
+                    refused.setdefault(index, Contradicted(fact))
+                elif checks_owner:
+                    owned.setdefault(target.spec.name, set()).add(index)
+        return owned
+
+    def _unvouched(
+        self, position: int, run: PendingRun, name: str, owned: dict[str, set[int]]
+    ) -> str | None:
+        """Why ML Metadata's rows of `run` may not be deleted: MLMD holds nothing a tenant
+        cannot write (KFP's pods write it), so its run id counts only where KFP's own
+        record (run_details, in this transaction) names it a run of the run's namespace."""
+        kfp = next((b for b in self._bound or () if b.spec.name == KFP), None)
+        if kfp is None or kfp.parent.namespace is None:
+            return (
+                "not deleted: nothing but KFP's own record says whose run an ML Metadata "
+                "run id is (enable database.targets.kfp)"
+            )
+        key = run.keys[name]
+        if run.keys.get(KFP) != key or position not in owned.get(KFP, ()):
+            return (
+                f"not deleted: KFP's database has no run {key[:64]!r} of namespace "
+                f"{run.namespace!r} to vouch for it"
+            )
+        return None
 
 
 async def _read_graphs(
     conn: AsyncConnection,
     target: BoundTarget,
     runs: list[PendingRun],
+    members: list[int],
     graphs: dict[tuple[str, int], MlmdRun],
     refused: dict[int, Contradicted],
     dry_run: bool,
 ) -> None:
-    """Each run's ML Metadata graph, its context row locked, and MLMD's own account of the
-    run judged: an execution still NEW or RUNNING keeps every row of the run."""
+    """Each member run's ML Metadata graph, its context row locked, and MLMD's own account
+    of the run judged: an execution still NEW or RUNNING keeps every row of the run."""
     assert target.mlmd is not None
     name = target.spec.name
-    for index, run in enumerate(runs):
-        key = run.keys.get(name)
-        if key is None:
-            continue
-        graph = await read_run(conn, target.mlmd, key, lock=not dry_run)
+    for index in members:
+        run = runs[index]
+        graph = await read_run(conn, target.mlmd, run.keys[name], lock=not dry_run)
         if graph is None:
             continue
         graphs[(name, index)] = graph

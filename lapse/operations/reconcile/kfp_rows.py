@@ -12,11 +12,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from lapse.events.adapters import argo
 from lapse.events.run import KFP_RUN_ID_LABEL, Engine, RunRef
+from lapse.functions.row_reaper.targets import KFP_SINGLE_USER_NAMESPACE
 from lapse.operations.reconcile.counts import one_line
 
 # KFP in single-user mode leaves run_details.Namespace empty; its runs live in the
-# namespace KFP is installed in, by default this one.
-KFP_DEFAULT_NAMESPACE: Final = "kubeflow"
+# namespace KFP is installed in, by default this one (the row-reaper's default too).
+KFP_DEFAULT_NAMESPACE: Final = KFP_SINGLE_USER_NAMESPACE
 
 # KFP v2 run states (and v1 `Conditions`) as the Argo phase words the audit trail uses.
 _KFP_PHASES: Final = {
