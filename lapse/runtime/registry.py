@@ -13,7 +13,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from lapse.edges.artifacts import ConfigMapRepositories, NatsCaptures, ObstoreStores
+from lapse.edges.artifacts import (
+    ConfigMapRepositories,
+    KubeLiveRuns,
+    NatsCaptures,
+    ObstoreStores,
+    recording_kinds,
+)
 from lapse.edges.kubernetes import KubeEvents, api_failure
 from lapse.edges.limits import ARTIFACTS, OBJECTS, ROWS, NatsBrake, NatsRateLimit, limits_bucket
 from lapse.edges.rows import DatabaseUnavailable, SqlRowStore, open_row_store
@@ -120,8 +126,13 @@ async def _artifact_reaper(resources: Resources) -> Handler | None:
     config = resources.config.artifacts
     if not config.stores:
         return None
+    for warning in config.warnings():
+        log.warning("%s", warning)
     # The artifacts' own limits, counting objects, shared by every artifact-reaper process.
     rate_limit, brake = await _limits(resources, ARTIFACTS)
+    # What live runs record is kept: read from the API server when something is deleted.
+    kinds = resources.config.kinds
+    live = KubeLiveRuns(resources.objects, kinds) if recording_kinds(kinds) else None
     return ArtifactReaper(
         stores=ObstoreStores(config),
         captures=await _captures(resources),
@@ -132,6 +143,7 @@ async def _artifact_reaper(resources: Resources) -> Handler | None:
         rate_limit=rate_limit,
         brake=brake,
         metadata_expected=resources.config.database.targets.ml_metadata.enabled,
+        live=live,
     )
 
 
