@@ -289,9 +289,7 @@ class ArtifactReaper:
         except LiveRunsRefused as exc:
             return _Failed(run, f"{exc}; nothing was deleted")
 
-    async def _protections(
-        self, run: RunRef, allowed: Sequence[CapturedItem]
-    ) -> list[Protection]:
+    async def _protections(self, run: RunRef, allowed: Sequence[CapturedItem]) -> list[Protection]:
         """What other runs record near the allowed items: their captures (finished runs),
         and the live runs' keys read now (Running runs have no capture yet)."""
         if not allowed:

@@ -71,9 +71,7 @@ def inside(key: str, root: RunRoot) -> bool:
     return len(key) > len(root.prefix) or root.one_run
 
 
-def unowned(
-    item: CapturedItem, store: ArtifactStore, run: RunRef, kind: str | None
-) -> str | None:
+def unowned(item: CapturedItem, store: ArtifactStore, run: RunRef, kind: str | None) -> str | None:
     """None when `item` is the run's to delete; otherwise why it is kept."""
     if (why := store.serves(run.namespace, kind)) is not None:
         return f"{item.key!r} kept: {why}"

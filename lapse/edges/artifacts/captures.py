@@ -54,9 +54,7 @@ def path_tokens(key: str) -> list[str]:
     parts = key.split("/")
     if len(parts) > 1 and parts[-1] == "":
         parts = parts[:-1]
-    return [
-        base64.urlsafe_b64encode(part.encode()).decode().rstrip("=") or "=" for part in parts
-    ]
+    return [base64.urlsafe_b64encode(part.encode()).decode().rstrip("=") or "=" for part in parts]
 
 
 def _part(token: str) -> str:

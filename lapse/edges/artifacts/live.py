@@ -16,7 +16,7 @@ The API server not answering is `RetryLater` (waited out); refusing (403) is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from lapse.edges.kubernetes.client import api_failure
@@ -32,13 +32,13 @@ PAGE: Final = 500
 RETRY_DELAY: Final = 1.0
 
 
-def recording_kinds(kinds: Sequence[KindSpec]) -> tuple[KindSpec, ...]:
+def recording_kinds(kinds: Iterable[KindSpec]) -> tuple[KindSpec, ...]:
     """The kinds whose objects record artifact keys (Argo Workflows, KFP's among them)."""
     return tuple(kind for kind in kinds if kind.engine is Engine.ARGO)
 
 
 class KubeLiveRuns:
-    def __init__(self, objects: Callable[[], KubeObjects], kinds: Sequence[KindSpec]) -> None:
+    def __init__(self, objects: Callable[[], KubeObjects], kinds: Iterable[KindSpec]) -> None:
         self._objects = objects
         self._kinds = recording_kinds(kinds)
 
@@ -70,8 +70,7 @@ class KubeLiveRuns:
                         f"{kind.resource}.{kind.group}"
                     ) from exc
                 raise RetryLater(
-                    f"cannot list {kind.kind} to keep what live runs record: "
-                    f"{failure.message}",
+                    f"cannot list {kind.kind} to keep what live runs record: {failure.message}",
                     failure.retry_after or RETRY_DELAY,
                 ) from exc
             items.extend(page.get("items", []))
