@@ -165,7 +165,7 @@ class ArtifactStore(_Model):
                 )
         for kind, templates in self.capture.items():
             for template in templates:
-                if not is_identity(template):
+                if any(field.partition(":")[1] for field in fields(template)):
                     found.append(
                         f"artifacts store {self.name!r}: capture {kind}: {template!r} names "
                         "a label or annotation (deprecated: the tenant writes it); it is "
