@@ -294,11 +294,7 @@ class ArtifactReaper:
         and the live runs' keys read now (Running runs have no capture yet)."""
         if not allowed:
             return []
-        found: list[Protection] = []
-        for item in allowed:
-            for near in await self.captures.near(item, run.uid):
-                if near not in found:
-                    found.append(near)
+        found = await self.captures.near(allowed, run.uid)
         if self.live is not None:
             found += live_protections(self.config, await self.live.recorded(), run.uid)
         return found

@@ -56,9 +56,9 @@ class Captures(Protocol):
         """The uids of the other runs whose capture holds `item`."""
         ...
 
-    async def near(self, item: CapturedItem, uid: str) -> list[Protection]:
-        """The keys other runs' captures hold in the item's store that are the item's key,
-        above it or under it (whole '/'-separated parts), each with the runs' uids."""
+    async def near(self, items: Sequence[CapturedItem], uid: str) -> list[Protection]:
+        """The keys other runs' captures hold in each item's store that are the item's
+        key, above it or under it (whole '/'-separated parts), each with the runs' uids."""
         ...
 
     async def forget(self, capture: RunCapture) -> None:

@@ -32,14 +32,14 @@ async def test_near_finds_other_runs_keys_above_at_and_under_a_key(
     for capture in (mine, above, under, beside):
         await captures.put(capture)
 
-    found = await captures.near(mine.items[0], mine.uid)
+    found = await captures.near(mine.items, mine.uid)
     assert {(n.item.key, n.by) for n in found} == {
         (f"{p}/team-a", (above.uid,)),
         (f"{p}/team-a/wf/ckpt", (under.uid,)),
         (f"{p}/team-a/wf/x y/é", (under.uid,)),
     }
     await captures.forget(under)
-    found = await captures.near(mine.items[0], mine.uid)
+    found = await captures.near(mine.items, mine.uid)
     assert {n.item.key for n in found} == {f"{p}/team-a"}
     for capture in (mine, above, beside):
         await captures.forget(capture)

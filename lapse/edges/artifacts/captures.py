@@ -27,7 +27,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
 from nats.errors import Error as NatsError
@@ -118,24 +118,29 @@ class NatsCaptures:
             keys = await _keys(await self._bucket(), f"{prefix}*")
             return tuple(key[len(prefix) :] for key in keys if key != f"{prefix}{uid}")
 
-    async def near(self, item: CapturedItem, uid: str) -> list[Protection]:
+    async def near(self, items: Sequence[CapturedItem], uid: str) -> list[Protection]:
         async with _unavailable_is_transient():
             kv = await self._bucket()
-            tokens = path_tokens(item.key)
-            base = ("path", item.store)
             # Above: exactly at each shorter path. At or under: the path and anything deeper.
-            filters = [".".join((*base, *tokens[:depth], "*")) for depth in range(1, len(tokens))]
-            filters.append(".".join((*base, *tokens, ">")))
-            by: dict[str, list[str]] = {}
-            for subject in filters:
+            # The items of one run share their upper paths: each filter is read once.
+            filters: dict[str, str] = {}
+            for item in items:
+                tokens = path_tokens(item.key)
+                base = ("path", item.store)
+                for depth in range(1, len(tokens)):
+                    filters.setdefault(".".join((*base, *tokens[:depth], "*")), item.store)
+                filters.setdefault(".".join((*base, *tokens, ">")), item.store)
+            by: dict[tuple[str, str], list[str]] = {}
+            for subject, store in filters.items():
                 for key in await _keys(kv, subject):
                     *parts, other = key.split(".")[2:]
-                    if other == uid:
-                        continue
-                    by.setdefault("/".join(_part(t) for t in parts), []).append(other)
+                    path = "/".join(_part(t) for t in parts)
+                    if other != uid and other not in (uids := by.setdefault((store, path), [])):
+                        uids.append(other)
             return [
-                Protection(CapturedItem(store=item.store, key=path, tree=False), tuple(uids))
-                for path, uids in by.items()
+                Protection(CapturedItem(store=store, key=path, tree=False), tuple(uids))
+                for (store, path), uids in by.items()
+                if uids
             ]
 
     async def forget(self, capture: RunCapture) -> None:
