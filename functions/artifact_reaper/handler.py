@@ -37,6 +37,7 @@ like the API server, never dead-lettered. A store that refuses (403, no such buc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -430,14 +431,7 @@ def _with_shared(tally: Tally, guarding: Sequence[Protection]) -> Tally:
         kept = Shared(protection.item, protection.by)
         if kept not in shared:
             shared.append(kept)
-    return Tally(
-        objects=tally.objects,
-        bytes=tally.bytes,
-        refused=tally.refused,
-        shared=tuple(shared),
-        outside=tally.outside,
-        unrendered=tally.unrendered,
-    )
+    return dataclasses.replace(tally, shared=tuple(shared))
 
 
 def _counted(tally: Tally, found: dict[str, list[StoredObject]]) -> Tally:
