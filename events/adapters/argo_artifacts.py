@@ -12,6 +12,10 @@
 
 Whatever is not shaped as Argo writes it is left out: an artifact lapse cannot read is
 one it never deletes.
+
+`argo_references` reads more widely, for the other direction: every key a live Workflow
+(Running or not) names, inputs and arguments too, is one the artifact-reaper keeps
+(functions/artifact_reaper/ownership.py). There reading too much only keeps more.
 """
 
 from __future__ import annotations
@@ -54,6 +58,29 @@ def argo_artifacts(body: dict[str, Any]) -> RunArtifacts | None:
         repository=ref if any(a.bucket is None for a in found) else None,
         collected_by_engine=engine_gc,
     )
+
+
+def argo_references(body: dict[str, Any]) -> list[StoredArtifact]:
+    """Every artifact location the Workflow names: its nodes' outputs and inputs, and its
+    spec's arguments and templates' inputs (a location still holding Argo's `{{...}}`
+    template is no key yet, left out)."""
+    status = _dict(body.get("status"))
+    spec = _dict(body.get("spec"))
+    repository = _dict(_dict(status.get("artifactRepositoryRef")).get("artifactRepository"))
+    lists: list[object] = []
+    for node in _dict(status.get("nodes")).values():
+        for side in ("outputs", "inputs"):
+            lists.append(_dict(_dict(node).get(side)).get("artifacts"))
+    lists.append(_dict(spec.get("arguments")).get("artifacts"))
+    for template in _list(spec.get("templates")):
+        lists.append(_dict(_dict(template).get("inputs")).get("artifacts"))
+    found: list[StoredArtifact] = []
+    for artifacts in lists:
+        for artifact in _list(artifacts):
+            stored = _location(_dict(artifact), repository)
+            if stored is not None and "{{" not in stored.key and stored not in found:
+                found.append(stored)
+    return found
 
 
 def _engine_gc(body: dict[str, Any]) -> str | None:

@@ -77,6 +77,9 @@ class RunCapture(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     uid: str
+    # The run's kind name (events/kinds.py) when captured: a store serves some kinds only.
+    # None: captured before lapse recorded it; a store that names its kinds keeps those.
+    kind: str | None = None
     items: tuple[CapturedItem, ...] = ()
     # Recorded artifacts in no configured store (URLs): never touched, said in the outcome.
     outside: tuple[str, ...] = ()
@@ -112,12 +115,14 @@ def capture(
     unrendered: list[str] = []
     for artifact in recorded.artifacts if recorded else ():
         bucket = artifact.bucket or (repository or {}).get(artifact.provider)
-        store = _holder(artifact, bucket, config)
+        store = _holder(artifact, bucket, config, run, kind_name)
         if store is None or bucket is None:
             outside.append(f"{artifact.provider}://{bucket or '?'}/{artifact.key}")
             continue
         _add(items, CapturedItem(store=store.name, key=artifact.key, tree=False))
     for store in config.stores:
+        if store.serves(run.namespace, kind_name) is not None:
+            continue
         for template in store.capture.get(kind_name, ()):
             key = render(template, run)
             if key is None:
@@ -126,6 +131,7 @@ def capture(
             _add(items, CapturedItem(store=store.name, key=store.root + key, tree=True))
     return RunCapture(
         uid=run.uid,
+        kind=kind_name,
         items=tuple(items),
         outside=tuple(outside),
         unrendered=tuple(unrendered[:MAX_UNRENDERED]),
@@ -217,10 +223,19 @@ def render(template: str, run: RunRef) -> str | None:
 
 
 def _holder(
-    artifact: StoredArtifact, bucket: str | None, config: ArtifactsConfig
+    artifact: StoredArtifact,
+    bucket: str | None,
+    config: ArtifactsConfig,
+    run: RunRef | None = None,
+    kind: str | None = None,
 ) -> ArtifactStore | None:
+    """The store holding a recorded artifact: of the stores serving the run (`run` None:
+    ML Metadata's URIs, judged against the run at the deadline), the first whose bucket
+    and root hold it."""
     for store in config.stores:
         if not store.engine_outputs or store.provider != artifact.provider:
+            continue
+        if run is not None and store.serves(run.namespace, kind) is not None:
             continue
         if store.bucket != bucket or not artifact.key.startswith(store.root):
             continue

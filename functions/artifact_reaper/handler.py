@@ -14,9 +14,15 @@ believed (docs/architecture.md, "How a deletion is made safe"; docs/security.md)
    recorded (its database deadline to come): `rescheduled` until just after it, then every
    `safety.gate_retry.backoff` up to `max_wait`, then a `cleanup.failed`.
 4. **Judgement**, per item, against the configuration this reaper runs with: configured
-   store, under its prefix root, at least `min_prefix_depth` deep, no other run's capture
-   holds it (`shared`, kept). Refused items are said in the outcome, never deleted.
-5. **List** what is under each item; only objects that belong to it (`verdict.belongs`).
+   store serving the run's namespace and kind, under its prefix root, inside one of the
+   run's roots rendered from its identity (what a run's status names is its tenant's
+   word: functions/artifact_reaper/ownership.py), at least `min_prefix_depth` deep, no
+   other run's capture holds it (`shared`, kept). Refused items are said in the outcome,
+   never deleted.
+5. **List** what is under each item; only objects that belong to it (`verdict.belongs`),
+   and none another run records: the keys other runs' captures hold above, at or under
+   the item, and what the runs still in the API server record now (Running ones
+   included), read just before deleting. Each is named in the outcome (`shared, kept`).
 6. **Dry run** counts them. Otherwise the **brake and the rate limit count objects**, a
    batch at a time (the brake engaged: `rescheduled`, the rest waits).
 7. **Delete** in batches; then the capture is forgotten. An object already gone is no
@@ -31,6 +37,7 @@ like the API server, never dead-lettered. A store that refuses (403, no such buc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,8 +54,11 @@ from lapse.events.run import RunRef, Target
 from lapse.events.subjects import InvalidSubjectToken
 from lapse.events.types import EventType, Outcome
 from lapse.functions.artifact_reaper.capture import CapturedItem, KeptItem, RunCapture
+from lapse.functions.artifact_reaper.ownership import Protection, guarded, live_protections
 from lapse.functions.artifact_reaper.ports import (
     Captures,
+    LiveRuns,
+    LiveRunsRefused,
     ObjectStores,
     StoredObject,
     StoreRefused,
@@ -164,6 +174,9 @@ class ArtifactReaper:
     # The row-reaper records ML Metadata's account of KFP runs (database.targets.
     # ml_metadata): a KFP run's artifacts due before it wait for it.
     metadata_expected: bool = False
+    # What the runs still in the API server record (Argo Workflows, Running ones too).
+    # None: no engine that records artifacts is watched (only captures protect).
+    live: LiveRuns | None = None
 
     def __post_init__(self) -> None:
         rate_limit, brake = local_limits(self.safety, self.clock().timestamp())
@@ -247,7 +260,8 @@ class ArtifactReaper:
         # What ML Metadata said another run uses: kept, and shields what lies under it.
         shared: list[Shared] = [Shared(kept.item, kept.by) for kept in capture.kept]
         for item in capture.all_items:
-            match judge(item, self.config, await self.captures.sharers(item, run.uid)):
+            sharers = await self.captures.sharers(item, run.uid)
+            match judge(item, self.config, sharers, run, capture.kind):
                 case Allowed():
                     allowed.append(item)
                 case Refused() as no:
@@ -261,8 +275,10 @@ class ArtifactReaper:
             unrendered=capture.unrendered,
         )
         try:
-            # 5. What lies under each allowed item.
-            found = await self._listed(allowed, capture.kept)
+            # 5. What lies under each allowed item, but for what another run records.
+            protections = await self._protections(run, allowed)
+            found, guarding = await self._listed(allowed, capture.kept, protections)
+            tally = _with_shared(tally, guarding)
             if self.dry_run:
                 return _Done(due, _counted(tally, found))
             # 6-7. Counted by the brake and the rate limit, deleted a batch at a time.
@@ -271,21 +287,46 @@ class ArtifactReaper:
             raise RetryLater(f"object store unavailable: {exc}", RETRY_DELAY) from exc
         except StoreRefused as exc:
             return _Failed(run, f"the object store refused: {exc}; nothing more was deleted")
+        except LiveRunsRefused as exc:
+            return _Failed(run, f"{exc}; nothing was deleted")
+
+    async def _protections(self, run: RunRef, allowed: Sequence[CapturedItem]) -> list[Protection]:
+        """What other runs record near the allowed items: their captures (finished runs),
+        and the live runs' keys read now (Running runs have no capture yet)."""
+        if not allowed:
+            return []
+        found = await self.captures.near(allowed, run.uid)
+        if self.live is not None:
+            found += live_protections(self.config, await self.live.recorded(), run.uid)
+        return found
 
     async def _listed(
-        self, items: Sequence[CapturedItem], kept: Sequence[KeptItem] = ()
-    ) -> dict[str, list[StoredObject]]:
+        self,
+        items: Sequence[CapturedItem],
+        kept: Sequence[KeptItem] = (),
+        protections: Sequence[Protection] = (),
+    ) -> tuple[dict[str, list[StoredObject]], list[Protection]]:
         """Objects per store, each once, that belong to an allowed item and to nothing
-        another run still uses."""
+        another run still uses; and the protections that kept something (or a whole
+        item: a key another run records above it)."""
         found: dict[str, dict[str, StoredObject]] = {}
+        guarding: list[Protection] = []
         for item in items:
+            above = guarded(item.store, item.key.rstrip("/"), protections)
+            if above is not None and above not in guarding:
+                guarding.append(above)
             listed = await self.stores.list(item.store, item.key)
             if not item.tree and (own := await self.stores.head(item.store, item.key)):
                 listed.append(own)
             for obj in listed:
-                if belongs(item, obj.path) and not shielded(item.store, obj.path, kept):
-                    found.setdefault(item.store, {})[obj.path] = obj
-        return {store: list(objects.values()) for store, objects in found.items()}
+                if not belongs(item, obj.path) or shielded(item.store, obj.path, kept):
+                    continue
+                if (keeps := guarded(item.store, obj.path, protections)) is not None:
+                    if keeps not in guarding:
+                        guarding.append(keeps)
+                    continue
+                found.setdefault(item.store, {})[obj.path] = obj
+        return {store: list(objects.values()) for store, objects in found.items()}, guarding
 
     async def _delete(
         self,
@@ -382,6 +423,15 @@ class ArtifactReaper:
         moved = due.model_copy(update={"scheduled_at": self.clock()})
         event = build_event(EventType.CLEANUP_DUE, source=SOURCE, data=moved, **creation_context())
         await self.schedules.put(Target.ARTIFACTS, due.run.uid, fire_at, event)
+
+
+def _with_shared(tally: Tally, guarding: Sequence[Protection]) -> Tally:
+    shared = list(tally.shared)
+    for protection in guarding:
+        kept = Shared(protection.item, protection.by)
+        if kept not in shared:
+            shared.append(kept)
+    return dataclasses.replace(tally, shared=tuple(shared))
 
 
 def _counted(tally: Tally, found: dict[str, list[StoredObject]]) -> Tally:

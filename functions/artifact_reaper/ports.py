@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture
+from lapse.functions.artifact_reaper.ownership import LiveArtifact, Protection
 from lapse.functions.errors import FunctionError
 
 
@@ -55,9 +56,27 @@ class Captures(Protocol):
         """The uids of the other runs whose capture holds `item`."""
         ...
 
+    async def near(self, items: Sequence[CapturedItem], uid: str) -> list[Protection]:
+        """The keys other runs' captures hold in each item's store that are the item's
+        key, above it or under it (whole '/'-separated parts), each with the runs' uids."""
+        ...
+
     async def forget(self, capture: RunCapture) -> None:
         """Remove the run's capture and its references (once its artifacts are done)."""
         ...
+
+
+class LiveRunsRefused(FunctionError):
+    """The API server refused to list the live runs (403): nothing is deleted without
+    them, and that is said loudly."""
+
+
+class LiveRuns(Protocol):
+    """What the runs that exist now in the API server record (Running ones too), read at
+    the moment of deleting. Raise `RetryLater` when the API server does not answer,
+    `LiveRunsRefused` when it refuses."""
+
+    async def recorded(self) -> list[LiveArtifact]: ...
 
 
 class RepositoryReader(Protocol):

@@ -8,8 +8,19 @@ each captures from a run when it is planned.
           endpoint: http://minio.argo:9000
           region: us-east-1
           min_prefix_depth: 2             # shallower prefixes are refused
+          namespaces: ["team-*"]          # whose runs it serves (shell globs; default: any)
+          kinds: [argo-workflow]          # which kinds' runs (default: any)
+          roots: ["{namespace}/"]         # where one run may delete, below the url (default)
           capture:                        # declared prefixes, per kind, below the root
             job: ["logs/{namespace}/{name}/{uid}/"]
+
+Ownership is proved from what a tenant cannot write (docs/security.md, "Tenants and object
+stores"): a run's status (Argo's output artifacts), labels and annotations are its
+tenant's to write, so the keys they name are deleted only inside the run's own *roots*,
+rendered from the run's namespace, name, uid and kind (the API server's identity of the
+object), never from a label. A declared capture rendered from those fields alone is the
+run's own too; one naming a label or annotation (deprecated), or `{run_id}` (a label), is
+bounded by the roots like a recorded key.
 
 No credentials here: the edge takes them where each cloud's users keep them (environment,
 web identity / workload identity, instance metadata; docs/artifacts.md).
@@ -17,6 +28,7 @@ web identity / workload identity, instance metadata; docs/artifacts.md).
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from typing import Annotated, Final
 
@@ -27,9 +39,18 @@ from lapse.events.artifacts import Provider
 SCHEMES: Final[dict[str, Provider]] = {"s3": "s3", "gs": "gcs", "az": "azure"}
 # What a capture template may name: the run's own fields, a label, an annotation.
 FIELDS: Final = frozenset({"namespace", "name", "uid", "kind", "run_id"})
+# What a root (and a declared capture that is its own proof) may name: the object's
+# identity as the API server keeps it. `run_id` is KFP's label, the tenant's to write.
+IDENTITY: Final = frozenset({"namespace", "name", "uid", "kind"})
+# A root naming one of these names one run: the run may delete the root itself.
+ONE_RUN: Final = frozenset({"name", "uid"})
+# A root naming one of these keeps namespaces apart (a uid is unique in the cluster).
+SEPARATES: Final = frozenset({"namespace", "uid"})
+DEFAULT_ROOTS: Final = ("{namespace}/",)
 _STORE_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 # `{field}` in a template; braces are not otherwise allowed.
 PLACEHOLDER: Final = re.compile(r"\{([^{}]*)\}")
+_GLOB = re.compile(r"[*?\[]")
 
 
 def _template(value: str) -> str:
@@ -48,6 +69,35 @@ def _template(value: str) -> str:
 
 
 Template = Annotated[str, AfterValidator(_template)]
+
+
+def _root(value: str) -> str:
+    """A root: '' (the store's whole url root) or a prefix naming only identity fields."""
+    if value == "":
+        return value
+    _template(value)
+    parts = value.split("/")[:-1]
+    if any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"{value!r}: a root has no empty, '.' or '..' parts")
+    for field in PLACEHOLDER.findall(value):
+        if field not in IDENTITY:
+            raise ValueError(
+                f"{value!r}: a root is rendered from the run's identity only "
+                f"({', '.join(sorted(IDENTITY))}); {{{field}}} is the tenant's to write"
+            )
+    return value
+
+
+Root = Annotated[str, AfterValidator(_root)]
+
+
+def fields(template: str) -> frozenset[str]:
+    return frozenset(PLACEHOLDER.findall(template))
+
+
+def is_identity(template: str) -> bool:
+    """Rendered from the API server's identity of the run alone (no label, no run_id)."""
+    return fields(template) <= IDENTITY
 
 
 class _Model(BaseModel):
@@ -69,6 +119,14 @@ class ArtifactStore(_Model):
     # Also what the run object records (Argo's output artifacts, main-logs among them),
     # when it is in this bucket and under this root.
     engine_outputs: bool = True
+    # Whose runs this store serves: namespaces (shell globs) and kind names. A run of
+    # another has nothing deleted here.
+    namespaces: tuple[str, ...] = ("*",)
+    kinds: tuple[str, ...] | None = None
+    # Where one run may delete, below `url`, rendered from its identity: a key its status
+    # names (and a label-rendered capture) outside all of them is kept. '': the whole
+    # store (a store of one namespace's only; a start-up warning otherwise).
+    roots: tuple[Root, ...] = Field(default=DEFAULT_ROOTS, min_length=1)
 
     @model_validator(mode="after")
     def _valid(self) -> ArtifactStore:
@@ -83,6 +141,43 @@ class ArtifactStore(_Model):
         if root and (not root.endswith("/") or "//" in root or ".." in root.split("/")):
             raise ValueError(f"url {self.url!r}: the prefix root ends in '/', no empty parts")
         return self
+
+    def serves(self, namespace: str, kind: str | None) -> str | None:
+        """None when this store serves the run's namespace and kind, else why not."""
+        if not any(fnmatch.fnmatchcase(namespace, glob) for glob in self.namespaces):
+            return f"store {self.name!r} does not serve namespace {namespace!r}"
+        if self.kinds is not None and kind not in self.kinds:
+            return f"store {self.name!r} does not serve kind {kind or 'unknown'!r}"
+        return None
+
+    def warnings(self) -> list[str]:
+        """What start-up says of this store: roots that do not keep tenants apart, and
+        deprecated templates."""
+        found: list[str] = []
+        one_namespace = len(self.namespaces) == 1 and not _GLOB.search(self.namespaces[0])
+        for root in self.roots:
+            if not one_namespace and not fields(root) & SEPARATES:
+                found.append(
+                    f"artifacts store {self.name!r}: root {root or repr('')} bounds no "
+                    "namespace and the store serves more than one: a run may delete what "
+                    "another namespace's runs wrote there (name {namespace} or {uid} in "
+                    "roots, or list one namespace in namespaces)"
+                )
+        for kind, templates in self.capture.items():
+            for template in templates:
+                if any(field.partition(":")[1] for field in fields(template)):
+                    found.append(
+                        f"artifacts store {self.name!r}: capture {kind}: {template!r} names "
+                        "a label or annotation (deprecated: the tenant writes it); it is "
+                        "deleted only inside the run's roots"
+                    )
+                elif not one_namespace and not fields(template) & SEPARATES:
+                    found.append(
+                        f"artifacts store {self.name!r}: capture {kind}: {template!r} "
+                        "names neither {namespace} nor {uid}: runs of two namespaces with "
+                        "one name share it"
+                    )
+        return found
 
     @property
     def provider(self) -> Provider:
@@ -113,3 +208,6 @@ class ArtifactsConfig(_Model):
 
     def store(self, name: str) -> ArtifactStore | None:
         return next((store for store in self.stores if store.name == name), None)
+
+    def warnings(self) -> list[str]:
+        return [warning for store in self.stores for warning in store.warnings()]

@@ -10,10 +10,14 @@ configuration the reaper runs with:
 - its store is configured (a store removed since is not deleted in);
 - its key is a clean path (no empty, '.' or '..' parts, no leading '/') under the store's
   prefix root;
+- the store serves the run's namespace and kind, and the key is the run's own: inside one
+  of the store's roots rendered from the run's identity, or a declared capture rendered
+  from it (ownership.py): a key a tenant wrote into a run's status is never believed;
 - it has at least the store's `min_prefix_depth` parts (`logs/a/` has 2);
 - no other run still references it (`shared`: another pending run captured the same item,
   or ML Metadata said another run uses it: `RunCapture.kept`, never deleted, and nothing
-  listed under it either, `shielded`).
+  listed under it either, `shielded`); what other runs record near it, captured or live,
+  is kept when listed (`ownership.guarded`).
 
 A KFP run's artifacts due before ML Metadata's account was recorded (the artifacts clock
 earlier than the database clock, or its rows kept) wait for it (`awaits_metadata`), then
@@ -33,6 +37,7 @@ from typing import Final, TypeAlias
 
 from lapse.events.run import RunRef
 from lapse.functions.artifact_reaper.capture import CapturedItem, KeptItem, RunCapture
+from lapse.functions.artifact_reaper.ownership import unowned
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig
 from lapse.functions.ports import PendingSchedule
 from lapse.functions.row_reaper.verdict import NotYet, Proof, Proven, Unbacked, prove
@@ -86,8 +91,15 @@ def depth(key: str) -> int:
     return len([part for part in key.split("/") if part])
 
 
-def judge(item: CapturedItem, config: ArtifactsConfig, sharers: tuple[str, ...]) -> Judgement:
-    """May `item` be deleted now? `sharers`: other runs whose capture holds the same item."""
+def judge(
+    item: CapturedItem,
+    config: ArtifactsConfig,
+    sharers: tuple[str, ...],
+    run: RunRef,
+    kind: str | None,
+) -> Judgement:
+    """May `item` be deleted now, for `run` (the stored schedule's) of kind `kind` (the
+    capture's)? `sharers`: other runs whose capture holds the same item."""
     store = config.store(item.store)
     if store is None:
         return Refused(item, f"store {item.store!r} is not configured (artifacts.stores)")
@@ -105,6 +117,8 @@ def judge(item: CapturedItem, config: ArtifactsConfig, sharers: tuple[str, ...])
             f"{item.key!r} has {depth(item.key)} parts, fewer than the store's "
             f"min_prefix_depth {store.min_prefix_depth}",
         )
+    if (why := unowned(item, store, run, kind)) is not None:
+        return Refused(item, why)
     if sharers:
         return Shared(item, sharers)
     return Allowed(item)

@@ -97,7 +97,9 @@ class Footprints:
     ) -> ArtifactFootprint:
         captured = capture(run, kind_name, recorded, self.config, await self._repository(recorded))
         allowed = [
-            item for item in captured.items if isinstance(judge(item, self.config, ()), Allowed)
+            item
+            for item in captured.items
+            if isinstance(judge(item, self.config, (), run, captured.kind), Allowed)
         ]
         found = ArtifactFootprint(
             keys=sum(1 for item in captured.items if not item.tree),

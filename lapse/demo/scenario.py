@@ -293,6 +293,9 @@ def write_config(
                     "region": s3_region,
                     # v2/artifacts/<pipeline>/<run id>/: nothing shallower is ever deleted.
                     "min_prefix_depth": 4,
+                    # KFP's layout names no namespace: the demo namespace's own root.
+                    "namespaces": [NAMESPACE],
+                    "roots": [""],
                     "capture": {"argo-workflow": [f"{{label:{PIPELINE_NAME_LABEL}}}/{{run_id}}/"]},
                 }
             ]

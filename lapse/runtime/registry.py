@@ -13,7 +13,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from lapse.edges.artifacts import ConfigMapRepositories, NatsCaptures, ObstoreStores
+from kubernetes.config import ConfigException
+
+from lapse.edges.artifacts import (
+    ConfigMapRepositories,
+    KubeLiveRuns,
+    NatsCaptures,
+    ObstoreStores,
+    recording_kinds,
+)
 from lapse.edges.kubernetes import KubeEvents, api_failure
 from lapse.edges.limits import ARTIFACTS, OBJECTS, ROWS, NatsBrake, NatsRateLimit, limits_bucket
 from lapse.edges.rows import DatabaseUnavailable, SqlRowStore, open_row_store
@@ -120,6 +128,8 @@ async def _artifact_reaper(resources: Resources) -> Handler | None:
     config = resources.config.artifacts
     if not config.stores:
         return None
+    for warning in config.warnings():
+        log.warning("%s", warning)
     # The artifacts' own limits, counting objects, shared by every artifact-reaper process.
     rate_limit, brake = await _limits(resources, ARTIFACTS)
     return ArtifactReaper(
@@ -132,7 +142,28 @@ async def _artifact_reaper(resources: Resources) -> Handler | None:
         rate_limit=rate_limit,
         brake=brake,
         metadata_expected=resources.config.database.targets.ml_metadata.enabled,
+        live=_live_runs(resources),
     )
+
+
+def _live_runs(resources: Resources) -> KubeLiveRuns | None:
+    """What live runs record is kept: read from the API server when something is deleted.
+    Without Kubernetes access (the Knative artifact-reaper has no API token by default)
+    only the captured runs' keys are kept, and start-up says so."""
+    kinds = resources.config.kinds
+    if not recording_kinds(kinds):
+        return None
+    try:
+        resources.kube_client()
+    except ConfigException as exc:
+        log.warning(
+            "artifacts: no Kubernetes access (%s): what Running Workflows record is not "
+            "read before deleting, only the keys of runs lapse captured are kept; give the "
+            "artifact-reaper list on workflows.argoproj.io (docs/deploy.md)",
+            exc,
+        )
+        return None
+    return KubeLiveRuns(resources.objects, kinds)
 
 
 async def _object_reaper(resources: Resources) -> Handler:

@@ -194,6 +194,10 @@ async def test_a_kfp_runs_object_rows_metadata_and_artifacts_go_on_their_own_clo
         f"      endpoint: '{seaweedfs.endpoint}'\n"
         f"      region: {REGION}\n"
         "      min_prefix_depth: 3\n"
+        # The namespace's own pipeline root: the whole store is its runs' (KFP's layout
+        # names no namespace).
+        f"      namespaces: ['{ns}']\n"
+        "      roots: ['']\n"
         "      capture: {argo-workflow: ['{label:pipeline-name}/{run_id}/']}\n"
     )
     up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")

@@ -76,7 +76,8 @@ async def test_up_on_embedded_defaults_deletes_artifacts_in_its_own_s3_server(
         core.create_namespace(kube_client.V1Namespace(metadata=kube_client.V1ObjectMeta(name=ns)))
         workflows = Workflows(api_client, executor)
 
-        base = f"runs/{ns}/wf"
+        # Below the run's namespace: the store's default root for what a run records.
+        base = f"{ns}/wf"
         outputs = [f"{base}/wf-1/main.log", f"{base}/wf-1/model.tgz"]
         beside = [f"{base}/wf-1/main.log.1", f"{base}/wf-2/main.log", f"other/{base}/wf-1/x"]
         s3 = s3_client(state_dir, endpoint)

@@ -214,7 +214,7 @@ async def test_a_runs_artifacts_go_at_their_deadline_and_nothing_beside_them(
     train = job("train", now)
     logs = f"runs/logs/team-a/train/{train.uid}/"
     wf = workflow("wf", now)
-    base = f"runs/wf/{wf.uid[:8]}"
+    base = f"runs/team-a/wf/{wf.uid[:8]}"
     # A later run that reused the Workflow's model (a cached output): still pending.
     reuser = workflow("reuser", now + timedelta(hours=1))
     theirs = {f"{logs}stdout.log", f"{logs}sub/stderr.log"}
@@ -282,7 +282,7 @@ async def test_artifacts_argo_collects_itself_are_left_to_argo(
 ) -> None:
     s3 = client(seaweedfs)
     wf = workflow("gc", datetime.now(UTC) - timedelta(seconds=10))
-    key = f"runs/gc/{wf.uid[:8]}/main.log"
+    key = f"runs/team-a/gc/{wf.uid[:8]}/main.log"
     await plant(s3, key)
     sub = await lapse.due_reader()
     await lapse.finished(wf, recorded(key, gc="the Workflow's spec.artifactGC.strategy is X"))
@@ -415,7 +415,13 @@ async def test_a_kfp_runs_artifacts_follow_ml_metadatas_account(
     the run's own URIs go, inside its prefix or not, and the model a later run reuses is
     kept, though it lies inside the prefix."""
     s3 = client(seaweedfs)
-    config = stores(seaweedfs, capture={"argo-workflow": ["{label:pipeline-name}/{run_id}/"]})
+    # KFP's pipeline root names no namespace: a store of team-a's alone, all of it theirs.
+    config = stores(
+        seaweedfs,
+        capture={"argo-workflow": ["{label:pipeline-name}/{run_id}/"]},
+        namespaces=["team-a"],
+        roots=[""],
+    )
     # Finished 10 min ago: its database deadline passed 2 min ago (more than the minute's
     # grace), its rows not yet deleted; its artifacts are due now.
     early = [

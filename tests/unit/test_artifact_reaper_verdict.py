@@ -41,12 +41,19 @@ def _config(**store: object) -> ArtifactsConfig:
     return ArtifactsConfig(stores=(ArtifactStore.model_validate(spec),))
 
 
+def _judge(
+    item: CapturedItem, config: ArtifactsConfig, sharers: tuple[str, ...] = ()
+) -> Allowed | Refused | Shared:
+    """A Job of team-a's (`_run`)."""
+    return judge(item, config, sharers, _run(), "job")
+
+
 # --- judge ---------------------------------------------------------------------------
 
 
 def test_an_item_inside_the_root_and_deep_enough_is_allowed() -> None:
     item = CapturedItem(store="logs", key="root/team-a/train/", tree=True)
-    assert judge(item, _config(), ()) == Allowed(item)
+    assert _judge(item, _config()) == Allowed(item)
 
 
 @pytest.mark.parametrize(
@@ -61,25 +68,25 @@ def test_an_item_inside_the_root_and_deep_enough_is_allowed() -> None:
     ],
 )
 def test_shallow_outside_or_unclean_items_are_refused(key: str, tree: bool, why: str) -> None:
-    result = judge(CapturedItem(store="logs", key=key, tree=tree), _config(), ())
+    result = _judge(CapturedItem(store="logs", key=key, tree=tree), _config())
     assert isinstance(result, Refused)
     assert why in result.reason
 
 
 def test_an_item_of_a_store_no_longer_configured_is_refused() -> None:
-    result = judge(CapturedItem(store="gone", key="root/a/b/", tree=True), _config(), ())
+    result = _judge(CapturedItem(store="gone", key="root/a/b/", tree=True), _config())
     assert isinstance(result, Refused)
     assert "not configured" in result.reason
 
 
 def test_an_item_another_run_captured_is_shared() -> None:
-    item = CapturedItem(store="logs", key="root/a/b/c.tgz", tree=False)
-    assert judge(item, _config(), ("u-2",)) == Shared(item, ("u-2",))
+    item = CapturedItem(store="logs", key="root/team-a/b/c.tgz", tree=False)
+    assert _judge(item, _config(), ("u-2",)) == Shared(item, ("u-2",))
 
 
 def test_a_refusal_outranks_sharing() -> None:
-    item = CapturedItem(store="logs", key="root/a/", tree=True)
-    assert isinstance(judge(item, _config(), ("u-2",)), Refused)
+    item = CapturedItem(store="logs", key="root/team-a/", tree=True)
+    assert isinstance(_judge(item, _config(), ("u-2",)), Refused)
 
 
 def test_belongs_takes_the_key_and_what_is_under_it_never_a_sibling() -> None:
@@ -112,7 +119,7 @@ def test_nothing_allowed_lies_outside_the_root_or_above_the_depth(
         return
     config = _config(url=f"s3://bucket/{root}", min_prefix_depth=min_depth)
     item = CapturedItem(store="logs", key=key, tree=tree)
-    if not isinstance(judge(item, config, ()), Allowed):
+    if not isinstance(_judge(item, config), Allowed):
         return
     assert key.startswith(root)
     assert depth(key) >= min_depth

@@ -10,6 +10,12 @@ schedule message; the reaper reads it by the run's uid when the schedule fires.
   Metadata's items and the items it said another run uses (`RunCapture.metadata`, recorded
   by the row-reaper) are referenced too.
 
+- `path.<store>.<part>...<part>.<uid>`: the same, by the key's '/'-separated parts (each
+  base64url, '=' for an empty part), so the keys other runs hold above, at or under a key
+  are found by the server's subject filters (`near`): a prefix never takes a key another
+  run's capture holds. Captures stored before this index existed have no `path.` entries
+  until their run is planned again.
+
 Written by the planner before the schedule is put (a fired schedule always finds its
 capture); removed by the artifact reaper once the run's artifacts are done. A run whose
 artifacts are kept (keep, a TTL of never) keeps its capture, so what it shares stays
@@ -18,9 +24,10 @@ referenced. History 1, no age limit: an entry goes when its run's artifacts go.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
 from nats.errors import Error as NatsError
@@ -32,6 +39,7 @@ from pydantic import ValidationError
 
 from lapse.edges.nats import key_value_bucket
 from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture, carried
+from lapse.functions.artifact_reaper.ownership import Protection
 from lapse.functions.ports import RetryLater
 
 BUCKET: Final = "LAPSE_ARTIFACTS"
@@ -39,6 +47,24 @@ BUCKET: Final = "LAPSE_ARTIFACTS"
 
 def digest(item: CapturedItem) -> str:
     return hashlib.sha256(f"{item.store}\0{item.key}".encode()).hexdigest()[:40]
+
+
+def path_tokens(key: str) -> list[str]:
+    """A key's parts as subject tokens (a trailing '/' names the same path)."""
+    parts = key.split("/")
+    if len(parts) > 1 and parts[-1] == "":
+        parts = parts[:-1]
+    return [base64.urlsafe_b64encode(part.encode()).decode().rstrip("=") or "=" for part in parts]
+
+
+def _part(token: str) -> str:
+    if token == "=":
+        return ""
+    return base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+
+
+def path_key(item: CapturedItem, uid: str) -> str:
+    return ".".join(("path", item.store, *path_tokens(item.key), uid))
 
 
 @contextlib.asynccontextmanager
@@ -75,9 +101,11 @@ class NatsCaptures:
             capture = carried(earlier, capture)
             for item in _referenced(capture):
                 await kv.put(f"ref.{digest(item)}.{capture.uid}", b"")
+                await kv.put(path_key(item, capture.uid), b"")
             if earlier is not None:
                 for item in set(_referenced(earlier)) - set(_referenced(capture)):
                     await _purge(kv, f"ref.{digest(item)}.{capture.uid}")
+                    await _purge(kv, path_key(item, capture.uid))
             await kv.put(f"run.{capture.uid}", capture.model_dump_json().encode())
 
     async def get(self, uid: str) -> RunCapture | None:
@@ -86,21 +114,34 @@ class NatsCaptures:
 
     async def sharers(self, item: CapturedItem, uid: str) -> tuple[str, ...]:
         async with _unavailable_is_transient():
-            kv = await self._bucket()
             prefix = f"ref.{digest(item)}."
-            # A watch on the subject filter (the server selects; nats-py's `keys(filters)`
-            # reads every key and matches substrings), ended by its "no more" marker.
-            watcher = await kv.watch(f"{prefix}*", ignore_deletes=True, meta_only=True)
-            found: list[str] = []
-            try:
-                async for entry in watcher:
-                    if entry is None:
-                        break
-                    if entry.key != f"{prefix}{uid}":
-                        found.append(entry.key[len(prefix) :])
-            finally:
-                await watcher.stop()  # type: ignore[no-untyped-call]
-            return tuple(found)
+            keys = await _keys(await self._bucket(), f"{prefix}*")
+            return tuple(key[len(prefix) :] for key in keys if key != f"{prefix}{uid}")
+
+    async def near(self, items: Sequence[CapturedItem], uid: str) -> list[Protection]:
+        async with _unavailable_is_transient():
+            kv = await self._bucket()
+            # Above: exactly at each shorter path. At or under: the path and anything deeper.
+            # The items of one run share their upper paths: each filter is read once.
+            filters: dict[str, str] = {}
+            for item in items:
+                tokens = path_tokens(item.key)
+                base = ("path", item.store)
+                for depth in range(1, len(tokens)):
+                    filters.setdefault(".".join((*base, *tokens[:depth], "*")), item.store)
+                filters.setdefault(".".join((*base, *tokens, ">")), item.store)
+            by: dict[tuple[str, str], list[str]] = {}
+            for subject, store in filters.items():
+                for key in await _keys(kv, subject):
+                    *parts, other = key.split(".")[2:]
+                    path = "/".join(_part(t) for t in parts)
+                    if other != uid and other not in (uids := by.setdefault((store, path), [])):
+                        uids.append(other)
+            return [
+                Protection(CapturedItem(store=store, key=path, tree=False), tuple(uids))
+                for (store, path), uids in by.items()
+                if uids
+            ]
 
     async def forget(self, capture: RunCapture) -> None:
         async with _unavailable_is_transient():
@@ -108,6 +149,7 @@ class NatsCaptures:
             stored = await self._get(kv, capture.uid)
             for item in {*_referenced(capture), *(_referenced(stored) if stored else ())}:
                 await _purge(kv, f"ref.{digest(item)}.{capture.uid}")
+                await _purge(kv, path_key(item, capture.uid))
             await _purge(kv, f"run.{capture.uid}")
 
     @staticmethod
@@ -126,6 +168,22 @@ def _referenced(capture: RunCapture) -> tuple[CapturedItem, ...]:
     """What the run holds: its items, ML Metadata's among them, and what ML Metadata said
     another run uses (so no other capture of the same item deletes it meanwhile)."""
     return (*capture.all_items, *(kept.item for kept in capture.kept))
+
+
+async def _keys(kv: KeyValue, subject: str) -> list[str]:
+    """The keys matching a subject filter: a watch (the server selects; nats-py's
+    `keys(filters)` reads every key and matches substrings), ended by its "no more"
+    marker."""
+    watcher = await kv.watch(subject, ignore_deletes=True, meta_only=True)
+    found: list[str] = []
+    try:
+        async for entry in watcher:
+            if entry is None:
+                break
+            found.append(entry.key)
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]
+    return found
 
 
 async def _purge(kv: KeyValue, key: str) -> None:
