@@ -10,9 +10,21 @@ servers stop with it); the SQLite file outlives it, and so does its URL.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from pathlib import Path
 from typing import Final
+
+from lapse.embedded.process import (
+    PRIVATE_DIR,
+    PRIVATE_FILE,
+    PRIVATE_UMASK,
+    private_dir,
+    tighten,
+    write_private,
+)
+
+log = logging.getLogger(__name__)
 
 NATS_URL: Final = "nats.url"
 DATABASE_URL: Final = "database.url"
@@ -26,8 +38,38 @@ def default_state_dir() -> Path:
     return Path(base) / "lapse"
 
 
+def make_private(state_dir: Path) -> None:
+    """The state directory as `lapse up` keeps it: 0700, and whatever lapse and the servers
+    it starts write there from now on private (the process's umask: files 0600, directories
+    0700; the kube-apiserver's system:masters token, kubeconfig, NATS passwords, SeaweedFS
+    keys, and the data). What an older lapse left open to other users (kube/tokens.csv was
+    0644 in a 0755 directory) is tightened, and said in one log line."""
+    os.umask(PRIVATE_UMASK)
+    if not state_dir.exists():
+        private_dir(state_dir)
+        return
+    tightened: list[str] = []
+    for where, _subdirectories, names in os.walk(state_dir):
+        directory = Path(where)
+        if tighten(directory, PRIVATE_DIR, say=False):
+            tightened.append(f"{directory.relative_to(state_dir)}/")
+        tightened += [
+            str((directory / name).relative_to(state_dir))
+            for name in names
+            if tighten(directory / name, PRIVATE_FILE, say=False)
+        ]
+    if tightened:
+        shown = ", ".join(tightened[:8]) + (
+            f" and {len(tightened) - 8} more" if len(tightened) > 8 else ""
+        )
+        log.warning(
+            "%s was open to other users: now 0700 directories and 0600 files (%s)",
+            state_dir, shown,
+        )  # fmt: skip
+
+
 def write(state_dir: Path, name: str, value: str) -> None:
-    (state_dir / name).write_text(value + "\n", encoding="utf-8")
+    write_private(state_dir / name, value + "\n")
 
 
 def read(state_dir: Path, name: str) -> tuple[str, Path] | None:

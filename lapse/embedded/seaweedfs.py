@@ -22,7 +22,16 @@ from pathlib import Path
 from typing import Final
 
 from lapse.embedded.kube import cache_root
-from lapse.embedded.process import ServerStartError, free_port, port_open, spawn, stop, wait_until
+from lapse.embedded.process import (
+    ServerStartError,
+    free_port,
+    port_open,
+    private_dir,
+    spawn,
+    stop,
+    wait_until,
+    write_private,
+)
 
 SEAWEEDFS_VERSION: Final = os.environ.get(
     "LAPSE_SEAWEEDFS_VERSION", "v0.0.0-20261109003541-7506e5f91cd6"
@@ -115,15 +124,13 @@ class EmbeddedSeaweedFS:
                 }
             ]
         }
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)  # also when an older file was left wider open
-        with os.fdopen(fd, "w") as out:
-            json.dump(config, out)
+        write_private(path, json.dumps(config))
         return path
 
     def start(self, timeout: float = 60.0) -> EmbeddedSeaweedFS:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        (self.data_dir / "data").mkdir(exist_ok=True)
+        # The keys, and the objects whose contents are the runs' artifacts: 0600 in 0700.
+        private_dir(self.data_dir)
+        private_dir(self.data_dir / "data")
         p = self.ports
         args = [
             str(weed_binary()), *self._log_flags(), "server",
