@@ -76,7 +76,11 @@ def write_private(path: Path, text: str) -> None:
         out.write(text)
 
 
-def spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+def spawn(
+    args: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a server writing to `log_path`; `env` adds to lapse's environment (a secret
+    passed there is readable only by its user, unlike a command-line argument)."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE)
     with os.fdopen(fd, "ab") as log_file:
         # A new session keeps Ctrl-C in a terminal from reaching the server before lapse
@@ -90,6 +94,7 @@ def spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
             start_new_session=True,
             preexec_fn=_die_with_parent,
             umask=PRIVATE_UMASK,
+            env=None if env is None else {**os.environ, **env},
         )
 
 
