@@ -64,7 +64,8 @@ async def test_every_file_lapse_up_writes_is_private(tmp_path: Path) -> None:
     up = LapseUp(config, state_dir, log)
     await up.start()
     try:
-        credentials = [*CREDENTIALS, *(["seaweedfs/s3-identities.json"] if _weed_built() else [])]
+        s3 = ["seaweedfs/s3-identities.json", "seaweedfs/grpc.key"] if _weed_built() else []
+        credentials = [*CREDENTIALS, *s3]
         missing = [name for name in credentials if not (state_dir / name).is_file()]
         assert not missing, f"not written where expected: {missing}"
         assert open_to_others(state_dir) == [], log.read_text()[-2000:]
