@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Final
 
+from lapse.embedded.nats_identities import CREDENTIALS_DIR
 from lapse.embedded.process import (
     PRIVATE_DIR,
     PRIVATE_FILE,
@@ -33,6 +34,14 @@ KUBECONFIG: Final = "kubeconfig.path"
 UP: Final = "up.version"
 
 
+# Everything `lapse up` writes in its state directory (lapse/cli/up.py: the embedded
+# servers' directories, the NATS passwords, the SQLite file, the files above).
+WRITTEN_BY_UP: Final = (
+    NATS_URL, DATABASE_URL, KUBECONFIG, UP, "lapse.db",
+    "nats", CREDENTIALS_DIR, "kube", "seaweedfs",
+)  # fmt: skip
+
+
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "lapse"
@@ -48,16 +57,24 @@ def make_private(state_dir: Path) -> None:
     if not state_dir.exists():
         private_dir(state_dir)
         return
-    tightened: list[str] = []
-    for where, _subdirectories, names in os.walk(state_dir):
-        directory = Path(where)
-        if tighten(directory, PRIVATE_DIR, say=False):
-            tightened.append(f"{directory.relative_to(state_dir)}/")
-        tightened += [
-            str((directory / name).relative_to(state_dir))
-            for name in names
-            if tighten(directory / name, PRIVATE_FILE, say=False)
-        ]
+    tightened = ["./"] if tighten(state_dir, PRIVATE_DIR, say=False) else []
+    # Only what lapse up writes: --state-dir may name a directory that holds more.
+    for entry in WRITTEN_BY_UP:
+        top = state_dir / entry
+        if top.is_symlink() or not top.exists():
+            continue
+        if top.is_file():
+            tightened += [entry] if tighten(top, PRIVATE_FILE, say=False) else []
+            continue
+        for where, _subdirectories, names in os.walk(top):
+            directory = Path(where)
+            if tighten(directory, PRIVATE_DIR, say=False):
+                tightened.append(f"{directory.relative_to(state_dir)}/")
+            tightened += [
+                str((directory / name).relative_to(state_dir))
+                for name in names
+                if tighten(directory / name, PRIVATE_FILE, say=False)
+            ]
     if tightened:
         shown = ", ".join(tightened[:8]) + (
             f" and {len(tightened) - 8} more" if len(tightened) > 8 else ""
