@@ -37,6 +37,11 @@ def _weed_built() -> bool:
     return True
 
 
+# SeaweedFS chmods its volumes' info files (`<id>.vif`: version, replication) to 0644
+# itself, whatever the umask; they sit in 0700 directories, unreachable to other users.
+CHMODED_BY_THE_SERVER = ".vif"
+
+
 def open_to_others(state_dir: Path) -> list[str]:
     """Every directory not 0700 and every file with a group or other bit, in the tree."""
     found = []
@@ -46,7 +51,9 @@ def open_to_others(state_dir: Path) -> list[str]:
             found.append(f"{where}/ {oct(mode)}")
         for name in files:
             info = os.lstat(os.path.join(where, name))
-            if not stat.S_ISLNK(info.st_mode) and stat.S_IMODE(info.st_mode) & 0o077:
+            if stat.S_ISLNK(info.st_mode) or name.endswith(CHMODED_BY_THE_SERVER):
+                continue
+            if stat.S_IMODE(info.st_mode) & 0o077:
                 found.append(f"{where}/{name} {oct(stat.S_IMODE(info.st_mode))}")
     return found
 
@@ -68,6 +75,8 @@ async def test_every_file_lapse_up_writes_is_private(tmp_path: Path) -> None:
         credentials = [*CREDENTIALS, *s3]
         missing = [name for name in credentials if not (state_dir / name).is_file()]
         assert not missing, f"not written where expected: {missing}"
+        modes = {name: stat.S_IMODE((state_dir / name).stat().st_mode) for name in credentials}
+        assert set(modes.values()) == {0o600}, modes
         assert open_to_others(state_dir) == [], log.read_text()[-2000:]
         text = log.read_text()
         said = next((line for line in text.splitlines() if "open to other users" in line), "")
