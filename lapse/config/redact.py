@@ -46,23 +46,25 @@ _NEXT_SERVER = re.compile(r",(?=\s*" + _SCHEME.pattern + ")")
 
 # What follows the userinfo's `@`: a host (name, address or [IPv6]) and maybe a port, then
 # the path, query, fragment or the end (of the URL, or of a URL in a sentence).
-_AUTHORITY = re.compile(r"(?:\[[\w:.%]*\]|[\w.~%-]+)(?::\d*)?(?=$|[/?#\s'\",;)>\]])")
+# (An empty host too: `postgresql://kfp:pw@/mlpipeline?host=/run/postgresql`.)
+_AUTHORITY = re.compile(r"(?:\[[\w:.%]*\]|[\w.~%-]*)(?::\d*)?(?=$|[/?#\s'\",;)>\]])")
 
 
-def _userinfo_end(rest: str) -> int:
+def _userinfo_end(rest: str, *, whole_url: bool) -> int:
     """Where the userinfo ends: the last `@` a host follows (the true one is such an `@`,
-    so a later one only masks more); -1 without any `@`."""
+    so a later one only masks more). With none, in a value known to be a URL the last `@`
+    (to be safe), in free text -1 (`image@sha256:...` after a URL is no userinfo)."""
     at = len(rest)
     while (at := rest.rfind("@", 0, at)) >= 0:
         if _AUTHORITY.match(rest, at + 1):
             return at
-    return rest.rfind("@")
+    return rest.rfind("@") if whole_url else -1
 
 
-def _mask_userinfo(url: str) -> str:
+def _mask_userinfo(url: str, *, whole_url: bool = True) -> str:
     """One URL (`url` starts with its scheme) with the userinfo masked."""
     scheme, _, rest = url.partition("://")
-    at = _userinfo_end(rest)
+    at = _userinfo_end(rest, whole_url=whole_url)
     if at < 0:
         return url
     userinfo, host = rest[:at], rest[at + 1 :]
@@ -104,7 +106,7 @@ def _redact_line(line: str) -> str:
         return line
     parts = [line[: starts[0]]]
     for start, end in zip(starts, [*starts[1:], len(line)], strict=True):
-        parts.append(_mask_userinfo(line[start:end]))
+        parts.append(_mask_userinfo(line[start:end], whole_url=False))
     return _SECRET_QUERY_TEXT.sub(rf"\1{MASK}", "".join(parts))
 
 

@@ -155,3 +155,14 @@ def test_an_unencoded_at_sign_in_a_query_secret_never_shows_it(secret: str) -> N
     shown = redact_url(f"postgresql://kfp:pw@db:5432/x?sslpassword={secret}&sslmode=require")
     assert shown is not None and secret not in shown and ":pw@" not in shown
     assert shown.startswith("postgresql://kfp:***@")
+
+
+def test_an_empty_host_still_ends_the_userinfo_and_a_digest_is_no_userinfo() -> None:
+    # A Unix-socket database URL; an image digest after a URL in a log line.
+    socket = "postgresql://kfp:p@ss/w@/mlpipeline?host=/run/postgresql"
+    assert redact_url(socket) == "postgresql://kfp:***@/mlpipeline?host=/run/postgresql"
+    assert redact(f"cannot reach {socket} now") == (
+        "cannot reach postgresql://kfp:***@/mlpipeline?host=/run/postgresql now"
+    )
+    line = "cluster https://127.0.0.1:6443 (context lapse); image ghcr.io/x@sha256:0123abc"
+    assert redact(line) == line
