@@ -10,9 +10,22 @@ servers stop with it); the SQLite file outlives it, and so does its URL.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from pathlib import Path
 from typing import Final
+
+from lapse.embedded.nats_identities import CREDENTIALS_DIR
+from lapse.embedded.process import (
+    PRIVATE_DIR,
+    PRIVATE_FILE,
+    PRIVATE_UMASK,
+    private_dir,
+    tighten,
+    write_private,
+)
+
+log = logging.getLogger(__name__)
 
 NATS_URL: Final = "nats.url"
 DATABASE_URL: Final = "database.url"
@@ -21,13 +34,59 @@ KUBECONFIG: Final = "kubeconfig.path"
 UP: Final = "up.version"
 
 
+# Everything `lapse up` writes in its state directory (lapse/cli/up.py: the embedded
+# servers' directories, the NATS passwords, the SQLite file, the files above).
+WRITTEN_BY_UP: Final = (
+    NATS_URL, DATABASE_URL, KUBECONFIG, UP, "lapse.db",
+    "nats", CREDENTIALS_DIR, "kube", "seaweedfs",
+)  # fmt: skip
+
+
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "lapse"
 
 
+def make_private(state_dir: Path) -> None:
+    """The state directory as `lapse up` keeps it: 0700, and whatever lapse and the servers
+    it starts write there from now on private (the process's umask: files 0600, directories
+    0700; the kube-apiserver's system:masters token, kubeconfig, NATS passwords, SeaweedFS
+    keys, and the data). What an older lapse left open to other users (kube/tokens.csv was
+    0644 in a 0755 directory) is tightened, and said in one log line."""
+    os.umask(PRIVATE_UMASK)
+    if not state_dir.exists():
+        private_dir(state_dir)
+        return
+    tightened = ["./"] if tighten(state_dir, PRIVATE_DIR, say=False) else []
+    # Only what lapse up writes: --state-dir may name a directory that holds more.
+    for entry in WRITTEN_BY_UP:
+        top = state_dir / entry
+        if top.is_symlink() or not top.exists():
+            continue
+        if top.is_file():
+            tightened += [entry] if tighten(top, PRIVATE_FILE, say=False) else []
+            continue
+        for where, _subdirectories, names in os.walk(top):
+            directory = Path(where)
+            if tighten(directory, PRIVATE_DIR, say=False):
+                tightened.append(f"{directory.relative_to(state_dir)}/")
+            tightened += [
+                str((directory / name).relative_to(state_dir))
+                for name in names
+                if tighten(directory / name, PRIVATE_FILE, say=False)
+            ]
+    if tightened:
+        shown = ", ".join(tightened[:8]) + (
+            f" and {len(tightened) - 8} more" if len(tightened) > 8 else ""
+        )
+        log.warning(
+            "%s was open to other users: now 0700 directories and 0600 files (%s)",
+            state_dir, shown,
+        )  # fmt: skip
+
+
 def write(state_dir: Path, name: str, value: str) -> None:
-    (state_dir / name).write_text(value + "\n", encoding="utf-8")
+    write_private(state_dir / name, value + "\n")
 
 
 def read(state_dir: Path, name: str) -> tuple[str, Path] | None:

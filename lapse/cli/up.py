@@ -131,8 +131,6 @@ def start_embedded_s3(state_dir: Path) -> EmbeddedSeaweedFS | None:
         return None
     # The keys an earlier `lapse up` made are used again: its objects are there.
     server = EmbeddedSeaweedFS.in_state(state_dir / "seaweedfs", buckets=(EMBEDDED_BUCKET,))
-    server.data_dir.mkdir(parents=True, exist_ok=True)
-    server.data_dir.chmod(0o700)
     try:
         server.start()
     except ServerStartError as exc:
@@ -210,7 +208,7 @@ def run_up(args: argparse.Namespace) -> int:
     if has_cluster(config):  # before any server starts: a missing file is a usage error
         cluster.check_kubeconfig_files(config)
     state_dir = state_dir_of(args)
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state.make_private(state_dir)  # credentials are written there: 0600 in 0700
     state.write(state_dir, state.UP, f"{version('lapse')} {os.getpid()}")
     nats_server: EmbeddedNats | None = None
     kube: EmbeddedKube | None = None

@@ -24,7 +24,17 @@ from typing import Any
 import yaml
 
 from lapse import infra
-from lapse.embedded.process import ServerStartError, free_port, port_open, spawn, stop, wait_until
+from lapse.embedded.process import (
+    PRIVATE_UMASK,
+    ServerStartError,
+    free_port,
+    port_open,
+    private_dir,
+    spawn,
+    stop,
+    wait_until,
+    write_private,
+)
 
 KUBE_VERSION = "v1.35.4"
 ARGO_WORKFLOWS_VERSION = "v3.7.9"
@@ -197,7 +207,8 @@ class EmbeddedKube:
 
     def start(self, timeout: float = 120.0) -> EmbeddedKube:
         binaries = kube_binaries(self.version)
-        self.work_dir.mkdir(parents=True, exist_ok=True)
+        # The tokens (one of them system:masters), the kubeconfig and the keys: 0600 in 0700.
+        private_dir(self.work_dir)
         self._start_etcd(binaries / "etcd", timeout)
         self._start_apiserver(binaries / "kube-apiserver", timeout)
         self._write_kubeconfig()
@@ -265,12 +276,14 @@ class EmbeddedKube:
         key = self.work_dir / "sa.key"
         if not key.exists():
             subprocess.run(
-                ["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True
-            )
+                ["openssl", "genrsa", "-out", str(key), "2048"],
+                check=True, capture_output=True, umask=PRIVATE_UMASK,
+            )  # fmt: skip
         tokens = self.work_dir / "tokens.csv"
-        tokens.write_text(
+        write_private(
+            tokens,
             f'{self.admin_token},{ADMIN_USER},admin-uid,"system:masters"\n'
-            f"{self.readonly_token},{READONLY_USER},readonly-uid\n"
+            f"{self.readonly_token},{READONLY_USER},readonly-uid\n",
         )
         self.apiserver = spawn(
             [
@@ -316,8 +329,7 @@ class EmbeddedKube:
         }
 
     def _write_kubeconfig(self) -> None:
-        self.kubeconfig_path.write_text(yaml.safe_dump(self.kubeconfig()))
-        self.kubeconfig_path.chmod(0o600)
+        write_private(self.kubeconfig_path, yaml.safe_dump(self.kubeconfig()))
 
 
 def _http_ok(url: str, token: str | None = None) -> bool:

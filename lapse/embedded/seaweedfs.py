@@ -8,6 +8,12 @@ version. S3 requests must be signed: the server admits one identity, whose keys 
 here at random and written with the identities file (0600) in the state directory; they
 are handed to clients through the environment (`env()`: AWS_ACCESS_KEY_ID, ...), the way
 a user's S3 client gets them, never through lapse.yaml.
+
+Its other ports listen on loopback too, where every local user reaches them, so none
+answers without a credential: the volume server and filer HTTP APIs want JWTs signed with
+keys made per start (in the servers' environment only), the master's HTTP API admits no
+address, and the gRPC ports want a client certificate (mutual TLS, its key 0600 in the
+data directory).
 """
 
 from __future__ import annotations
@@ -22,7 +28,17 @@ from pathlib import Path
 from typing import Final
 
 from lapse.embedded.kube import cache_root
-from lapse.embedded.process import ServerStartError, free_port, port_open, spawn, stop, wait_until
+from lapse.embedded.process import (
+    PRIVATE_UMASK,
+    ServerStartError,
+    free_port,
+    port_open,
+    private_dir,
+    spawn,
+    stop,
+    wait_until,
+    write_private,
+)
 
 SEAWEEDFS_VERSION: Final = os.environ.get(
     "LAPSE_SEAWEEDFS_VERSION", "v0.0.0-20261109003541-7506e5f91cd6"
@@ -60,17 +76,51 @@ def _ports() -> dict[str, int]:
     return {name: free_port() for name in (*names, "s3", "s3.grpc")}
 
 
+# What a request to the master, volume server or filer over HTTP must carry: a JWT signed
+# with one of these keys (volume reads and writes, filer reads and writes). The S3
+# gateway, the filer and the master in the same `weed server` sign their own requests; a
+# client of the HTTP ports without the key (any local user: they listen on loopback) is
+# refused (401). Names as `weed scaffold -config=security` documents them, as variables.
+JWT_KEYS: Final = (
+    "WEED_JWT_SIGNING_KEY",
+    "WEED_JWT_SIGNING_READ_KEY",
+    "WEED_JWT_FILER_SIGNING_KEY",
+    "WEED_JWT_FILER_SIGNING_READ_KEY",
+)
+# No unauthenticated UI on the volume server, no directory listing by the filer.
+LOCKED_DOWN: Final = {
+    "WEED_ACCESS_UI": "false",
+    "WEED_FILER_EXPOSE_DIRECTORY_METADATA_ENABLED": "false",
+}
+
+
+# The gRPC ports (each part's, and what `weed shell` and the parts dial) speak mutual TLS:
+# one certificate, its own CA, made on the first start in the data directory (0600),
+# presented and required by every part (security.toml's [grpc.*]).
+GRPC_PARTS: Final = ("MASTER", "VOLUME", "FILER", "S3", "CLIENT")
+# An allow-list entry no client's address ever equals: the master's HTTP API admits none.
+NOBODY: Final = "none"
+
+
+def _jwt_keys() -> dict[str, str]:
+    return {name: secrets.token_hex(32) for name in JWT_KEYS}
+
+
 @dataclass
 class EmbeddedSeaweedFS:
-    """One `weed server` (master, volume, filer, S3 gateway) storing under `data_dir`. The
-    ports and keys are chosen once and kept across `restart()`."""
+    """A `weed master` and a `weed server` (volume server, filer, S3 gateway) storing under
+    `data_dir`. The ports and keys are chosen once and kept across `restart()`."""
 
     data_dir: Path
     buckets: tuple[str, ...] = ()
     ports: dict[str, int] = field(default_factory=_ports)
     access_key: str = field(default_factory=lambda: "lapse" + secrets.token_hex(8))
     secret_key: str = field(default_factory=lambda: secrets.token_hex(20), repr=False)
+    # Signing keys of the JWTs its parts hand each other (security.toml's jwt.*): made at
+    # random per server, never written to a file, passed in its environment.
+    jwt_keys: dict[str, str] = field(default_factory=_jwt_keys, repr=False)
     process: subprocess.Popen[bytes] | None = None
+    master: subprocess.Popen[bytes] | None = None
     _created: bool = field(default=False, repr=False)
 
     @property
@@ -115,22 +165,33 @@ class EmbeddedSeaweedFS:
                 }
             ]
         }
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)  # also when an older file was left wider open
-        with os.fdopen(fd, "w") as out:
-            json.dump(config, out)
+        write_private(path, json.dumps(config))
         return path
 
     def start(self, timeout: float = 60.0) -> EmbeddedSeaweedFS:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        (self.data_dir / "data").mkdir(exist_ok=True)
+        # The keys, and the objects whose contents are the runs' artifacts: 0600 in 0700.
+        private_dir(self.data_dir)
+        private_dir(self.data_dir / "data")
         p = self.ports
+        # The master in a process of its own: its HTTP API hands a volume write token to
+        # whoever asks (/dir/assign) and deletes a bucket's volumes (/col/delete), guarded
+        # by an IP allow-list only, which on loopback admits every local user. Its list
+        # names no address, so it admits nobody; the other parts reach it over gRPC. (In
+        # one `weed server` the volume server would share that list and refuse the S3
+        # gateway's writes.)
+        master = [
+            str(weed_binary()), *self._log_flags(), "master",
+            "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-port={p['master']}", f"-port.grpc={p['master.grpc']}",
+            f"-mdir={self.data_dir / 'data'}",
+            "-volumeSizeLimitMB=64", "-telemetry=false", f"-whiteList={NOBODY}",
+        ]  # fmt: skip
+        self.master = spawn(master, self.data_dir / "weed-master.log", env=self._security_env())
         args = [
             str(weed_binary()), *self._log_flags(), "server",
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-dir={self.data_dir / 'data'}",
-            f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
-            "-master.volumeSizeLimitMB=64", "-master.telemetry=false",
+            "-master=false", f"-master.peers=127.0.0.1:{p['master']}.{p['master.grpc']}",
             f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume.grpc']}",
             "-volume.max=0",
             "-filer", f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer.grpc']}",
@@ -138,7 +199,7 @@ class EmbeddedSeaweedFS:
             "-s3.port.iceberg=0", "-s3.port.lance=0",
             f"-s3.config={self._identities()}",
         ]  # fmt: skip
-        self.process = spawn(args, self.log_path)
+        self.process = spawn(args, self.log_path, env=self._security_env())
         wait_until(
             self._ready, process=self.process, what="SeaweedFS", log_path=self.log_path,
             timeout=timeout,
@@ -149,12 +210,37 @@ class EmbeddedSeaweedFS:
             self._created = True
         return self
 
+    def _security_env(self) -> dict[str, str]:
+        return {**self.jwt_keys, **LOCKED_DOWN, **self._grpc_tls()}
+
+    def _grpc_tls(self) -> dict[str, str]:
+        """The [grpc.*] settings, as variables, making the certificate if there is none."""
+        cert, key = self.data_dir / "grpc.crt", self.data_dir / "grpc.key"
+        if not (cert.exists() and key.exists()):
+            subprocess.run(
+                [
+                    "openssl", "req", "-x509", "-newkey", "ec",
+                    "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "3650",
+                    "-subj", "/CN=lapse-seaweedfs",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                    "-addext", "extendedKeyUsage=serverAuth,clientAuth",
+                ],
+                check=True, capture_output=True, umask=PRIVATE_UMASK,
+            )  # fmt: skip
+        env = {"WEED_GRPC_CA": str(cert)}
+        for part in GRPC_PARTS:
+            env |= {f"WEED_GRPC_{part}_CERT": str(cert), f"WEED_GRPC_{part}_KEY": str(key)}
+        return env
+
     def _log_flags(self) -> list[str]:
         # Its logger otherwise writes files into $TMPDIR, left behind after the server stops.
         return [f"-logdir={self.data_dir}"]
 
     def _ready(self) -> bool:
-        if not (port_open(self.ports["s3"]) and port_open(self.ports["filer"])):
+        if self.master is not None and self.master.poll() is not None:
+            raise ServerStartError(f"SeaweedFS' master exited with code {self.master.returncode}")
+        if not all(port_open(self.ports[name]) for name in ("master", "s3", "filer")):
             return False
         try:  # the S3 gateway answers (403 unsigned) once it reached the filer
             urllib.request.urlopen(self.endpoint, timeout=2)
@@ -182,6 +268,8 @@ class EmbeddedSeaweedFS:
             capture_output=True,
             text=True,
             timeout=timeout,
+            env={**os.environ, **self._security_env()},
+            umask=PRIVATE_UMASK,
         )
         said = (result.stdout + result.stderr).lower()
         if (
@@ -196,7 +284,8 @@ class EmbeddedSeaweedFS:
 
     def stop(self) -> None:
         stop(self.process)
-        self.process = None
+        stop(self.master)
+        self.process = self.master = None
 
     def restart(self, timeout: float = 60.0) -> None:
         self.stop()
