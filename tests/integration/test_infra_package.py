@@ -31,6 +31,7 @@ from lapse.embedded.nats_identities import (
     kubernetes_conf,
     password_variable,
 )
+from lapse.runtime.consumers import owned_durables
 from tests.conftest import KubeStack
 from tests.infra_package import (
     INFRA,
@@ -478,8 +479,8 @@ def test_the_dev_nats_admits_only_lapses_identities(overlay: str) -> None:
         if c["metadata"]["name"].startswith("lapse-nats-conf")
     ]
     # The committed configuration is the one the identities module makes.
-    assert conf["data"]["nats.conf"] == kubernetes_conf()
-    assert (INFRA / "dev-nats" / "nats.conf").read_text() == kubernetes_conf()
+    assert conf["data"]["nats.conf"] == kubernetes_conf(owned_durables())
+    assert (INFRA / "dev-nats" / "nats.conf").read_text() == kubernetes_conf(owned_durables())
     (nats,) = [d for d in objects(overlay, "Deployment") if d["metadata"]["name"] == "nats"]
     (container,) = nats["spec"]["template"]["spec"]["containers"]
     assert container["args"] == ["-c", "/etc/nats/nats.conf"]
