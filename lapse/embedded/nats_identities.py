@@ -95,8 +95,10 @@ JS_STREAM_CHANGES: Final = (
     "$JS.API.STREAM.CREATE.>",
     "$JS.API.STREAM.UPDATE.>",
 )
-# Cancelling a schedule purges its subject from the schedule stream; a bucket's purge.
+# Cancelling a schedule purges its subject from the schedule stream. A bucket's stream is
+# purged by no one but the admin: a purge of LAPSE_LIMITS would release the brake.
 JS_PURGE: Final = "$JS.API.STREAM.PURGE.>"
+BUCKET_PURGES: Final = tuple(f"$JS.API.STREAM.PURGE.KV_{bucket}" for bucket in ALL_BUCKETS)
 
 # Never, for anyone but the admin: deleting a stream or rewriting its messages.
 JS_DESTRUCTIVE: Final = (
@@ -179,7 +181,7 @@ PROCESS: Final = Identity(
         EVENTS, SCHEDULES, AUDIT, DLQ, *KV, WATCH_KV, CAPTURES_KV,
         *JS_READ, *JS_KV_READ, *JS_STREAM_CHANGES, JS_PURGE,
     ),
-    publish_deny=(DUE, *JS_DESTRUCTIVE),
+    publish_deny=(DUE, *JS_DESTRUCTIVE, *BUCKET_PURGES),
 )  # fmt: skip
 
 # lapse status, history, plan, dlq list|show, brake status: read the streams (message by
@@ -208,7 +210,7 @@ EMBEDDED: Final = (PROCESS, READER, ADMIN)
 # one Deployment is PROCESS; the streams Job runs `lapse infra apply` as ADMIN. None but
 # the admin may publish lapse.due.>: the bridge reads due events, it never writes one. The
 # functions consume nothing from NATS (the Broker delivers to them over HTTP).
-_WORKER_DENY: Final = (DUE, *JS_DESTRUCTIVE)
+_WORKER_DENY: Final = (DUE, *JS_DESTRUCTIVE, *BUCKET_PURGES)
 _WORKER_JS: Final = (*JS_READ, *JS_KV_READ, *JS_STREAM_CHANGES, JS_PURGE)
 PLANNER: Final = Identity(
     user="lapse-planner",
