@@ -172,7 +172,7 @@ async def refusals(nc: NATS, errors: list[str], todo: list[Action]) -> set[str]:
     return {
         action.name
         for action in todo
-        if f'violation for {"subscription" if action.kind == "sub" else "publish"} to '
+        if f"violation for {'subscription' if action.kind == 'sub' else 'publish'} to "
         f'"{action.subject.lower()}"' in said
     }
 
