@@ -297,7 +297,7 @@ async def count_messages(js: JetStreamContext, stream: str, subject: str) -> int
         if "error" in reply:
             raise APIError.from_error(reply["error"])
         subjects = reply.get("state", {}).get("subjects") or {}
-        total += sum(subjects.values())
+        total += sum(int(count) for count in subjects.values())
         offset += len(subjects)
         if not subjects or offset >= int(reply.get("total") or 0):
             return total

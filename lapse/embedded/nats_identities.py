@@ -369,4 +369,3 @@ def write_config(path: Path, config: dict[str, Any]) -> None:
     """The server's configuration file (JSON, which nats-server reads), 0600: it holds the
     passwords."""
     _write_private(path, json.dumps(config, indent=2) + "\n")
-

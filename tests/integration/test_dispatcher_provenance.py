@@ -68,7 +68,7 @@ def due_event(uid: str) -> BaseCloudEvent:
 async def test_a_due_event_from_a_consumer_not_lapses_is_a_claim_despite_its_header(
     lapse_streams: JetStreamContext,
 ) -> None:
-    nc = lapse_streams._nc  # type: ignore[attr-defined]
+    nc = lapse_streams._nc
     route = Route(
         name=f"provenance-{uuid.uuid4().hex[:6]}",
         function="object-reaper",
