@@ -19,8 +19,9 @@ import secrets
 import subprocess
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.aio.client import Client as NATS
@@ -40,14 +41,15 @@ from lapse.embedded.nats_identities import (
     authorization,
 )
 from lapse.events.builder import build_event
-from lapse.events.models import CleanupCompleted
+from lapse.events.models import CleanupCompleted, CleanupDue
 from lapse.events.nats_binding import to_nats
+from lapse.events.observed import observed_headers
 from lapse.events.run import Engine, RunRef, Target
 from lapse.events.types import EventType, Outcome
 from lapse.runtime.consumers import durable_name
 from lapse.runtime.routing import load_routes
 from tests.conftest import KubeStack, kube_stack
-from tests.e2e.test_nats_auth_up import LAPSE, LapseUp, clean_env, forged_due, workflow
+from tests.e2e.test_nats_auth_up import LAPSE, LapseUp, clean_env, workflow
 from tests.stack import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.nats]
@@ -96,6 +98,25 @@ async def open_as(url: str, passwords: Passwords, identity: Identity) -> tuple[N
     nc = NATS()
     await nc.connect(url, error_cb=on_error, max_reconnect_attempts=0, **security_options(config))
     return nc, errors
+
+
+def forged_due_with_ttl(obj: dict[str, Any], ttl: str) -> tuple[dict[str, str], bytes]:
+    """A due event for `obj`, with lapse's mark, claiming a version whose TTL annotation is
+    `ttl` (the object's own says an hour) and whose deadline has passed."""
+    meta = obj["metadata"]
+    past = datetime.now(UTC) - timedelta(hours=1)
+    run = RunRef(
+        engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+        namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], phase="Succeeded",
+        finished_at=past, resource_version=meta["resourceVersion"],
+        annotations={"lapse.dev/ttl": ttl},
+    )  # fmt: skip
+    due = CleanupDue(
+        run=run, target=Target.KUBERNETES, deadline=past, policy="annotation",
+        scheduled_at=past,
+    )  # fmt: skip
+    message = to_nats(build_event(EventType.CLEANUP_DUE, source="/forged", data=due))
+    return {**message.headers, **observed_headers(True)}, message.body
 
 
 def env_as(
@@ -147,7 +168,7 @@ async def test_no_internal_identity_forges_or_loses_a_deadline(
         await asyncio.sleep(2.5)  # two fetch timeouts of every route
         # ...and, for each inbox heard, a push consumer of the audit stream delivering there
         # and a forged due event with lapse's mark on its subject.
-        _, headers, body = forged_due(kept)
+        headers, body = forged_due_with_ttl(kept, "1s")
         for n, inbox in enumerate(sorted(inboxes)):
             forged = f"lapse.audit.dev.lapse.cleanup.failed.v1.{n}"
             request = {
@@ -161,6 +182,7 @@ async def test_no_internal_identity_forges_or_loses_a_deadline(
             await bridge.flush()
             await bridge.publish(forged, body, headers=headers)
         await bridge.flush()
+        heard_inboxes = len(inboxes)
 
         # The reader (the CLI's identity) updates the object-reaper's due durable: one
         # delivery only, and every subject.
@@ -211,7 +233,9 @@ async def test_no_internal_identity_forges_or_loses_a_deadline(
 
         await wait_for(done_gone, timeout=60, interval=0.3)
         still = await kube.workflows.get(ns, "kept")
-        assert still is not None and still["metadata"]["uid"] == meta["uid"]
+        assert still is not None and still["metadata"]["uid"] == meta["uid"], (
+            f"deleted early ({heard_inboxes} inboxes heard)"
+        )
         # Every step was refused by the server.
         assert any('subscription to "_inbox.>"' in e for e in bridge_errors), bridge_errors
         assert any("consumer.create.lapse_sched" in e for e in reader_errors), reader_errors
