@@ -174,7 +174,7 @@ async def test_no_internal_identity_forges_or_loses_a_deadline(
             request = {
                 "stream_name": "LAPSE_AUDIT",
                 "config": {"deliver_subject": inbox, "filter_subject": forged,
-                           "ack_policy": "none", "deliver_policy": "new"},
+                           "ack_policy": "none", "deliver_policy": "all"},
             }  # fmt: skip
             await bridge.publish(
                 "$JS.API.CONSUMER.CREATE.LAPSE_AUDIT", json.dumps(request).encode()
