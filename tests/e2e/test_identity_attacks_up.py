@@ -161,7 +161,10 @@ async def test_no_internal_identity_forges_or_loses_a_deadline(
         inboxes: set[str] = set()
 
         async def heard(msg: Msg) -> None:
-            inboxes.add(msg.subject)
+            # A consumer's delivery shows its stored subject: only a status message (a
+            # pull's 404 or 408) arrives under the inbox's own name.
+            if msg.subject.startswith("_INBOX.") and (msg.headers or {}).get("Status"):
+                inboxes.add(msg.subject)
 
         await bridge.subscribe("_INBOX.>", cb=heard)
         await bridge.flush()
@@ -176,8 +179,11 @@ async def test_no_internal_identity_forges_or_loses_a_deadline(
                 "config": {"deliver_subject": inbox, "filter_subject": forged,
                            "ack_policy": "none", "deliver_policy": "all"},
             }  # fmt: skip
+            # With a reply subject, or the server does not take the request.
             await bridge.publish(
-                "$JS.API.CONSUMER.CREATE.LAPSE_AUDIT", json.dumps(request).encode()
+                "$JS.API.CONSUMER.CREATE.LAPSE_AUDIT",
+                json.dumps(request).encode(),
+                reply=bridge.new_inbox(),
             )
             await bridge.flush()
             await bridge.publish(forged, body, headers=headers)
@@ -194,7 +200,9 @@ async def test_no_internal_identity_forges_or_loses_a_deadline(
                        "ack_policy": "explicit", "max_deliver": 1},
         }  # fmt: skip
         await reader.publish(
-            f"$JS.API.CONSUMER.CREATE.LAPSE_SCHED.{REAPER_DUE}", json.dumps(update).encode()
+            f"$JS.API.CONSUMER.CREATE.LAPSE_SCHED.{REAPER_DUE}",
+            json.dumps(update).encode(),
+            reply=reader.new_inbox(),
         )
         await reader.flush()
 
