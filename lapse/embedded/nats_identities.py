@@ -1,12 +1,16 @@
 """Who may publish what on lapse's NATS: the identities and their subject permissions.
 
 The trust mark (`Lapse-Observed`, events/observed.py) is believed only from messages on
-subjects that only lapse's own identities may publish; an open NATS would let anyone put a
-due event with the mark and a forged finished state. So the server enforces, per user, the
-subjects each may publish (docs/deploy.md, "NATS identities"). `lapse up`'s embedded
+subjects that only lapse's own identities may publish, delivered by lapse's own durable
+consumer (lapse/runtime/trust.py); an open NATS would let anyone put a due event with the
+mark and a forged finished state. So the server enforces, per user, the subjects each may
+publish and subscribe to (its own inboxes only), and which durable consumers it may
+create, update, fetch from and ack through (its own, by name: lapse/runtime/consumers.py
+says which; docs/deploy.md, "NATS identities"). `lapse up`'s embedded
 nats-server is started with these users (random passwords in its state directory, files
-0600); infra/dev-nats/nats.conf grants the same sets to the Kubernetes components, and
-tests/integration/test_manifests.py checks they agree.
+0600); infra/dev-nats/nats.conf grants the same sets to the Kubernetes components
+(`python -m lapse.operations.nats_conf`), and tests/integration/test_infra_package.py
+checks they agree.
 
 Nobody but the server itself publishes `lapse.due.>` in normal operation: a schedule fires
 into it by the server's internal publish, which user permissions do not apply to (checked
@@ -155,11 +159,15 @@ class Identity:
     def inbox(self) -> str:
         return inbox_prefix(self.user)
 
-    def permissions(self, durables: tuple[str, ...] = ()) -> dict[str, Any]:
-        """The server's `permissions` block for this user, owning `durables`."""
+    def permissions(
+        self, durables: tuple[str, ...] = (), retired: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """The server's `permissions` block for this user, owning `durables`, and allowed
+        to delete the `retired` ones (a renamed route's, once its successor took over)."""
         own = f"{self.inbox}.>"
+        retiring = [f"$JS.API.CONSUMER.DELETE.*.{durable}" for durable in retired]
         publish: dict[str, list[str]] = {
-            "allow": [*self.publish, *consumer_permissions(durables), own]
+            "allow": [*self.publish, *consumer_permissions(durables), *retiring, own]
         }
         if self.publish_deny:
             publish["deny"] = list(self.publish_deny)
@@ -286,13 +294,13 @@ def password_variable(identity: Identity) -> str:
     return identity.user.upper().replace("-", "_") + "_PASSWORD"
 
 
-def kubernetes_conf(durables: Durables) -> str:
+def kubernetes_conf(durables: Durables, retired: Durables | None = None) -> str:
     """infra/dev-nats/nats.conf: the users and permissions of KUBERNETES, each password a
     reference to an environment variable the NATS pod takes from the Secret
     (`password: $LAPSE_PLANNER_PASSWORD`; nats-server resolves it, so no password is in a
     ConfigMap)."""
     passwords = {i.user: f"@{password_variable(i)}@" for i in KUBERNETES}
-    users = authorization(passwords, KUBERNETES, durables)
+    users = authorization(passwords, KUBERNETES, durables, retired)
     body = json.dumps(
         {
             "port": 4222,
@@ -307,7 +315,7 @@ def kubernetes_conf(durables: Durables) -> str:
         "# nats-server configuration of the dev NATS (infra/dev-nats/nats.yaml): one user per\n"
         '# lapse component, each with the subjects it may publish (docs/deploy.md, "NATS\n'
         '# identities"). Generated: python -m lapse.operations.nats_conf > this file\n'
-        "# (tests/integration/test_manifests.py checks it is current). Passwords are $VARs\n"
+        "# (tests/integration/test_infra_package.py checks it is current). Passwords are $VARs\n"
         "# the pod sets from the Secret lapse-nats-users.\n" + body + "\n"
     )
 
@@ -346,18 +354,24 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def authorization(
-    passwords: dict[str, str], identities: tuple[Identity, ...], durables: Durables
+    passwords: dict[str, str],
+    identities: tuple[Identity, ...],
+    durables: Durables,
+    retired: Durables | None = None,
 ) -> dict[str, Any]:
     """The server configuration's `authorization` block: every identity with its password
-    and permissions, each owning its `durables`. No anonymous user: a client without
-    credentials is refused."""
+    and permissions, each owning its `durables` and allowed to delete its `retired` ones.
+    No anonymous user: a client without credentials is refused."""
+    retired = retired or {}
     return {
         "authorization": {
             "users": [
                 {
                     "user": identity.user,
                     "password": passwords[identity.user],
-                    "permissions": identity.permissions(durables.get(identity.user, ())),
+                    "permissions": identity.permissions(
+                        durables.get(identity.user, ()), retired.get(identity.user, ())
+                    ),
                 }
                 for identity in identities
             ]

@@ -7,11 +7,11 @@ owns (lapse/embedded/nats_identities.py, lapse/runtime/consumers.py).
 from __future__ import annotations
 
 from lapse.embedded.nats_identities import kubernetes_conf
-from lapse.runtime.consumers import owned_durables
+from lapse.runtime.consumers import owned_durables, retired_durables
 
 
 def main() -> int:
-    print(kubernetes_conf(owned_durables()), end="")
+    print(kubernetes_conf(owned_durables(), retired_durables()), end="")
     return 0
 
 

@@ -21,12 +21,7 @@ def durable_name(route: Route) -> str:
 
 
 def _names(routes: Iterable[Route]) -> tuple[str, ...]:
-    names: list[str] = []
-    for route in routes:
-        names.append(durable_name(route))
-        if route.formerly is not None:  # taken over, then deleted, by its successor
-            names.append(f"{DURABLE_PREFIX}{route.formerly}")
-    return tuple(dict.fromkeys(names))
+    return tuple(dict.fromkeys(durable_name(route) for route in routes))
 
 
 def owned_durables(routes: list[Route] | None = None) -> Durables:
@@ -39,3 +34,11 @@ def owned_durables(routes: list[Route] | None = None) -> Durables:
     lanes = [lane for route in every if (lane := relist_lane(route))]
     bridge = _names([ROUTE, OUTCOMES])
     return {PROCESS.user: _names([*every, *lanes]) + bridge, BRIDGE.user: bridge}
+
+
+def retired_durables(routes: list[Route] | None = None) -> Durables:
+    """The durables of routes renamed since (a Trigger's `lapse.dev/formerly`): `lapse up`
+    only deletes one, once its successor took over its position."""
+    every = routes if routes is not None else load_routes()
+    formerly = [f"{DURABLE_PREFIX}{r.formerly}" for r in every if r.formerly is not None]
+    return {PROCESS.user: tuple(dict.fromkeys(formerly))}
