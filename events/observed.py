@@ -9,8 +9,8 @@ The header alone proves nothing: it is believed only on a message that lapse's o
 durable consumer delivered from the stream it reads (the message's JetStream metadata,
 which the server writes), on subjects NATS lets nobody but lapse's own identities publish
 on (docs/security.md, "NATS identities"); the runtime turns the two into the typed fact a
-handler is handed (`functions/trust.py`, decided in `lapse/runtime/trust.py` only). It never travels inside a CloudEvent: whatever arrives over
-HTTP, marked or not, is a claim.
+handler is handed (`functions/trust.py`, decided in `lapse/runtime/trust.py` only). It
+never travels inside a CloudEvent: whatever arrives over HTTP, marked or not, is a claim.
 """
 
 from __future__ import annotations
