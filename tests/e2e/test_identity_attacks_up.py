@@ -171,8 +171,9 @@ async def test_no_internal_identity_forges_or_loses_a_deadline(
         await asyncio.sleep(2.5)  # two fetch timeouts of every route
         # ...and, for each inbox heard, a push consumer of the audit stream delivering there
         # and a forged due event with lapse's mark on its subject.
-        headers, body = forged_due_with_ttl(kept, "1s")
         for n, inbox in enumerate(sorted(inboxes)):
+            # A new event each time: the audit stream drops a repeated Nats-Msg-Id.
+            headers, body = forged_due_with_ttl(kept, "1s")
             forged = f"lapse.audit.dev.lapse.cleanup.failed.v1.{n}"
             request = {
                 "stream_name": "LAPSE_AUDIT",
