@@ -5,11 +5,12 @@ When lapse read that version from the API server itself (its watcher, `lapse rec
 a planner fetch, a reaper's GET), the message lapse publishes says so in the header
 `Lapse-Observed: apiserver` (the server copies a schedule's headers onto its due message).
 
-The header is believed only because NATS lets nobody but lapse's own identities publish
-on those subjects (docs/security.md, "NATS identities"); the runtime turns it into the
-typed fact a handler is handed (`functions/trust.py`, decided in
-`lapse/runtime/trust.py`). It never travels inside a CloudEvent: whatever arrives over
-HTTP, marked or not, is a claim.
+The header alone proves nothing: it is believed only on a message that lapse's own
+durable consumer delivered from the stream it reads (the message's JetStream metadata,
+which the server writes), on subjects NATS lets nobody but lapse's own identities publish
+on (docs/security.md, "NATS identities"); the runtime turns the two into the typed fact a
+handler is handed (`functions/trust.py`, decided in `lapse/runtime/trust.py` only). It
+never travels inside a CloudEvent: whatever arrives over HTTP, marked or not, is a claim.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ OBSERVED_EXTENSION: Final = "lapseobserved"
 
 
 def header_says_observed(headers: Mapping[str, str] | None) -> bool:
-    """Whether a message carries the mark (only lapse's own publishers write it)."""
+    """Whether a message carries the mark (lapse's own publishers write it; whether it is
+    believed is lapse/runtime/trust.py's to say, from where the message came from)."""
     return (headers or {}).get(OBSERVED_HEADER) == API_SERVER
 
 

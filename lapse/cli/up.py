@@ -32,6 +32,7 @@ from lapse.embedded.process import ServerStartError, free_port, port_open
 from lapse.embedded.seaweedfs import REGION, EmbeddedSeaweedFS, weed_binary
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
 from lapse.runtime import shutdown
+from lapse.runtime.consumers import owned_durables, retired_durables
 from lapse.runtime.ingress import listen_token
 from lapse.runtime.pipeline import Pipeline
 
@@ -90,10 +91,13 @@ def has_cluster(config: LapseConfig) -> bool:
 
 def start_embedded_nats(state_dir: Path) -> EmbeddedNats:
     """The embedded server admits only lapse's identities (nats_identities: the process,
-    the read-only commands, the admin), each with the subjects it may publish; their
+    the read-only commands, the admin), each with the subjects it may publish and the
+    durable consumers it owns; their
     passwords stay in the state directory, where the other commands find them."""
     port = DEFAULT_NATS_PORT if not port_open(DEFAULT_NATS_PORT) else free_port()
-    settings = authorization(ensure_passwords(state_dir), EMBEDDED)
+    settings = authorization(
+        ensure_passwords(state_dir), EMBEDDED, owned_durables(), retired_durables()
+    )
     server = EmbeddedNats(state_dir / "nats", port=port, settings=settings).start()
     state.write(state_dir, state.NATS_URL, server.url)
     return server

@@ -27,6 +27,7 @@ from nats.js.kv import KeyValue
 
 from lapse.config import ConfigError, NatsConfig
 from lapse.config.redact import redact
+from lapse.embedded.nats_identities import inbox_prefix
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,10 @@ def security_options(config: NatsConfig) -> dict[str, Any]:
     options: dict[str, Any] = {}
     if config.user is not None:
         options["user"] = config.user
+        # Inboxes of this identity's own, which no other may subscribe to (docs/deploy.md,
+        # "NATS identities"): with the shared `_INBOX.`, another identity could learn
+        # where lapse waits for its deliveries and send it some of its own.
+        options["inbox_prefix"] = inbox_prefix(config.user)
         if config.password is not None:
             options["password"] = config.password.get_secret_value()
         elif config.password_file is not None:

@@ -1,24 +1,20 @@
 """The JetStream streams lapse needs: their definitions (infra/nats/streams.yaml), creating
-or updating them, and reading them without a durable consumer (audit, counts)."""
+or updating them, and reading them without any consumer (audit, dead letters, counts)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Any
 
 import yaml
+from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js.api import (
-    AckPolicy,
-    ConsumerConfig,
-    DeliverPolicy,
-    Placement,
-    StorageType,
-    StreamConfig,
-)
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.api import Placement, StorageType, StreamConfig
+from nats.js.errors import APIError, BadRequestError, NotFoundError
 
 from lapse import infra
 from lapse.config import ConfigError, NatsConfig, Streams
@@ -137,6 +133,29 @@ def _refusal(cfg: StreamConfig, exc: BadRequestError) -> str:
     return f"nats: the NATS server refused stream {cfg.name} ({reason})"
 
 
+# Headers a direct get adds to each message it returns: where the message is, not what it
+# says; dropped, so a message reads as it was stored.
+_DIRECT_HEADERS = frozenset(
+    {
+        "Nats-Stream",
+        "Nats-Subject",
+        "Nats-Sequence",
+        "Nats-Time-Stamp",
+        "Nats-Num-Pending",
+        "Nats-Last-Sequence",
+        "Nats-UpTo-Sequence",
+    }
+)
+_BATCH = 500
+_TIMEOUT = 5.0
+
+
+def _client(js: JetStreamContext) -> NATS:
+    client = getattr(js, "_nc", None)
+    assert isinstance(client, NATS), "a JetStream context of a connected client"
+    return client
+
+
 async def read_stream(
     js: JetStreamContext,
     stream: str,
@@ -147,56 +166,138 @@ async def read_stream(
     headers_only: bool = False,
     limit: int | None = None,
 ) -> AsyncIterator[tuple[int, dict[str, str], bytes]]:
-    """Every message on `subject` stored now, oldest first, without creating a durable
-    consumer; stops at what was the last message when it started."""
+    """Every message on `subject` stored now, oldest first; stops at what was the last
+    message when it started. Read by message gets, in batches where the stream allows
+    direct gets, never through a consumer: a read-only identity may create none, since a
+    consumer create can update any of lapse's durables (docs/security.md, "NATS
+    identities"). `headers_only` is a hint: the bodies may be read anyway."""
+    del headers_only  # a message get returns whole messages
     info = await js.stream_info(stream)
     last = info.state.last_seq
     if info.state.messages == 0:
         return
-    extra: dict[str, Any] = {}
+    start: dict[str, Any] = {}
     if start_seq is not None:
-        policy, extra["opt_start_seq"] = DeliverPolicy.BY_START_SEQUENCE, max(start_seq, 1)
+        start["seq"] = max(start_seq, 1)
     elif since is not None:
-        policy, extra["opt_start_time"] = DeliverPolicy.BY_START_TIME, since.isoformat()
+        start["start_time"] = since.isoformat()
     else:
-        policy = DeliverPolicy.ALL
-    config = ConsumerConfig(
-        filter_subject=subject,
-        deliver_policy=policy,
-        ack_policy=AckPolicy.NONE,
-        headers_only=headers_only or None,
-        inactive_threshold=30.0,
-        **extra,
-    )
-    sub = await js.pull_subscribe(subject, stream=stream, config=config)
+        start["seq"] = 1
     seen = 0
+    messages = (
+        _direct_gets(_client(js), stream, subject, start)
+        if info.config.allow_direct
+        else _message_gets(js, stream, subject, start)
+    )
+    async for seq, headers, body in messages:
+        if seq > last:
+            return
+        yield seq, headers, body
+        seen += 1
+        if seq >= last or (limit is not None and seen >= limit):
+            return
+
+
+async def _direct_gets(
+    nc: NATS, stream: str, subject: str, start: dict[str, Any]
+) -> AsyncIterator[tuple[int, dict[str, str], bytes]]:
+    """Batched direct gets (`$JS.API.DIRECT.GET.<stream>`, `batch`): each answer streams up
+    to _BATCH messages, then a 204 (end of batch) or a 404 (none left)."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
     try:
-        while limit is None or seen < limit:
-            try:
-                msgs = await sub.fetch(500, timeout=1.0)
-            except TimeoutError:
-                return
-            for msg in msgs:
-                seq = msg.metadata.sequence.stream if msg.metadata else 0
-                yield seq, dict(msg.headers or {}), msg.data
-                seen += 1
-                if seq >= last or (limit is not None and seen >= limit):
+        request = {**start, "next_by_subj": subject, "batch": _BATCH}
+        while True:
+            await nc.publish(
+                f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox
+            )
+            after = None
+            while True:
+                msg = await sub.next_msg(timeout=_TIMEOUT)
+                headers = dict(msg.headers or {})
+                status = headers.get("Status")
+                if status == "404":
                     return
+                if status == "204":
+                    break
+                if status is not None:
+                    raise APIError(code=int(status), description=headers.get("Description"))
+                after = int(headers["Nats-Sequence"])
+                kept = {k: v for k, v in headers.items() if k not in _DIRECT_HEADERS}
+                yield after, kept, msg.data
+            if after is None:
+                return
+            request = {"seq": after + 1, "next_by_subj": subject, "batch": _BATCH}
     finally:
-        await sub.unsubscribe()
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+async def _message_gets(
+    js: JetStreamContext, stream: str, subject: str, start: dict[str, Any]
+) -> AsyncIterator[tuple[int, dict[str, str], bytes]]:
+    """One `$JS.API.STREAM.MSG.GET.<stream>` a message: for a stream without direct gets."""
+    seq = start.get("seq")
+    if seq is None:  # from a time: the first message at or after it says where to start
+        answer = await _client(js).request(
+            f"$JS.API.STREAM.MSG.GET.{stream}",
+            json.dumps({**start, "next_by_subj": subject}).encode(),
+            timeout=_TIMEOUT,
+        )
+        reply = json.loads(answer.data)
+        if "error" in reply:
+            error = APIError.from_error(reply["error"])
+            if isinstance(error, NotFoundError):
+                return
+            raise error
+        seq = int(reply["message"]["seq"])
+    while True:
+        try:
+            msg = await js.get_msg(stream, seq, subject=subject, next=True)
+        except NotFoundError:
+            return
+        seq = msg.seq or seq
+        yield seq, dict(msg.headers or {}), msg.data or b""
+        seq += 1
 
 
 async def count_messages(js: JetStreamContext, stream: str, subject: str) -> int:
-    """How many messages match `subject`, counted by the server (no messages are read)."""
-    sub = await js.pull_subscribe(
-        subject,
-        stream=stream,
-        config=ConsumerConfig(
-            filter_subject=subject, ack_policy=AckPolicy.NONE, inactive_threshold=10.0
-        ),
-    )
-    try:
-        info = await sub.consumer_info()
-        return int(info.num_pending or 0)
-    finally:
-        await sub.unsubscribe()
+    """How many messages match `subject`, counted by the server (no body is read): one
+    direct get says how many more match after the first; a stream without direct gets
+    lists its subjects' counts. No consumer (see read_stream)."""
+    info = await js.stream_info(stream)
+    if info.state.messages == 0:
+        return 0
+    nc = _client(js)
+    if info.config.allow_direct:
+        request = {"seq": 1, "next_by_subj": subject, "batch": 1}
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        try:
+            await nc.publish(
+                f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox
+            )
+            headers = dict((await sub.next_msg(timeout=_TIMEOUT)).headers or {})
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        if headers.get("Status") == "404":
+            return 0
+        if "Nats-Num-Pending" not in headers:
+            raise APIError(code=int(headers.get("Status", 0)), description=str(headers))
+        return 1 + int(headers["Nats-Num-Pending"])
+    total, offset = 0, 0
+    while True:
+        answer = await nc.request(
+            f"$JS.API.STREAM.INFO.{stream}",
+            json.dumps({"subjects_filter": subject, "offset": offset}).encode(),
+            timeout=_TIMEOUT,
+        )
+        reply = json.loads(answer.data)
+        if "error" in reply:
+            raise APIError.from_error(reply["error"])
+        subjects = reply.get("state", {}).get("subjects") or {}
+        total += sum(int(count) for count in subjects.values())
+        offset += len(subjects)
+        if not subjects or offset >= int(reply.get("total") or 0):
+            return total

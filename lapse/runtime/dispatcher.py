@@ -50,9 +50,10 @@ from lapse.events.types import EventType
 from lapse.functions.ports import Emitter, Handler, RetryLater
 from lapse.functions.tracing import creation_context
 from lapse.functions.trust import Trust
+from lapse.runtime.consumers import durable_name
 from lapse.runtime.outages import Backoff, Outages, nats_unavailable
 from lapse.runtime.routing import Route
-from lapse.runtime.trust import trust_of_message
+from lapse.runtime.trust import Delivery, Source, trust_of_message
 from lapse.telemetry import process_span, record_dead_letter, record_retry
 from lapse.telemetry.names import RETRY_DELAY, RETRY_REASON
 
@@ -242,7 +243,7 @@ class Dispatcher:
     async def _handle(self, subscription: Subscription, msg: Msg) -> None:
         route = subscription.route
         attempt = msg.metadata.num_delivered if msg.metadata else 1
-        trust = trust_of_message(msg.headers, attempt)
+        trust = self._trust(route, msg)
         event, problem = _decode(msg)
         with _delivery_span(msg, route, event, attempt) as span:
             # Not fit (not a CloudEvent, another target's): settled by `_fits` itself.
@@ -278,7 +279,7 @@ class Dispatcher:
                 with _delivery_span(msg, route, event, attempt):
                     await self._fits(msg, route, event, problem, attempt)
                 continue
-            ready.append((msg, event, trust_of_message(msg.headers, attempt)))
+            ready.append((msg, event, self._trust(route, msg)))
         if not ready:
             return
         answers: list[list[BaseCloudEvent] | Exception]
@@ -293,6 +294,12 @@ class Dispatcher:
             attempt = msg.metadata.num_delivered if msg.metadata else 1
             with _delivery_span(msg, route, event, attempt) as span:
                 await self._settle(msg, route, event, result, span)
+
+    def _trust(self, route: Route, msg: Msg) -> Trust:
+        """What the handler may believe of `msg`: decided from where it came from (the
+        consumer and stream its JetStream metadata names), in lapse/runtime/trust.py."""
+        source = Source(route.stream(self._config.streams), _durable(route))
+        return trust_of_message(msg.headers, _delivery(msg), source)
 
     async def _fits(
         self,
@@ -434,7 +441,23 @@ def _delivery_span(
 
 
 def _durable(route: Route) -> str:
-    return f"lapse-{route.name}"
+    return durable_name(route)
+
+
+def _delivery(msg: Msg) -> Delivery | None:
+    """The message's JetStream metadata (from its `$JS.ACK...` reply subject), or None when
+    it has none: then no JetStream consumer delivered it."""
+    try:
+        metadata = msg.metadata
+    except Exception:  # nats-py raises on a reply subject that is not a JetStream ack's
+        return None
+    if metadata is None or metadata.num_delivered is None:
+        return None
+    return Delivery(
+        stream=metadata.stream or "",
+        consumer=metadata.consumer or "",
+        delivered=metadata.num_delivered,
+    )
 
 
 async def take_over_position(

@@ -30,7 +30,7 @@ from lapse.edges.artifacts.captures import BUCKET as CAPTURES
 from lapse.edges.artifacts.captures import NatsCaptures
 from lapse.edges.nats import NatsRefused, connect, security_options
 from lapse.edges.schedules import schedule_headers
-from lapse.edges.streams import configured_streams, ensure_streams
+from lapse.edges.streams import configured_streams, count_messages, ensure_streams, read_stream
 from lapse.embedded.nats import EmbeddedNats, nats_server_binary
 from lapse.embedded.nats_identities import (
     ADMIN,
@@ -53,6 +53,7 @@ from lapse.embedded.nats_identities import (
 from lapse.events.run import Target
 from lapse.events.subjects import due_subject, event_subject, schedule_subject
 from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture
+from lapse.runtime.consumers import owned_durables
 
 pytestmark = [pytest.mark.nats]
 
@@ -75,7 +76,7 @@ class Guarded:
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
     state_dir = tmp_path_factory.mktemp("state")
-    settings = authorization(ensure_passwords(state_dir), EMBEDDED)
+    settings = authorization(ensure_passwords(state_dir), EMBEDDED, owned_durables())
     server = EmbeddedNats(state_dir / "nats", settings=settings).start()
     yield Guarded(server, state_dir)
     server.stop()
@@ -200,8 +201,9 @@ async def test_a_schedule_by_the_process_fires_into_due_though_it_may_not_publis
     fired = await process.js.get_last_msg(SCHED, due)
     assert fired.data == b"due event"
     assert (fired.headers or {}).get("Lapse-Observed") == "apiserver"
-    # The process consumes and acknowledges it as the reapers do ($JS.ACK is a publish).
-    name = f"reaper-{uid[:8]}"
+    # The process consumes and acknowledges it as the reapers do ($JS.ACK is a publish),
+    # through a durable it owns (only those: tests/integration/test_identity_matrix.py).
+    name = owned_durables()[PROCESS.user][0]
     await process.js.add_consumer(
         SCHED,
         ConsumerConfig(durable_name=name, filter_subject=due, ack_policy=AckPolicy.EXPLICIT),
@@ -244,18 +246,20 @@ async def test_the_reader_reads_but_cannot_change_a_stream(
     streams: None, as_identity: OpenAs
 ) -> None:
     reader = await as_identity(READER)
-    # What the read-only commands do: info, direct get, an ephemeral AckNone consumer.
+    # What the read-only commands do: info, direct gets, reading a stream message by
+    # message and counting its messages, all without a consumer.
     info = await reader.js.stream_info(SCHED)
     assert info.config.name == SCHED
     with pytest.raises(NotFoundError):
         await reader.js.get_last_msg(SCHED, "lapse.*.kubernetes.none", direct=True)
-    sub = await reader.js.pull_subscribe(
-        "lapse.>",
-        stream=SCHED,
-        config=ConsumerConfig(ack_policy=AckPolicy.NONE, inactive_threshold=10.0),
-    )
-    await sub.consumer_info()
-    await sub.unsubscribe()
+    read = [seq async for seq, _, _ in read_stream(reader.js, SCHED, "lapse.>", limit=5)]
+    assert read == sorted(read) and len(read) <= 5
+    assert await count_messages(reader.js, SCHED, "lapse.sched.kubernetes.none.>") == 0
+    # A consumer of its own is no longer one of them: refused (creating one could update
+    # any of lapse's durables).
+    with pytest.raises(Exception):  # noqa: B017 - the timeout of an unanswered request
+        await reader.js.add_consumer(SCHED, ConsumerConfig(ack_policy=AckPolicy.NONE))
+    await reader.violation("$JS.API.CONSUMER.CREATE." + SCHED)
     # A stream update could republish into lapse.due.> by the server's hand: refused.
     republish = StreamConfig(
         name=info.config.name,
@@ -268,8 +272,8 @@ async def test_the_reader_reads_but_cannot_change_a_stream(
     with pytest.raises(Exception):  # noqa: B017
         await reader.js.purge_stream(SCHED)
     await reader.violation("$JS.API.STREAM.PURGE." + SCHED)
-    # The reads before were all allowed: only the two changes were refused.
-    assert len([e for e in reader.errors if "violation" in e.lower()]) == 2, reader.errors
+    # The reads before were all allowed: only the consumer and the two changes were refused.
+    assert len([e for e in reader.errors if "violation" in e.lower()]) == 3, reader.errors
 
 
 async def test_the_admin_replays_a_due_event(streams: None, as_identity: OpenAs) -> None:
@@ -290,7 +294,8 @@ def kubernetes_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guar
     for identity in KUBERNETES:
         passwords[identity.user] = secrets.token_urlsafe(16)
         password_file(state_dir, identity).write_text(passwords[identity.user])
-    server = EmbeddedNats(state_dir / "nats", settings=authorization(passwords, KUBERNETES))
+    settings = authorization(passwords, KUBERNETES, owned_durables())
+    server = EmbeddedNats(state_dir / "nats", settings=settings)
     server.start()
     yield Guarded(server, state_dir)
     server.stop()
