@@ -115,7 +115,7 @@ async def status_report(
                 "process": t.process,
                 "state": "waiting",
                 "reason": t.wait.reason,
-                "since": format_rfc3339(datetime.fromtimestamp(t.wait.since, UTC)),
+                "since": format_rfc3339(datetime.fromtimestamp(round(t.wait.since), UTC)),
                 "seconds": round(max(0.0, now - t.wait.since)),
                 "nextTryInSeconds": round(max(0.0, t.wait.next_try - now)),
             }

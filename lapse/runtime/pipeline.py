@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -68,6 +69,7 @@ class Pipeline:
         self.watchers: list[KindWatcher] = []
         self.policy_watcher: PolicyWatcher | None = None
         self.supervisor: Supervisor | None = None
+        self.dispatcher: Dispatcher | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         exporting = telemetry.configure()
@@ -79,6 +81,9 @@ class Pipeline:
             if not self.ready.is_set() and not main.done():
                 # Stopped while starting (e.g. waiting for the database): nothing is in
                 # flight yet, so there is nothing to finish.
+                started = self.supervisor.running() if self.supervisor is not None else []
+                for task in started:  # e.g. the policy watcher, waiting for the API server
+                    task.cancel()
                 main.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await main
@@ -100,6 +105,11 @@ class Pipeline:
             )
             # Every background task runs under it: no outage of a dependency ends lapse up.
             supervisor = self.supervisor = Supervisor(stop)
+            # From here on, even while the policy objects are being read at the start: a
+            # lapse up started while the API server is away says what it waits for.
+            replicas = self.config.nats.replicas
+            report = partial(_report_health, js, lambda: self.dispatcher, supervisor, replicas)
+            supervisor.start("health", report)
             # Policy objects are read before any run is planned (docs/policies.md).
             if self._watch:
                 await self._watch_policies(resources, js, stop, supervisor)
@@ -108,7 +118,7 @@ class Pipeline:
                 # What the ingress stores, a handler here reads: the types of the routes
                 # whose function is running (a function with nothing to do is not).
                 ingress.accepted = pushed_types(s.route for s in subscriptions)
-            dispatcher = Dispatcher(js, emitter, self.config.nats, subscriptions)
+            dispatcher = self.dispatcher = Dispatcher(js, emitter, self.config.nats, subscriptions)
             # The dispatcher and the ingress finish their in-flight work when stopped; the
             # watchers and the reporters are simply cancelled.
             draining = [supervisor.start("dispatcher", dispatcher.run)]
@@ -132,14 +142,9 @@ class Pipeline:
                 self.watchers = watchers
                 for watcher in watchers:
                     supervisor.start(f"watcher {watcher.kind.name}", partial(watcher.run, stop))
-                replicas = self.config.nats.replicas
                 supervisor.start(
                     "relist progress", partial(report_relists, js, watchers, replicas=replicas)
                 )
-            supervisor.start(
-                "health",
-                partial(_report_health, js, dispatcher, supervisor, self.config.nats.replicas),
-            )
             if telemetry.metrics_enabled():
                 # The artifacts target has schedules only where object stores are set.
                 targets = [
@@ -249,7 +254,10 @@ async def _drain(tasks: list[asyncio.Task[Any]]) -> None:
 
 
 async def _report_health(
-    js: JetStreamContext, dispatcher: Dispatcher, supervisor: Supervisor, replicas: int
+    js: JetStreamContext,
+    dispatcher: Callable[[], Dispatcher | None],
+    supervisor: Supervisor,
+    replicas: int,
 ) -> None:
     """While a function or a background task waits out an outage, say so where `lapse
     status` looks (every HEALTH_INTERVAL, and once when it is over)."""
@@ -258,7 +266,9 @@ async def _report_health(
     was_waiting = False
     while True:
         await asyncio.sleep(HEALTH_INTERVAL)
-        waiting = dispatcher.outages.describe(asyncio.get_running_loop().time())
+        running = dispatcher()  # None while starting
+        now = asyncio.get_running_loop().time()
+        waiting = running.outages.describe(now) if running is not None else {}
         tasks = {
             name: health.TaskWait(w.reason, w.since, w.next_try)
             for name, w in supervisor.waiting().items()

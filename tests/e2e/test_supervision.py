@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from lapse.config import Streams
+from lapse.edges.nats import connect
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.run import Target
+from lapse.operations.audit import pending_schedules
 from tests.conftest import KubeStack, kube_stack
 from tests.e2e.test_lapse_up import LapseUp, finished_workflow, lapse_json
 from tests.e2e.test_outages import outcomes_by_name
@@ -30,6 +35,7 @@ pytestmark = [pytest.mark.kube, pytest.mark.nats]
 
 OUTAGE_SECONDS = 60.0
 RUNS = 40
+SCHEDULES = Streams().schedule
 
 
 @pytest.fixture
@@ -49,9 +55,21 @@ def write_config(path: Path, nats_url: str, kubeconfig: Path) -> Path:
     return path
 
 
-def waiting_tasks(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The background tasks `lapse status` shows waiting out a fault."""
-    return {t["task"]: t for t in status["tasks"]}
+def waiting_tasks(status: dict[str, Any], process: subprocess.Popen[bytes]) -> dict[str, Any]:
+    """The background tasks of `process` that `lapse status` shows waiting out a fault."""
+    return {t["task"]: t for t in status["tasks"] if t["process"].endswith(f"-{process.pid}")}
+
+
+def alive(up: LapseUp, when: str) -> subprocess.Popen[bytes]:
+    assert up.process is not None
+    assert up.process.poll() is None, f"lapse up exited {when}:\n{up.log.read_text()[-3000:]}"
+    return up.process
+
+
+def spawn(up: LapseUp) -> None:
+    """Start `up` without waiting for it to run (it cannot while the API server is away)."""
+    with up.log.open("ab") as out:
+        up.process = subprocess.Popen(up.args, stdout=out, stderr=subprocess.STDOUT)
 
 
 async def test_the_api_server_stopped_for_a_minute_ends_nothing_and_loses_no_run(
@@ -59,79 +77,93 @@ async def test_the_api_server_stopped_for_a_minute_ends_nothing_and_loses_no_run
 ) -> None:
     config = write_config(tmp_path / "lapse.yaml", own_nats.url, own_kube.kubeconfig)
     ns = own_kube.namespace("supervised")
-    up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
-    await up.start()
+    first = LapseUp(config, tmp_path / "state", tmp_path / "first.log")
+    # The same process's replacement (a Deployment's pod rescheduled in the outage).
+    second = LapseUp(config, tmp_path / "state", tmp_path / "second.log")
+    await first.start()
     server = own_kube.server
     try:
         created = time.monotonic()
         for i in range(RUNS):
-            # Due 10..49 s after finishing: every one inside the outage below.
-            ttl = 10 + i
-            body = finished_workflow(f"wf-{i}", annotations={"lapse.dev/ttl": f"{ttl}s"})
+            # Due 25..64 s after finishing: every one inside the outage below.
+            body = finished_workflow(f"wf-{i}", annotations={"lapse.dev/ttl": f"{25 + i}s"})
             await own_kube.workflows.create(ns, body)
+        nc = await connect(own_nats.url)
+        try:
 
-        async def planned() -> bool:
-            status = lapse_json("status", "--recent", "0", config=config)
-            return bool(status["pending"]["kubernetes"]["count"] == RUNS)
+            async def planned() -> bool:
+                pending = await pending_schedules(nc.jetstream(), SCHEDULES, Target.KUBERNETES)
+                return pending.count == RUNS
 
-        await wait_for(planned, timeout=20, interval=0.5)
-        assert time.monotonic() - created < 10, "planned before the first deadline"
+            await wait_for(planned, timeout=20, interval=0.2)
+        finally:
+            await nc.close()
+        assert time.monotonic() - created < 25, "planned before the first deadline"
         server.kill_apiserver()
         down_at = datetime.now(UTC)
         down = time.monotonic()
 
-        # While it is away: `lapse up` keeps running, and `lapse status` names the tasks
-        # waiting for it, with why.
-        async def watchers_waiting() -> dict[str, Any] | None:
-            assert up.process is not None and up.process.poll() is None, (
-                f"lapse up exited:\n{up.log.read_text()[-3000:]}"
-            )
-            status: dict[str, Any] = lapse_json("status", "--recent", "0", config=config)
-            tasks = waiting_tasks(status)
-            ready = {"watcher Workflow", "policy watcher"} <= tasks.keys()
-            return status if ready else None
+        # While it is away, `lapse up` keeps running, and `lapse status` names the tasks
+        # waiting for it, why, since when and when they try again.
+        def tasks_waiting(up: LapseUp, names: set[str]) -> Callable[[], Awaitable[Any]]:
+            async def check() -> dict[str, Any] | None:
+                process = alive(up, "during the outage")
+                status = lapse_json("status", "--recent", "0", config=config)
+                tasks = waiting_tasks(status, process)
+                return tasks if names <= tasks.keys() else None
 
-        during = await wait_for(watchers_waiting, timeout=OUTAGE_SECONDS - 10, interval=1.0)
-        tasks = waiting_tasks(during)
-        for name in ("watcher Workflow", "policy watcher"):
+            return check
+
+        watchers = {"watcher argo-workflow", "policy watcher"}
+        tasks = await wait_for(tasks_waiting(first, watchers), timeout=30, interval=1.0)
+        for name in watchers:
             task = tasks[name]
             assert task["reason"].startswith("API server unreachable"), task
             assert "refused" in task["reason"], task
             assert task["state"] == "waiting" and 0 <= task["nextTryInSeconds"] <= 36, task
             assert 0 < task["seconds"] < OUTAGE_SECONDS, task
-        assert during["deadLetters"] == 0
+        # Replaced while the API server is still away: the new process waits to read the
+        # policy objects, saying so, instead of exiting (a CrashLoopBackOff).
+        stopping = time.monotonic()
+        assert first.stop(signal.SIGTERM) == 0, first.log.read_text()[-3000:]
+        stopped_in = time.monotonic() - stopping
+        spawn(second)
+        tasks = await wait_for(tasks_waiting(second, {"policy watcher"}), timeout=30, interval=1.0)
+        assert tasks["policy watcher"]["reason"].startswith("API server unreachable"), tasks
+        assert "lapse is running" not in second.log.read_text()
         while time.monotonic() - down < OUTAGE_SECONDS:
-            assert up.process is not None and up.process.poll() is None, (
-                f"lapse up exited during the outage:\n{up.log.read_text()[-3000:]}"
-            )
+            alive(second, "during the outage")
             await asyncio.sleep(1.0)
         await asyncio.to_thread(server.restart_apiserver)
         up_at = time.monotonic()
 
         async def all_gone() -> bool:
-            assert up.process is not None and up.process.poll() is None, (
-                f"lapse up exited after the outage:\n{up.log.read_text()[-3000:]}"
-            )
+            alive(second, "after the outage")
             return not (await own_kube.workflows.list(ns))["items"]
 
         await wait_for(all_gone, timeout=90, interval=0.5)
         recovered = time.monotonic() - up_at
+        assert "lapse is running" in second.log.read_text()
         history = lapse_json("history", "-n", ns, "--target", "kubernetes", config=config)
         outcomes = outcomes_by_name(history, "kubernetes")
         assert {name for name, _ in outcomes} == {f"wf-{i}" for i in range(RUNS)}, outcomes
         assert all(n == 1 for n in outcomes.values()), "one outcome per run"
         assert {outcome for _, outcome in outcomes} <= {"deleted", "already_gone"}, outcomes
         assert all(row["latencySeconds"] >= 0 for row in history), "none deleted early"
+        assert lapse_json("status", "--recent", "0", config=config)["deadLetters"] == 0
 
-        async def recovered_in_status() -> bool:
+        async def nothing_waits() -> bool:
             status = lapse_json("status", "--recent", "0", config=config)
-            return not {"watcher Workflow", "policy watcher"} & waiting_tasks(status).keys()
+            return not waiting_tasks(status, alive(second, "after the outage"))
 
-        await wait_for(recovered_in_status, timeout=30, interval=1.0)
+        await wait_for(nothing_waits, timeout=30, interval=1.0)
         print(
             f"\nAPI server stopped {up_at - down:.0f}s from {down_at:%H:%M:%S}, {RUNS} runs due "
-            f"in it: lapse up kept running, all deleted {recovered:.1f}s after it returned, "
-            f"lost 0, none early"
+            f"in it; lapse up replaced in it (the old one stopped in {stopped_in:.1f}s), the "
+            f"new one waited; all deleted {recovered:.1f}s after the API server returned, "
+            f"lost 0, none early, one outcome each"
         )
     finally:
-        assert up.stop(signal.SIGINT) == 0, up.log.read_text()[-3000:]
+        for up in (first, second):
+            if up.process is not None:
+                assert up.stop(signal.SIGINT) == 0, up.log.read_text()[-3000:]
