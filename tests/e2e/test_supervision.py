@@ -3,9 +3,14 @@ policy CRDs installed, and a real NATS): every background task waits out its tra
 faults under one supervisor, says so in `lapse status`, and resumes; the runs that fell due
 meanwhile are deleted afterwards, none early, none lost.
 
-The issue's finding, exactly: the API server stopped (its port refusing) for 60 s while 40
-runs fall due. `lapse up` once exited with rc=1 ("policy watcher crashed: ... Connection
-refused"). Each test reports what it measured on stdout (`pytest -s` shows it).
+The issue's finding: the API server stopped (its port refusing) for 60 s while 40 runs fall
+due; `lapse up` once exited with rc=1 ("policy watcher crashed: ... Connection refused").
+The process running when it stops survives the outage on the old code too (its policy
+watch retried); what ended it is a policy list meeting the refusal, which happens when
+`lapse up` starts (or, mid-run, re-lists after 410 Gone) while the API server is away. So
+the process is also replaced in the outage, as a Deployment's pod rescheduled then would
+be: the old code's new process exited with rc=1 at once. Then NATS stops, for the same
+process. Each test reports what it measured on stdout (`pytest -s` shows it).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ pytestmark = [pytest.mark.kube, pytest.mark.nats]
 
 OUTAGE_SECONDS = 60.0
 RUNS = 40
+NATS_OUTAGE_SECONDS = 10.0
 SCHEDULES = Streams().schedule
 
 
@@ -152,6 +158,27 @@ async def test_the_api_server_stopped_for_a_minute_ends_nothing_and_loses_no_run
         assert all(row["latencySeconds"] >= 0 for row in history), "none deleted early"
         assert lapse_json("status", "--recent", "0", config=config)["deadLetters"] == 0
 
+        # NATS away from the same process: a run that finishes meanwhile is held by its
+        # watcher (neither lost nor the end of the process) and deleted once NATS is back.
+        own_nats.stop()
+        nats_down = time.monotonic()
+        late = finished_workflow("wf-nats", annotations={"lapse.dev/ttl": "2s"})
+        await own_kube.workflows.create(ns, late)
+        while time.monotonic() - nats_down < NATS_OUTAGE_SECONDS:
+            alive(second, "while NATS was away")
+            await asyncio.sleep(1.0)
+        await asyncio.to_thread(own_nats.start, healthy=True)
+        nats_up = time.monotonic()
+
+        async def late_gone() -> bool:
+            alive(second, "after NATS returned")
+            return not (await own_kube.workflows.list(ns))["items"]
+
+        await wait_for(late_gone, timeout=60, interval=0.5)
+        nats_recovered = time.monotonic() - nats_up
+        history = lapse_json("history", "-n", ns, "--name", "wf-nats", config=config)
+        assert [(r["outcome"], r["latencySeconds"] >= 0) for r in history] == [("deleted", True)]
+
         async def nothing_waits() -> bool:
             status = lapse_json("status", "--recent", "0", config=config)
             return not waiting_tasks(status, alive(second, "after the outage"))
@@ -161,7 +188,8 @@ async def test_the_api_server_stopped_for_a_minute_ends_nothing_and_loses_no_run
             f"\nAPI server stopped {up_at - down:.0f}s from {down_at:%H:%M:%S}, {RUNS} runs due "
             f"in it; lapse up replaced in it (the old one stopped in {stopped_in:.1f}s), the "
             f"new one waited; all deleted {recovered:.1f}s after the API server returned, "
-            f"lost 0, none early, one outcome each"
+            f"lost 0, none early, one outcome each; NATS stopped {nats_up - nats_down:.0f}s, "
+            f"the run finished in it deleted {nats_recovered:.1f}s after it returned"
         )
     finally:
         for up in (first, second):
