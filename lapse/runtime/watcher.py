@@ -226,9 +226,9 @@ class KindWatcher:
                     continue
                 await self._api.wait_out(exc)
             except Exception as exc:
-                # The API server away, 429/5xx, or NATS away for longer than _until_nats
-                # waits: tried again, shown in `lapse status`; a fatal answer (401/403)
-                # ends the watcher, and its supervisor ends lapse with it.
+                # The API server away, 429/5xx, a bug: tried again, shown in `lapse
+                # status`; a fatal answer (401/403) ends the watcher, and its supervisor
+                # ends lapse with it.
                 await self._api.wait_out(exc)
 
     # -- the stored position ------------------------------------------------------------

@@ -32,6 +32,7 @@ from lapse.embedded.nats import EmbeddedNats
 from lapse.events.run import Target
 from lapse.operations.audit import pending_schedules
 from tests.conftest import KubeStack, kube_stack
+from tests.e2e.test_engines import config_file
 from tests.e2e.test_lapse_up import LapseUp, finished_workflow, lapse_json
 from tests.e2e.test_outages import outcomes_by_name
 from tests.stack import wait_for
@@ -52,15 +53,6 @@ def own_kube(tmp_path: Path) -> Iterator[KubeStack]:
         yield stack
 
 
-def write_config(path: Path, nats_url: str, kubeconfig: Path) -> Path:
-    path.write_text(
-        f"nats: {{url: '{nats_url}'}}\n"
-        f"kubernetes: {{kubeconfig: '{kubeconfig}'}}\n"
-        "safety: {max_deletions_per_second: 500, namespaces: {include: ['*']}}\n"
-    )
-    return path
-
-
 def waiting_tasks(status: dict[str, Any], process: subprocess.Popen[bytes]) -> dict[str, Any]:
     """The background tasks of `process` that `lapse status` shows waiting out a fault."""
     return {t["task"]: t for t in status["tasks"] if t["process"].endswith(f"-{process.pid}")}
@@ -72,6 +64,16 @@ def alive(up: LapseUp, when: str) -> subprocess.Popen[bytes]:
     return up.process
 
 
+def emptied(kube: KubeStack, ns: str, up: LapseUp, when: str) -> Callable[[], Awaitable[bool]]:
+    """Whether every run in `ns` is gone; `up` must still be running meanwhile."""
+
+    async def check() -> bool:
+        alive(up, when)
+        return not (await kube.workflows.list(ns))["items"]
+
+    return check
+
+
 def spawn(up: LapseUp) -> None:
     """Start `up` without waiting for it to run (it cannot while the API server is away)."""
     with up.log.open("ab") as out:
@@ -81,7 +83,7 @@ def spawn(up: LapseUp) -> None:
 async def test_the_api_server_stopped_for_a_minute_ends_nothing_and_loses_no_run(
     tmp_path: Path, own_nats: EmbeddedNats, own_kube: KubeStack
 ) -> None:
-    config = write_config(tmp_path / "lapse.yaml", own_nats.url, own_kube.kubeconfig)
+    config = config_file(tmp_path / "lapse.yaml", own_nats.url, own_kube)
     ns = own_kube.namespace("supervised")
     first = LapseUp(config, tmp_path / "state", tmp_path / "first.log")
     # The same process's replacement (a Deployment's pod rescheduled in the outage).
@@ -143,11 +145,7 @@ async def test_the_api_server_stopped_for_a_minute_ends_nothing_and_loses_no_run
         await asyncio.to_thread(server.restart_apiserver)
         up_at = time.monotonic()
 
-        async def all_gone() -> bool:
-            alive(second, "after the outage")
-            return not (await own_kube.workflows.list(ns))["items"]
-
-        await wait_for(all_gone, timeout=90, interval=0.5)
+        await wait_for(emptied(own_kube, ns, second, "after the outage"), timeout=90, interval=0.5)
         recovered = time.monotonic() - up_at
         assert "lapse is running" in second.log.read_text()
         history = lapse_json("history", "-n", ns, "--target", "kubernetes", config=config)
@@ -170,11 +168,7 @@ async def test_the_api_server_stopped_for_a_minute_ends_nothing_and_loses_no_run
         await asyncio.to_thread(own_nats.start, healthy=True)
         nats_up = time.monotonic()
 
-        async def late_gone() -> bool:
-            alive(second, "after NATS returned")
-            return not (await own_kube.workflows.list(ns))["items"]
-
-        await wait_for(late_gone, timeout=60, interval=0.5)
+        await wait_for(emptied(own_kube, ns, second, "after NATS"), timeout=60, interval=0.5)
         nats_recovered = time.monotonic() - nats_up
         history = lapse_json("history", "-n", ns, "--name", "wf-nats", config=config)
         assert [(r["outcome"], r["latencySeconds"] >= 0) for r in history] == [("deleted", True)]
