@@ -49,6 +49,7 @@ class Wait:
     since: float
     next_try: float
     tries: int
+    last: float  # when it last failed
 
 
 class TaskHealth:
@@ -63,7 +64,7 @@ class TaskHealth:
         now = self._clock()
         held = self._parts.get(part)
         since = held.since if held is not None else now
-        self._parts[part] = Wait(fault.reason, since, now + delay, tries)
+        self._parts[part] = Wait(fault.reason, since, now + delay, tries, now)
         self._observe()
 
     def succeeded(self, part: str) -> float | None:
@@ -79,12 +80,14 @@ class TaskHealth:
         reason, the next try soonest."""
         if not self._parts:
             return None
-        latest = max(self._parts.values(), key=lambda w: w.next_try - w.tries)
+        waits = self._parts.values()
+        latest = max(waits, key=lambda w: w.last)
         return Wait(
             latest.reason,
-            min(w.since for w in self._parts.values()),
-            min(w.next_try for w in self._parts.values()),
-            max(w.tries for w in self._parts.values()),
+            min(w.since for w in waits),
+            min(w.next_try for w in waits),
+            max(w.tries for w in waits),
+            latest.last,
         )
 
     def _observe(self) -> None:
