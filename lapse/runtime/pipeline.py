@@ -2,6 +2,11 @@
 
 `lapse up` runs this; so do the end-to-end tests and `lapse demo`.
 
+Every background task is started with `Supervisor.start` (lapse.runtime.supervisor), never
+with a bare `asyncio.create_task`: an outage of a dependency is waited out and shown in
+`lapse status`, and only a fatal failure (configuration, 401/403) or a signal ends the
+process. A task added here gets that by being started the same way.
+
 Telemetry is configured from the OTEL_* environment when the pipeline starts (unless the
 process already set it up, as tests and the demo do) and flushed when it ends. While
 metrics go somewhere, the stream-backed gauges (pending schedules per target, dead-letter
