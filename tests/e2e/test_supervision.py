@@ -16,6 +16,7 @@ process. Each test reports what it measured on stdout (`pytest -s` shows it).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import subprocess
 import time
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from lapse.config import Streams
 from lapse.edges.nats import connect
@@ -45,11 +47,11 @@ NATS_OUTAGE_SECONDS = 10.0
 SCHEDULES = Streams().schedule
 
 
-@pytest.fixture
-def own_kube(tmp_path: Path) -> Iterator[KubeStack]:
-    # Its own API server (with the policy CRDs, as kube_stack installs them): this test
+@pytest.fixture(scope="module")
+def own_kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeStack]:
+    # Its own API server (with the policy CRDs, as kube_stack installs them): a test here
     # stops it.
-    with kube_stack(tmp_path / "kube") as stack:
+    with kube_stack(tmp_path_factory.mktemp("kube-supervised")) as stack:
         yield stack
 
 
@@ -78,6 +80,29 @@ def spawn(up: LapseUp) -> None:
     """Start `up` without waiting for it to run (it cannot while the API server is away)."""
     with up.log.open("ab") as out:
         up.process = subprocess.Popen(up.args, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def test_what_retrying_cannot_change_ends_lapse_up_saying_why(
+    tmp_path: Path, own_nats: EmbeddedNats, own_kube: KubeStack
+) -> None:
+    """Credentials the API server refuses (401) are not an outage: retried, they would be
+    refused forever while the process looked alive. It exits, naming the answer."""
+    kubeconfig = tmp_path / "refused.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(own_kube.server.kubeconfig(token="not-a-valid-token")))
+    refused = dataclasses.replace(own_kube, kubeconfig=kubeconfig)
+    config = config_file(tmp_path / "lapse.yaml", own_nats.url, refused)
+    up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
+    spawn(up)
+    assert up.process is not None
+    try:
+        code = await asyncio.to_thread(up.process.wait, 60)
+    finally:
+        up.stop(signal.SIGKILL)
+    log = up.log.read_text()
+    assert code == 1, log[-3000:]
+    assert "API server refused lapse (answered 401" in log, log[-3000:]
+    assert "lapse stops (retrying cannot change it)" in log, log[-3000:]
+    assert "lapse is running" not in log
 
 
 async def test_the_api_server_stopped_for_a_minute_ends_nothing_and_loses_no_run(
