@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
 from typing import IO, Any
 
 import yaml
@@ -64,6 +66,8 @@ async def status_report(
     dlq = await js.stream_info(streams.dlq)
     audit = await js.stream_info(streams.audit)
     waiting = [w for w in await health.read(js) if w.events]
+    tasks = await health.read_tasks(js)
+    now = time.time()
     relists = await health.read_relists(js)
     start = max(1, audit.state.last_seq - 50 * args.recent)
     recent = (
@@ -103,6 +107,20 @@ async def status_report(
             }
             for w in waiting
         ],
+        # Background tasks of running lapse processes waiting out a fault (a watcher with
+        # the API server away): why, since when, and when they try again.
+        "tasks": [
+            {
+                "task": t.task,
+                "process": t.process,
+                "state": "waiting",
+                "reason": t.wait.reason,
+                "since": format_rfc3339(datetime.fromtimestamp(round(t.wait.since), UTC)),
+                "seconds": round(max(0.0, now - t.wait.since)),
+                "nextTryInSeconds": round(max(0.0, t.wait.next_try - now)),
+            }
+            for t in tasks
+        ],
         # Watchers listing a kind again (after 410 Gone, or with no stored position).
         "relisting": [
             {
@@ -137,6 +155,11 @@ def print_report(report: dict[str, Any], args: argparse.Namespace, out: IO[str])
         out.write(
             f"waiting:       {w['function']} ({w['process']}): {w['events']} events for "
             f"{w['seconds']}s, {w['reason']}\n"
+        )
+    for t in report["tasks"]:
+        out.write(
+            f"waiting:       {t['task']} ({t['process']}): {t['reason']} since {t['since']} "
+            f"({t['seconds']}s), next try in {t['nextTryInSeconds']}s\n"
         )
     for r in report["relisting"]:
         out.write(

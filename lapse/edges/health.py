@@ -1,7 +1,10 @@
 """Where each running lapse says what it is waiting out, for `lapse status` to show.
 
 A JetStream key-value bucket (`LAPSE_HEALTH`): one key per process, holding, per function,
-how long it has been waiting out a transient failure, how many events wait, and why. The
+how long it has been waiting out a transient failure, how many events wait, and why; and,
+per background task (a watcher, the policy watcher: lapse.runtime.supervisor), what it is
+waiting out, since when and when it tries next (wall-clock times, so a reader on another
+host says "next try in" from its own clock). The
 bucket forgets a key a minute after its last write, so a process that died takes its
 report with it; a live one writes every few seconds while it waits, and once when the wait
 is over.
@@ -17,7 +20,7 @@ import json
 import os
 import socket
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
@@ -40,6 +43,24 @@ class Waiting:
     seconds: float
     events: int
     reason: str
+
+
+@dataclass(frozen=True)
+class TaskWait:
+    """What a background task waits out: why, since when, its next try (epoch seconds)."""
+
+    reason: str
+    since: float
+    next_try: float
+
+
+@dataclass(frozen=True)
+class TaskWaiting:
+    """One background task of one process waiting out a fault."""
+
+    process: str
+    task: str
+    wait: TaskWait
 
 
 @dataclass(frozen=True)
@@ -72,14 +93,26 @@ async def bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
     return await key_value_bucket(js, config)
 
 
-async def report(kv: KeyValue, key: str, waiting: dict[str, tuple[float, int, str]]) -> None:
-    """Write this process's report: function -> (seconds, events waiting, reason)."""
-    body = {f: {"seconds": s, "events": n, "reason": r} for f, (s, n, r) in waiting.items()}
+async def report(
+    kv: KeyValue,
+    key: str,
+    waiting: dict[str, tuple[float, int, str]],
+    tasks: dict[str, TaskWait] | None = None,
+) -> None:
+    """Write this process's report: function -> (seconds, events waiting, reason), and
+    background task -> what it waits out."""
+    body: dict[str, dict[str, object]] = {
+        f: {"seconds": s, "events": n, "reason": r} for f, (s, n, r) in waiting.items()
+    }
+    for task, wait in (tasks or {}).items():
+        # A task's entry reads as a function's with no events to a `lapse status` that
+        # predates tasks (it shows only entries with events), so it is skipped there.
+        body[task] = {"seconds": 0, "events": 0, "reason": wait.reason, "task": True,
+                      "since": wait.since, "nextTry": wait.next_try}  # fmt: skip
     await kv.put(key, json.dumps(body).encode())
 
 
-async def read(js: JetStreamContext) -> list[Waiting]:
-    """Every live process's waits; empty when nothing waits (or no lapse ever reported)."""
+async def _reports(js: JetStreamContext) -> list[tuple[str, dict[str, dict[str, Any]]]]:
     try:
         kv = await js.key_value(BUCKET)
         keys = await kv.keys()
@@ -89,12 +122,37 @@ async def read(js: JetStreamContext) -> list[Waiting]:
     for key in keys:
         if key.startswith(RELIST_PREFIX):
             continue
-        entry = await kv.get(key)
-        for function, item in json.loads(entry.value or b"{}").items():
-            found.append(
-                Waiting(key, function, float(item["seconds"]), int(item["events"]), item["reason"])
-            )
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:  # its process ended meanwhile
+            continue
+        found.append((key, json.loads(entry.value or b"{}")))
     return found
+
+
+async def read(js: JetStreamContext) -> list[Waiting]:
+    """Every live process's functions' waits; empty when nothing waits (or no lapse ever
+    reported)."""
+    return [
+        Waiting(key, function, float(item["seconds"]), int(item["events"]), str(item["reason"]))
+        for key, body in await _reports(js)
+        for function, item in body.items()
+        if not item.get("task")
+    ]
+
+
+async def read_tasks(js: JetStreamContext) -> list[TaskWaiting]:
+    """Every live process's background tasks waiting out a fault."""
+    return [
+        TaskWaiting(
+            key,
+            task,
+            TaskWait(str(item["reason"]), float(item["since"]), float(item["nextTry"])),
+        )
+        for key, body in await _reports(js)
+        for task, item in body.items()
+        if item.get("task")
+    ]
 
 
 async def report_relist(kv: KeyValue, progress: Relisting) -> None:

@@ -15,12 +15,17 @@ import logging
 import random
 from dataclasses import dataclass, field
 
+import urllib3
 from cloudevents.core.base import BaseCloudEvent
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
 from nats import errors as nats_errors
 from nats.js import errors as js_errors
 
 from lapse import telemetry
-from lapse.functions.ports import Emitter
+from lapse.config import ConfigError
+from lapse.edges.kubernetes.client import api_failure
+from lapse.functions.ports import Emitter, RetryLater
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +50,56 @@ def nats_unavailable(exc: BaseException) -> str | None:
         text = " ".join(str(exc).split()).removeprefix("nats: ")
         return f"NATS unavailable ({type(exc).__name__}: {text})"
     return None
+
+
+# The answers that retrying cannot change: the credentials or the RBAC are wrong until an
+# operator fixes them (and a restart then picks up the fix).
+FATAL_STATUSES = frozenset({401, 403})
+TRANSIENT_STATUSES = frozenset({408, 429})
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What a background task's failure means: `fatal` (the process ends: a configuration
+    error), else waited out; `unexpected` when it is neither an outage nor configuration
+    (a bug, waited out too, but logged with its traceback)."""
+
+    reason: str
+    fatal: bool = False
+    unexpected: bool = False
+    retry_after: float | None = None
+
+
+def fault_of(exc: BaseException) -> Fault:
+    """The one classification of what ends a try of a background task (docs/architecture.md,
+    "Transient is not failed"): the API server or NATS unreachable, timeouts, 408, 429 and
+    5xx are transient; 401, 403 and a configuration error are fatal; anything else is
+    unexpected, and waited out like a transient fault."""
+    if (reason := nats_unavailable(exc)) is not None:
+        return Fault(reason)
+    if isinstance(exc, RetryLater):
+        return Fault(exc.reason, retry_after=exc.delay)
+    if isinstance(exc, ConfigError | ConfigException):
+        return Fault(f"configuration error: {exc}", fatal=True)
+    if isinstance(exc, ApiException | urllib3.exceptions.HTTPError):
+        # Only the Kubernetes client speaks urllib3 in lapse: its failures are the API
+        # server's.
+        failure = api_failure(exc)
+        assert failure is not None
+        status = failure.status
+        if status is None:
+            return Fault(f"API server unreachable ({failure.message})")
+        answered = f"answered {status}: {failure.message}"
+        if status in FATAL_STATUSES:
+            return Fault(f"API server refused lapse ({answered})", fatal=True)
+        if status in TRANSIENT_STATUSES or status >= 500:
+            return Fault(f"API server unavailable ({answered})", retry_after=failure.retry_after)
+        return Fault(f"API server {answered}", unexpected=True)
+    if isinstance(exc, TimeoutError):
+        return Fault(f"timed out ({exc or type(exc).__name__})")
+    if isinstance(exc, ConnectionError):
+        return Fault(f"connection failed ({type(exc).__name__}: {exc})")
+    return Fault(f"{type(exc).__name__}: {exc}", unexpected=True)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,11 @@
 
 `lapse up` runs this; so do the end-to-end tests and `lapse demo`.
 
+Every background task is started with `Supervisor.start` (lapse.runtime.supervisor), never
+with a bare `asyncio.create_task`: an outage of a dependency is waited out and shown in
+`lapse status`, and only a fatal failure (configuration, 401/403) or a signal ends the
+process. A task added here gets that by being started the same way.
+
 Telemetry is configured from the OTEL_* environment when the pipeline starts (unless the
 process already set it up, as tests and the demo do) and flushed when it ends. While
 metrics go somewhere, the stream-backed gauges (pending schedules per target, dead-letter
@@ -13,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import hypercorn.asyncio
@@ -35,6 +42,7 @@ from lapse.runtime.policy_watcher import PolicyWatcher
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
 from lapse.runtime.routing import Route, load_routes, pushed_types, relist_lane
+from lapse.runtime.supervisor import Supervisor
 from lapse.runtime.watcher import KindWatcher, report_relists
 
 log = logging.getLogger(__name__)
@@ -65,6 +73,8 @@ class Pipeline:
         self.ready = asyncio.Event()
         self.watchers: list[KindWatcher] = []
         self.policy_watcher: PolicyWatcher | None = None
+        self.supervisor: Supervisor | None = None
+        self.dispatcher: Dispatcher | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         exporting = telemetry.configure()
@@ -76,6 +86,9 @@ class Pipeline:
             if not self.ready.is_set() and not main.done():
                 # Stopped while starting (e.g. waiting for the database): nothing is in
                 # flight yet, so there is nothing to finish.
+                started = self.supervisor.running() if self.supervisor is not None else []
+                for task in started:  # e.g. the policy watcher, waiting for the API server
+                    task.cancel()
                 main.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await main
@@ -95,18 +108,25 @@ class Pipeline:
             ingress = (
                 await nats_ingress(js, self.config, listen=self._listen) if self._listen else None
             )
+            # Every background task runs under it: no outage of a dependency ends lapse up.
+            supervisor = self.supervisor = Supervisor(stop)
+            # From here on, even while the policy objects are being read at the start: a
+            # lapse up started while the API server is away says what it waits for.
+            replicas = self.config.nats.replicas
+            report = partial(_report_health, js, lambda: self.dispatcher, supervisor, replicas)
+            supervisor.start("health", report)
             # Policy objects are read before any run is planned (docs/policies.md).
-            policies = await self._watch_policies(resources, js, stop) if self._watch else None
+            if self._watch:
+                await self._watch_policies(resources, js, stop, supervisor)
             subscriptions = await self._subscribe(resources)
             if ingress is not None:
                 # What the ingress stores, a handler here reads: the types of the routes
                 # whose function is running (a function with nothing to do is not).
                 ingress.accepted = pushed_types(s.route for s in subscriptions)
-            dispatcher = Dispatcher(js, emitter, self.config.nats, subscriptions)
+            dispatcher = self.dispatcher = Dispatcher(js, emitter, self.config.nats, subscriptions)
             # The dispatcher and the ingress finish their in-flight work when stopped; the
-            # watcher and the gauges' poller are simply cancelled.
-            draining = [asyncio.create_task(dispatcher.run(), name="dispatcher")]
-            cancelled: list[asyncio.Task[Any]] = [policies] if policies is not None else []
+            # watchers and the reporters are simply cancelled.
+            draining = [supervisor.start("dispatcher", dispatcher.run)]
             streams = self.config.nats.streams
             if self._watch:
                 publish = NatsPublisher(js, streams, observed=True).publish
@@ -126,42 +146,44 @@ class Pipeline:
                 ]
                 self.watchers = watchers
                 for watcher in watchers:
-                    task = asyncio.create_task(
-                        watcher.run(stop), name=f"watcher {watcher.kind.name}"
-                    )
-                    cancelled.append(task)
-                progress = report_relists(js, watchers, replicas=self.config.nats.replicas)
-                cancelled.append(asyncio.create_task(progress, name="relist progress"))
-            health = _report_health(js, dispatcher, self.config.nats.replicas)
-            cancelled.append(asyncio.create_task(health, name="health"))
+                    supervisor.start(f"watcher {watcher.kind.name}", partial(watcher.run, stop))
+                supervisor.start(
+                    "relist progress", partial(report_relists, js, watchers, replicas=replicas)
+                )
             if telemetry.metrics_enabled():
                 # The artifacts target has schedules only where object stores are set.
                 targets = [
                     t for t in Target if t is not Target.ARTIFACTS or self.config.artifacts.stores
                 ]
-                poll = _poll_backlog(js, streams, targets, self._backlog_interval)
-                cancelled.append(asyncio.create_task(poll, name="backlog"))
+                poll = partial(_poll_backlog, js, streams, targets, self._backlog_interval)
+                supervisor.start("backlog", poll)
             if self._listen and ingress is not None:
-                serve = _serve_ingress(ingress, self._listen, stop)
-                draining.append(asyncio.create_task(serve, name="ingress"))
+                serve = partial(_serve_ingress, ingress, self._listen, stop)
+                draining.append(supervisor.start("ingress", serve))
                 log.info("ingress: accepting CloudEvents on http://%s/", self._listen)
             running = sorted({s.route.function for s in subscriptions})
             log.info("lapse is running: %s", ", ".join(running))
             self.ready.set()
-            crashed = await self._until_stopped(stop, [*draining, *cancelled])
+            fatal = await _until_stopped(stop, supervisor)
             stop.set()  # everything stops together (the ingress waits for `stop`)
             dispatcher.stop()
+            cancelled = [t for t in supervisor.running() if t not in draining]
             for task in cancelled:
                 task.cancel()
             await _drain([*draining, *cancelled])
-            if crashed is not None:
-                raise crashed
+            if fatal is not None:
+                raise fatal
             log.info("lapse stopped")
 
     async def _watch_policies(
-        self, resources: Resources, js: JetStreamContext, stop: asyncio.Event
-    ) -> asyncio.Task[None]:
-        """Start the policy watcher and wait until it has read the policy objects."""
+        self,
+        resources: Resources,
+        js: JetStreamContext,
+        stop: asyncio.Event,
+        supervisor: Supervisor,
+    ) -> None:
+        """Start the policy watcher and wait until it has read the policy objects (an API
+        server away meanwhile is waited out, said in the log and in `lapse status`)."""
         # Re-planned runs go on the re-list lane: a live finish never waits behind them.
         publish = NatsPublisher(js, self.config.nats.streams, observed=True, relist=True)
         watcher = PolicyWatcher(
@@ -173,17 +195,17 @@ class Pipeline:
             configured=self.config.policies,
         )
         self.policy_watcher = watcher
-        task = asyncio.create_task(watcher.run(stop), name="policy watcher")
+        supervisor.start("policy watcher", partial(watcher.run, stop))
         synced = asyncio.create_task(watcher.synced.wait())
         stopped = asyncio.create_task(stop.wait())
+        waits: list[asyncio.Future[Any]] = [synced, stopped, supervisor.fatal]
         try:
-            await asyncio.wait([task, synced, stopped], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             synced.cancel()
             stopped.cancel()
-        if task.done():
-            task.result()  # it crashed before reading anything: say why
-        return task
+        if supervisor.fatal.done():
+            raise supervisor.fatal.result()  # e.g. no right to read: say why
 
     async def _ensure_streams(self, js: JetStreamContext) -> None:
         for line in await ensure_streams(js, configured_streams(self.config.nats)):
@@ -211,22 +233,16 @@ class Pipeline:
             if (handler := handlers[route.function]) is not None
         ]
 
-    @staticmethod
-    async def _until_stopped(
-        stop: asyncio.Event, tasks: list[asyncio.Task[Any]]
-    ) -> BaseException | None:
-        """Wait for `stop` or for a task to end on its own (a crash); return the crash."""
-        stopped = asyncio.create_task(stop.wait(), name="stop")
-        try:
-            done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-        crashed = None
-        for task in done - {stopped}:
-            if not task.cancelled() and (exc := task.exception()) is not None:
-                log.error("%s crashed: %s", task.get_name(), exc)
-                crashed = crashed or exc
-        return crashed
+
+async def _until_stopped(stop: asyncio.Event, supervisor: Supervisor) -> BaseException | None:
+    """Wait for `stop` or a fatal failure of a supervised task; return that failure."""
+    stopped = asyncio.create_task(stop.wait(), name="stop")
+    waits: list[asyncio.Future[Any]] = [stopped, supervisor.fatal]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    return supervisor.fatal.result() if supervisor.fatal.done() else None
 
 
 async def _drain(tasks: list[asyncio.Task[Any]]) -> None:
@@ -242,21 +258,32 @@ async def _drain(tasks: list[asyncio.Task[Any]]) -> None:
         await asyncio.wait(busy, timeout=5)
 
 
-async def _report_health(js: JetStreamContext, dispatcher: Dispatcher, replicas: int) -> None:
-    """While a function waits out an outage, say so where `lapse status` looks (every
-    HEALTH_INTERVAL, and once when it is over)."""
+async def _report_health(
+    js: JetStreamContext,
+    dispatcher: Callable[[], Dispatcher | None],
+    supervisor: Supervisor,
+    replicas: int,
+) -> None:
+    """While a function or a background task waits out an outage, say so where `lapse
+    status` looks (every HEALTH_INTERVAL, and once when it is over)."""
     key = health.process_key()
     kv = None
     was_waiting = False
     while True:
         await asyncio.sleep(HEALTH_INTERVAL)
-        waiting = dispatcher.outages.describe(asyncio.get_running_loop().time())
-        if not waiting and not was_waiting:
+        running = dispatcher()  # None while starting
+        now = asyncio.get_running_loop().time()
+        waiting = running.outages.describe(now) if running is not None else {}
+        tasks = {
+            name: health.TaskWait(w.reason, w.since, w.next_try)
+            for name, w in supervisor.waiting().items()
+        }
+        if not waiting and not tasks and not was_waiting:
             continue
         try:
             kv = kv or await health.bucket(js, replicas=replicas)
-            await health.report(kv, key, waiting)
-            was_waiting = bool(waiting)
+            await health.report(kv, key, waiting, tasks)
+            was_waiting = bool(waiting or tasks)
         except Exception as exc:  # NATS reconnecting: the next round tries again
             log.debug("health report failed: %s", exc)
 

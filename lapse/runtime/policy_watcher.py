@@ -76,6 +76,7 @@ from lapse.runtime import shutdown
 from lapse.runtime.outages import Backoff
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
+from lapse.runtime.supervisor import Retrying
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ class PolicyWatcher:
         try:
             done, _ = await asyncio.wait([*tasks, stopped], return_when=asyncio.FIRST_COMPLETED)
             for task in done - {stopped}:
-                task.result()  # a crash ends the watcher (and `lapse up` says so)
+                task.result()  # a fatal failure ends the watcher (its supervisor says so)
         finally:
             for task in [*tasks, stopped]:
                 task.cancel()
@@ -199,37 +200,34 @@ class PolicyWatcher:
                     await task
 
     async def _watch(self, spec: KindSpec) -> None:
-        backoff = 1.0
-        resource_version = await self._list(spec)
+        # Every failure but a fatal one (401/403 on the watch, a bad kubeconfig) is waited
+        # out here, shown in `lapse status` while it lasts (lapse.runtime.supervisor).
+        api = Retrying(f"watching {spec.describe()}")
+        resource_version = await self._list(spec, api)
         while True:
             try:
                 async for change in self._objects.watch(
                     spec, resource_version=resource_version, timeout_seconds=self._watch_timeout
                 ):
+                    api.succeeded()
                     resource_version = change.object["metadata"]["resourceVersion"]
                     if change.type == "BOOKMARK":
                         continue
                     deleted = change.type == "DELETED"
                     await self._changed([(change.object, deleted)])
-                backoff = 1.0
+                api.succeeded()
             except ApiException as exc:
                 if exc.status == 410:
-                    resource_version = await self._list(spec)
+                    resource_version = await self._list(spec, api)
                     continue
-                log.warning("policy watch failed (%s): retrying in %.0fs",
-                            describe_api_error(exc), backoff)  # fmt: skip
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                await api.wait_out(exc)
             except Exception as exc:
-                log.warning("policy watch failed (%s): retrying in %.0fs",
-                            describe_api_error(exc), backoff)  # fmt: skip
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                await api.wait_out(exc)
 
-    async def _list(self, spec: KindSpec) -> str:
+    async def _list(self, spec: KindSpec, api: Retrying) -> str:
         """Read every object of `spec` (at the start and after 410 Gone); what differs from
-        what is held, or was never stated in its status, is a change."""
-        backoff = 1.0
+        what is held, or was never stated in its status, is a change. The API server away
+        (refused, reset, timed out, 5xx, 429) is waited out, never the end of the watcher."""
         while True:
             try:
                 items: list[dict[str, Any]] = []
@@ -237,14 +235,13 @@ class PolicyWatcher:
                 async for page in finished_pages(self._objects, spec, page_size=PAGE_SIZE):
                     items += page.items
                     version = page.resource_version
+                api.succeeded()
                 break
             except ApiException as exc:
                 if exc.status not in (403, 404):
-                    log.warning("listing %s failed (%s): retrying in %.0fs",
-                                spec.describe(), describe_api_error(exc), backoff)  # fmt: skip
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 30.0)
+                    await api.wait_out(exc)
                     continue
+                api.succeeded()  # answered: not served, or not ours to read
                 why = "not installed" if exc.status == 404 else "not readable (RBAC)"
                 log.warning(
                     "%s is %s: only lapse.yaml's policies apply; looking again every %.0fs",
@@ -253,6 +250,8 @@ class PolicyWatcher:
                 self._mark_listed(spec)
                 await self._changed([])  # nothing of it: the other kind may decide alone
                 await asyncio.sleep(self._not_served_retry)
+            except Exception as exc:
+                await api.wait_out(exc)
         kind = spec.kind
         for obj in items:
             obj.setdefault("kind", kind)

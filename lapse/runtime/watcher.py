@@ -59,6 +59,7 @@ from lapse.events.kinds import KindSpec
 from lapse.events.models import CleanupFailed, RunDeleted, RunFinished
 from lapse.events.types import EventType
 from lapse.runtime.outages import Backoff, nats_unavailable
+from lapse.runtime.supervisor import Retrying
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,9 @@ PROGRESS_INTERVAL = 2.0
 # lapse was (re)starting: its event goes on the live lane. Longer than a rolling restart
 # takes; far shorter than any TTL worth a schedule.
 RECENT_FINISH = timedelta(seconds=60)
+
+# A stream leader's election takes seconds: NATS is tried again soon, the watch held.
+NATS_BACKOFF = Backoff(first=0.2, cap=5.0)
 
 Publish = Callable[[BaseCloudEvent], Awaitable[None]]
 T = TypeVar("T")
@@ -148,10 +152,16 @@ class KindWatcher:
         # A re-list that failed (other than NATS unavailable, which it waits out) ends the
         # watcher as a failed watch loop would: never a silently missing list.
         self._relist_failed: asyncio.Future[None] | None = None
+        self._api = Retrying(f"watching {kind.describe()}")
+        self._nats = Retrying("publishing to NATS", NATS_BACKOFF)
 
     async def run(self, stop: asyncio.Event, *, resume_from: str | None = None) -> None:
         """Watch until `stop`. With `resume_from` (or a stored position), continue a watch
         from that version instead of listing first (a 410 Gone falls back to a list)."""
+        # Made here, in the task that runs the watcher: it reports to that task's supervisor.
+        self._api = Retrying(f"watching {self.kind.describe()}")
+        # One for every call to NATS, concurrent ones too: one warning when it goes away.
+        self._nats = Retrying("publishing to NATS", NATS_BACKOFF)
         # A quiet cluster sends nothing for minutes: stopping must not wait for an event.
         self._relist_failed = asyncio.get_running_loop().create_future()
         loop = asyncio.create_task(self._loop(stop, resume_from))
@@ -183,7 +193,6 @@ class KindWatcher:
         else:
             resource_version = await self._start_relist("nothing stored to resume from")
         self._watched = resource_version
-        backoff = 1.0
         while not stop.is_set():
             try:
                 async for change in self._objects.watch(
@@ -192,6 +201,7 @@ class KindWatcher:
                     label_selector=self.kind.finished_selector,
                     timeout_seconds=self._watch_timeout,
                 ):
+                    self._api.succeeded()  # the API server answers again
                     metadata = change.object["metadata"]
                     resource_version = metadata["resourceVersion"]
                     if change.type != "BOOKMARK":
@@ -199,7 +209,7 @@ class KindWatcher:
                             self._live_uids.add(str(metadata.get("uid", "")))
                         await self._handle(change.object, deleted=change.type == "DELETED")
                     await self._advance(resource_version)
-                backoff = 1.0
+                self._api.succeeded()  # the watch ran to its timeout
             except ApiException as exc:
                 if exc.status == 410:
                     resource_version = await self._start_relist("the watch expired (410 Gone)")
@@ -214,17 +224,12 @@ class KindWatcher:
                     )
                     self._watched = resource_version
                     continue
-                log.warning(
-                    "watch failed (%s): retrying in %.0fs", describe_api_error(exc), backoff
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                await self._api.wait_out(exc)
             except Exception as exc:
-                log.warning(
-                    "watch failed (%s): retrying in %.0fs", describe_api_error(exc), backoff
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                # The API server away, 429/5xx, a bug: tried again, shown in `lapse
+                # status`; a fatal answer (401/403) ends the watcher, and its supervisor
+                # ends lapse with it.
+                await self._api.wait_out(exc)
 
     # -- the stored position ------------------------------------------------------------
 
@@ -358,24 +363,19 @@ class KindWatcher:
 
     async def _first_page_until_listed(self) -> tuple[Page, AsyncIterator[Page]]:
         """A failed list is retried (an API server restart must not end the watcher)."""
-        backoff = 1.0
         what = self.kind.describe()
         while True:
             pages = finished_pages(self._objects, self.kind, page_size=PAGE_SIZE)
             self.relists += 1  # lists begun (a kind not served is looked for by listing)
             try:
-                return await anext(pages), pages
+                first = await anext(pages)
+                self._api.succeeded()
+                return first, pages
             except ApiException as exc:
                 if exc.status != 404:
-                    log.warning(
-                        "listing %s failed (%s): retrying in %.0fs",
-                        what,
-                        describe_api_error(exc),
-                        backoff,
-                    )
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 30.0)
+                    await self._api.wait_out(exc)
                     continue
+                self._api.succeeded()  # answered: the kind is not served
                 if not self.synced.is_set():
                     log.warning(
                         "%s is not served by this API server (its CRD is not installed?): "
@@ -386,14 +386,7 @@ class KindWatcher:
                     self.synced.set()  # nothing of it exists: nothing to wait for
                 await asyncio.sleep(self._not_served_retry)
             except Exception as exc:
-                log.warning(
-                    "listing %s failed (%s): retrying in %.0fs",
-                    what,
-                    describe_api_error(exc),
-                    backoff,
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                await self._api.wait_out(exc)
 
     async def _publish_window(self, events: list[BaseCloudEvent]) -> int:
         """Publish a window of the re-list's events at once, their acks awaited together:
@@ -454,19 +447,16 @@ class KindWatcher:
     async def _until_nats(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """NATS unavailable (a stream leader being elected, a restart) is waited out here,
         holding the watch where it is, rather than ending the watch and starting it over."""
-        backoff = Backoff(first=0.2, cap=5.0)
-        attempt = 0
         while True:
             try:
-                return await call()
+                result = await call()
+                self._nats.succeeded()
+                return result
             except Exception as exc:
-                reason = nats_unavailable(exc)
-                if reason is None:
+                if nats_unavailable(exc) is None:
                     raise
-                attempt += 1
-                delay = backoff.delay(attempt)
-                log.info("%s: %s; %s again in %.1fs", self.kind.name, reason, what, delay)
-                await asyncio.sleep(delay)
+                log.debug("%s: %s failed: %s", self.kind.name, what, exc)
+                await self._nats.wait_out(exc)
 
 
 def _too_large(exc: ApiException) -> bool:

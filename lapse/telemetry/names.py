@@ -172,7 +172,8 @@ WAITING: Final = MetricSpec(
 )  # fmt: skip
 OUTAGE_SECONDS: Final = MetricSpec(
     "lapse.outage.duration", "gauge", "s",
-    "How long a function has been waiting out a transient failure (0 when it is not)",
+    "How long a function, or a background task of lapse up (a watcher, the policy "
+    "watcher), has been waiting out a transient failure (0 when it is not)",
     (FUNCTION,),
 )  # fmt: skip
 

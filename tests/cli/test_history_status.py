@@ -4,6 +4,7 @@ namespace, kind and target, and --watch redrawing until Ctrl-C."""
 from __future__ import annotations
 
 import json
+import re
 import select
 import signal
 import subprocess
@@ -245,3 +246,32 @@ async def test_status_shows_a_relist_while_it_runs(
     report = _json(shell, nats_server, "status")
     assert isinstance(report, dict)
     assert all(r["process"] != process for r in report["relisting"])
+
+
+async def test_status_shows_a_background_task_waiting_out_an_outage(
+    shell: Shell, nats_server: EmbeddedNats, lapse_streams: JetStreamContext
+) -> None:
+    kv = await health.bucket(lapse_streams)
+    process = f"host-{uuid.uuid4().hex[:6]}"
+    now = time.time()
+    reason = "API server unreachable (the connection to the server 127.0.0.1:6443 was refused)"
+    wait = health.TaskWait(reason, since=now - 42, next_try=now + 20)
+    await health.report(kv, process, {}, {"watcher argo-workflow": wait})
+    text = shell("status", "--nats-url", nats_server.url).stdout
+    line = next(ln for ln in text.splitlines() if process in ln)
+    assert line.startswith(f"waiting:       watcher argo-workflow ({process}): {reason} since ")
+    found = re.search(r"\((\d+)s\), next try in (\d+)s$", line)
+    assert found is not None, line
+    waited, next_try, took = int(found[1]), int(found[2]), time.time() - now
+    assert 42 <= waited <= 42 + took + 1 and 20 - took - 1 <= next_try <= 20, line
+    report = _json(shell, nats_server, "status")
+    assert isinstance(report, dict)
+    (task,) = [t for t in report["tasks"] if t["process"] == process]
+    assert task["task"] == "watcher argo-workflow" and task["state"] == "waiting", task
+    assert task["reason"] == reason and 42 <= task["seconds"] <= 42 + time.time() - now, task
+    assert task["nextTryInSeconds"] <= 20, task
+    assert all(w["process"] != process for w in report["waiting"])  # no events wait
+    await health.report(kv, process, {}, {})  # recovered
+    report = _json(shell, nats_server, "status")
+    assert isinstance(report, dict)
+    assert all(t["process"] != process for t in report["tasks"])
