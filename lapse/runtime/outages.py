@@ -54,7 +54,11 @@ def nats_unavailable(exc: BaseException) -> str | None:
 
 # The answers that retrying cannot change: the credentials or the RBAC are wrong until an
 # operator fixes them (and a restart then picks up the fix).
-FATAL_STATUSES = frozenset({401, 403})
+# 401: lapse's own credentials are rejected, which only a new configuration changes. A 403 is
+# the cluster's RBAC, which an administrator grants while lapse runs (as client-go's
+# reflectors do, it is waited out and shown, not a CrashLoopBackOff).
+FATAL_STATUSES = frozenset({401})
+FORBIDDEN = 403
 TRANSIENT_STATUSES = frozenset({408, 429})
 
 
@@ -73,7 +77,8 @@ class Fault:
 def fault_of(exc: BaseException) -> Fault:
     """The one classification of what ends a try of a background task (docs/architecture.md,
     "Transient is not failed"): the API server or NATS unreachable, timeouts, 408, 429 and
-    5xx are transient; 401, 403 and a configuration error are fatal; anything else is
+    5xx are transient, and so is 403 (RBAC granted later); 401 and a configuration error
+    are fatal; anything else is
     unexpected, and waited out like a transient fault."""
     if (reason := nats_unavailable(exc)) is not None:
         return Fault(reason)
@@ -92,6 +97,8 @@ def fault_of(exc: BaseException) -> Fault:
         answered = f"answered {status}: {failure.message}"
         if status in FATAL_STATUSES:
             return Fault(f"API server refused lapse ({answered})", fatal=True)
+        if status == FORBIDDEN:
+            return Fault(f"API server forbids it, waiting for RBAC ({answered})")
         if status in TRANSIENT_STATUSES or status >= 500:
             return Fault(f"API server unavailable ({answered})", retry_after=failure.retry_after)
         return Fault(f"API server {answered}", unexpected=True)

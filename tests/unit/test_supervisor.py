@@ -63,10 +63,17 @@ def test_a_429_is_transient_and_keeps_its_retry_after() -> None:
 
 @pytest.mark.parametrize(
     "exc",
-    [answered(401), answered(403), ConfigError(["nats.url: missing"]), ConfigException("bad")],
+    [answered(401), ConfigError(["nats.url: missing"]), ConfigException("bad")],
 )
 def test_what_retrying_cannot_change_is_fatal(exc: BaseException) -> None:
     assert fault_of(exc).fatal
+
+
+def test_a_403_is_waited_out_not_fatal() -> None:
+    # RBAC is granted while lapse runs: exiting would make a CrashLoopBackOff of it.
+    fault = fault_of(answered(403))
+    assert not fault.fatal and not fault.unexpected
+    assert "RBAC" in fault.reason
 
 
 @pytest.mark.parametrize("exc", [KeyError("metadata"), answered(422)])
@@ -142,11 +149,11 @@ async def test_a_fatal_failure_ends_the_task_and_is_handed_to_the_process() -> N
     async def forbidden() -> None:
         nonlocal runs
         runs += 1
-        raise answered(403)
+        raise answered(401)
 
     task = supervisor.start("watcher", forbidden)
     fatal = await asyncio.wait_for(supervisor.fatal, timeout=1)
-    assert isinstance(fatal, ApiException) and fatal.status == 403
+    assert isinstance(fatal, ApiException) and fatal.status == 401
     await asyncio.wait_for(task, timeout=1)
     assert runs == 1, "never retried"
 
