@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from lapse.embedded.process import write_private
+
 # Every identity has inboxes of its own (`_INBOX_<user>.<random>`: lapse/edges/nats.py
 # connects with that prefix) and may subscribe to no one else's. With `_INBOX.>` for all,
 # any identity could learn `lapse up`'s pull inboxes and point a push consumer of a stream
@@ -341,16 +343,8 @@ def ensure_passwords(state_dir: Path) -> dict[str, str]:
             passwords[identity.user] = path.read_text(encoding="utf-8").strip()
         if not passwords.get(identity.user):
             passwords[identity.user] = new_password()
-            _write_private(path, passwords[identity.user] + "\n")
+            write_private(path, passwords[identity.user] + "\n")
     return passwords
-
-
-def _write_private(path: Path, text: str) -> None:
-    # Created 0600 from the start: never readable by others, not even for a moment.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.chmod(path, 0o600)
 
 
 def authorization(
@@ -382,4 +376,4 @@ def authorization(
 def write_config(path: Path, config: dict[str, Any]) -> None:
     """The server's configuration file (JSON, which nats-server reads), 0600: it holds the
     passwords."""
-    _write_private(path, json.dumps(config, indent=2) + "\n")
+    write_private(path, json.dumps(config, indent=2) + "\n")

@@ -54,6 +54,7 @@ from kubernetes.client.exceptions import ApiException
 
 from lapse import telemetry
 from lapse.config import LapseConfig, load_config
+from lapse.config.redact import RedactingFilter
 from lapse.edges.kubernetes import KubeObjects, finished_pages
 from lapse.edges.kubernetes.client import describe_api_error
 from lapse.edges.kubernetes.policies import (
@@ -503,6 +504,8 @@ async def serve(
 def main() -> None:
     """`python -m lapse.runtime.policy_watcher`: the Deployment lapse-policy-watcher."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())  # a URL in a log line, never its secret
     config = load_config(os.environ.get("LAPSE_CONFIG"))
     ready = os.environ.get("LAPSE_READY_FILE")
 
