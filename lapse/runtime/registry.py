@@ -54,7 +54,15 @@ class _ReferencedObjects:
     async def fetch(
         self, api_version: str, kind: str, namespace: str, name: str
     ) -> dict[str, Any] | None:
-        return await self._resources.objects().fetch(api_version, kind, namespace, name)
+        try:
+            return await self._resources.objects().fetch(api_version, kind, namespace, name)
+        except Exception as exc:
+            # An outage is waited out: a claim checked against an API server that does not
+            # answer is neither believed nor refused, and never dead-lettered for it.
+            waited = _waited_out(exc, f"read {kind} {namespace}/{name}")
+            if waited is None:
+                raise
+            raise waited from exc
 
     async def list_items(
         self,
@@ -69,18 +77,24 @@ class _ReferencedObjects:
                 kind, namespace, label_selector=label_selector, request_timeout=request_timeout
             )
         except Exception as exc:
-            failure = api_failure(exc)
-            status = None if failure is None else failure.status
-            if failure is not None and (
-                status is None or status in TRANSIENT_STATUSES or status >= 500
-            ):
-                delay = failure.retry_after or DEFAULT_RETRY_DELAY
-                raise RetryLater(
-                    f"cannot list {kind.kind} {label_selector} in {namespace!r} yet: "
-                    f"{failure.message}",
-                    delay,
-                ) from exc
-            raise
+            waited = _waited_out(exc, f"list {kind.kind} {label_selector} in {namespace!r}")
+            if waited is None:
+                raise
+            raise waited from exc
+
+
+def _waited_out(exc: Exception, what: str) -> RetryLater | None:
+    """The `RetryLater` a transient API failure (no response, 408, 429, 5xx) is delivered
+    again for; None for anything else, which the caller re-raises as it is."""
+    failure = api_failure(exc)
+    if failure is None:
+        return None
+    status = failure.status
+    if status is not None and status not in TRANSIENT_STATUSES and status < 500:
+        return None
+    return RetryLater(
+        f"cannot {what} yet: {failure.message}", failure.retry_after or DEFAULT_RETRY_DELAY
+    )
 
 
 class _Repositories:
