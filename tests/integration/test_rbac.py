@@ -5,13 +5,15 @@ SubjectAccessReviews. Delete rights exist only in the namespaces an overlay list
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
 
 from tests.conftest import KubeStack
-from tests.infra_package import kubectl, rendered
+from tests.infra_package import kubectl, rendered, rendered_with_components
 
 pytestmark = [pytest.mark.kube]
 
@@ -37,7 +39,11 @@ RUN_KINDS = [
 
 
 def apply_rbac(kube: KubeStack, overlay: str) -> None:
-    docs = [d for d in rendered(overlay) if d["kind"] in RBAC_KINDS]
+    apply_rbac_of(kube, rendered(overlay))
+
+
+def apply_rbac_of(kube: KubeStack, rendered_docs: list[dict[str, Any]]) -> None:
+    docs = [d for d in rendered_docs if d["kind"] in RBAC_KINDS]
     for namespace in {d["metadata"].get("namespace") for d in docs} - {None}:
         kube.namespace(namespace)
     out = subprocess.run(
@@ -146,6 +152,8 @@ def test_lapse_up_watches_everywhere_and_deletes_only_where_listed(kube: KubeSta
     apply_rbac(kube, "single-process")  # cleans default
     workflows = ("argoproj.io", "workflows")
     assert may(kube, "lapse", "watch", workflows, None)  # its one cluster-wide watch
+    # Its artifact-reaper lists Workflows cluster-wide before deleting (what live runs record).
+    assert may(kube, "lapse", "list", workflows, None)
     assert may(kube, "lapse", "list", ("batch", "jobs"), None)
     assert may(kube, "lapse", "delete", workflows, "default")
     for namespace in ("kube-system", "lapse-system", None):
@@ -190,3 +198,37 @@ def test_on_knative_the_policy_watcher_writes_only_status_and_the_functions_only
     # Nobody else of the Knative path reads them.
     for other in ("lapse-row-reaper", "lapse-bridge", "lapse-dlq-sink", "lapse-streams"):
         assert not may(kube, other, "list", POLICIES, None), other
+
+
+WORKFLOWS = ("argoproj.io", "workflows")
+
+
+def test_the_artifact_reaper_lists_workflows_everywhere_and_does_nothing_else(
+    kube: KubeStack, tmp_path: Path
+) -> None:
+    """infra/components/artifacts: before a pass deletes anything the artifact-reaper lists
+    the Argo Workflows of every namespace, in pages (lapse/edges/artifacts/live.py), so the
+    keys a run still in the API server records are kept. That list is its one right on
+    runs: it reads no single run, watches nothing, writes nothing, reads no Secret."""
+    docs = rendered_with_components("dev", ["artifacts"], tmp_path)
+    (account,) = [
+        d
+        for d in docs
+        if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "lapse-artifact-reaper"
+    ]
+    # The list needs an API token in its pods (the in-cluster client reads the mounted one).
+    assert account.get("automountServiceAccountToken", True) is True
+    apply_rbac_of(kube, docs)
+    reaper = "lapse-artifact-reaper"
+    for namespace in (None, "default", "kube-system", "lapse-system", "team-x"):
+        assert may(kube, reaper, "list", WORKFLOWS, namespace), namespace
+        for verb in ("get", "watch", "create", "update", "patch", "delete", "deletecollection"):
+            assert not may(kube, reaper, verb, WORKFLOWS, namespace), (verb, namespace)
+        for kind in RUN_KINDS[1:]:  # only Argo's kinds record artifact keys
+            assert not may(kube, reaper, "list", kind, namespace), (kind, namespace)
+        for kind in (("", "secrets"), ("", "configmaps"), ("", "pods")):
+            for verb in ("get", "list", "watch"):
+                assert not may(kube, reaper, verb, kind, namespace), (verb, kind, namespace)
+        assert not may(kube, reaper, "create", EVENTS, namespace), namespace
+    assert not may(kube, reaper, "list", POLICIES, None)
+    assert may(kube, reaper, "create", ("authentication.k8s.io", "tokenreviews"), None)
