@@ -60,8 +60,9 @@ DUE_WITHIN = 9.0
 # call begun at a deadline inside it (black-holed: it hears nothing) gives up only at its
 # own timeout (the row store's and obstore's 60 s; obstore's retry_timeout is the same
 # 60 s, so it does not retry past it), and its first retry after the back-off (1 s) must
-# meet the outage too. By then the back-off has grown to 32 s (1+2+4+8+16+32 = 63 s of
-# refused tries), and a refused connect is an immediate error (connect timeout 3 s).
+# meet the outage too. Refused, a connect fails at once (connect timeout 3 s) and the
+# tries back off 1, 2, 4 ... 32 s (63 s in all), so the window also sees the back-off
+# reach its 60 s cap (lapse/runtime/outages.py): the drain after it is the cap's.
 # LAG: a due event reaches its reaper up to ~4 s late on a busy 2-core machine (measured),
 # and `lapse status` takes a few seconds to say so.
 LAG = 8.0
