@@ -163,7 +163,8 @@ async def _artifact_reaper(resources: Resources) -> Handler | None:
 def _live_runs(resources: Resources) -> KubeLiveRuns | None:
     """What live runs record is kept: read from the API server when something is deleted.
     Without Kubernetes access (a deployment that withholds the reaper's API token or its
-    `list` on Workflows: docs/deploy.md, "Artifacts in object storage") only the captured runs' keys are kept, and start-up says so."""
+    `list` on Workflows: docs/deploy.md, "Artifacts in object storage") only the captured
+    runs' keys are kept, and start-up says so."""
     kinds = resources.config.kinds
     if not recording_kinds(kinds):
         return None
