@@ -17,7 +17,7 @@ from typing import Final
 from sqlalchemy import Select, and_, delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from lapse.demo.kfp import resource_references, run_details, run_metrics, tasks
+from tests.kfp_schema import resource_references, run_details, run_metrics, tasks
 
 # storage/run_store.go: terminalRunStateStrings, nonArchivedStorageStateStrings,
 # archivedStorageStateStrings (model/run.go values).

@@ -28,7 +28,8 @@ BUILD_SCRIPT = REPO / "scripts" / "build-observability.sh"
 COLLECTOR_CONFIG = REPO / "infra" / "otel" / "collector.yaml"
 # The one source of lapse's alert rules; its `spec` is the plain rules file Prometheus loads.
 PROMETHEUS_RULE = REPO / "infra" / "otel" / "prometheusrule.yaml"
-ALERT_TESTS = REPO / "infra" / "otel" / "alerts_test.yaml"
+# Its promtool unit tests: a test fixture, so under tests/ (not infra/, which the wheel ships).
+ALERT_TESTS = REPO / "tests" / "alerts" / "alerts_test.yaml"
 
 
 def alert_rules(folder: Path) -> Path:

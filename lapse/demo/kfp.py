@@ -5,7 +5,9 @@ backend/src/apiserver/model (run.go, task.go, resource_reference.go, pipeline_sp
 runtime_config.go) with KFP's gorm settings: strings without a size become VARCHAR(255) on
 MySQL (DefaultStringSize) and TEXT on PostgreSQL; LargeText is LONGTEXT on MySQL and TEXT on
 PostgreSQL. So lapse's built-in `kfp` target reflects and deletes them exactly as in a real
-installation; the tests create the same tables on MySQL and PostgreSQL. SQLite leaves
+installation. The demo's own copy: the tests keep theirs (tests/kfp_schema.py, their account
+of KFP, which they create on MySQL and PostgreSQL) and tests/e2e/test_demo.py checks that
+this one still matches it. SQLite leaves
 foreign keys unenforced unless each connection asks: nothing relies on the cascades,
 because lapse deletes the children itself.
 """

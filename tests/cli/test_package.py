@@ -28,6 +28,19 @@ NEIGHBOUR_PIN = ("argcomplete", "3.6.3")
 NAMESAKES = (("events", "0.5"), ("functions", "0.7.0"))
 
 
+def scaffolding_in(names: set[str]) -> list[str]:
+    """What in a wheel is there for the tests, not the product: unit-test fixtures
+    (promtool's `*_test.yaml`, pytest's conftest), test modules and tests/ folders."""
+    return sorted(
+        name
+        for name in names
+        if (file := name.rsplit("/", 1)[-1]).endswith(("_test.yaml", "_test.yml"))
+        or file in ("conftest.py", "conftest")
+        or (file.startswith("test_") and file.endswith(".py"))
+        or "tests" in name.split("/")[:-1]
+    )
+
+
 def run(*args: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
     if env is None:
         # A PYTHONPATH naming a checkout (as the tests may run) would show its lapse and its
@@ -109,6 +122,8 @@ def test_wheel_installs_beside_a_neighbour_pin_and_namesakes_and_runs(tmp_path: 
     # One top-level import package: nothing lands beside other projects' packages.
     assert {n.split("/")[0] for n in names} == {"lapse", f"lapse-{version}.dist-info"}
     assert not any("/function/" in n or "/vendor/" in n for n in names)  # Knative folders' own
+    # The product only: test fixtures stay in the tree (tests/), not in what users install.
+    assert scaffolding_in(names) == []
 
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv)

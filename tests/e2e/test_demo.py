@@ -10,6 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy.schema import CreateIndex, CreateTable, MetaData
+
+# The one test module that imports the demo (pyproject's import contract on tests/): the
+# demo keeps its own copy of KFP's tables, held here to the tests' account of KFP.
+from lapse.demo import kfp as demo_kfp
+from tests import kfp_schema
 
 pytestmark = [pytest.mark.kube, pytest.mark.nats]
 
@@ -72,3 +79,26 @@ def test_demo_deletes_what_it_should_and_keeps_what_it_should(tmp_path: Path) ->
     # Progress went to stderr, one line per step, so stdout stayed pure JSON.
     assert re.search(r"deleted +rows +kfp-01 ", result.stderr), result.stderr
     assert re.search(r"kept +object +keep-06 ", result.stderr), result.stderr
+
+
+def ddl(metadata: MetaData, table: str, dialect: Dialect) -> list[str]:
+    """The CREATE TABLE and CREATE INDEX statements of `table` as `dialect` runs them."""
+    source = metadata.tables[table]
+    statements = [str(CreateTable(source).compile(dialect=dialect))]
+    statements += sorted(
+        str(CreateIndex(index).compile(dialect=dialect)) for index in source.indexes
+    )
+    return statements
+
+
+def test_the_demo_makes_kfp_tables_as_the_tests_know_kfp() -> None:
+    # The demo's SQLite file is what a newcomer sees of KFP: the same tables, keys and
+    # per-database types as the tests' account (tests/kfp_schema.py), on every dialect.
+    assert demo_kfp.KFP_TABLES == kfp_schema.KFP_TABLES
+    assert set(demo_kfp.metadata.tables) == set(kfp_schema.KFP_TABLES)
+    for name in ("sqlite", "postgresql", "mysql"):
+        dialect = make_url(f"{name}://").get_dialect()()
+        for table in demo_kfp.KFP_TABLES:
+            assert ddl(demo_kfp.metadata, table, dialect) == ddl(
+                kfp_schema.metadata, table, dialect
+            ), f"{table} on {dialect.name}"

@@ -1,5 +1,5 @@
 """lapse's alert rules through the real promtool: they parse, and each fires (and stays
-quiet) as its unit tests in infra/otel/alerts_test.yaml say. The rules are the
+quiet) as its unit tests in tests/alerts/alerts_test.yaml say. The rules are the
 PrometheusRule's spec (infra/otel/prometheusrule.yaml, their one source), written out as the
 plain rules file a Prometheus without the Operator loads."""
 

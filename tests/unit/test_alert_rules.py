@@ -1,5 +1,5 @@
 """infra/otel/: the alert rules have one source, the PrometheusRule (no second copy to drift),
-and every rule has a unit test in alerts_test.yaml (run by promtool in
+and every rule has a unit test in tests/alerts/alerts_test.yaml (run by promtool in
 tests/integration/test_alert_rules.py on the PrometheusRule's spec)."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from typing import Any
 import yaml
 
 from lapse import infra
+from tests.observability import ALERT_TESTS
 
 OPERATOR: dict[str, Any] = yaml.safe_load(infra.read_text("otel/prometheusrule.yaml"))
 RULES: dict[str, Any] = OPERATOR["spec"]
-UNIT_TESTS: dict[str, Any] = yaml.safe_load(infra.read_text("otel/alerts_test.yaml"))
+UNIT_TESTS: dict[str, Any] = yaml.safe_load(ALERT_TESTS.read_text())
 
 
 def alert_names(groups: list[dict[str, Any]]) -> list[str]:
