@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from lapse.events.observed import observed_headers
+from lapse.events.observed import observed_mark
 from lapse.functions.trust import Trust
 from lapse.runtime.trust import Delivery, Source, trust_of_message
 
 SOURCE = Source(stream="LAPSE_SCHED", consumer="lapse-object-reaper-due")
-MARK = observed_headers(True)
+MARK = observed_mark()
 
 
 def test_lapses_own_first_delivery_with_the_mark_is_observed() -> None:
