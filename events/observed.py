@@ -34,9 +34,10 @@ def header_says_observed(headers: Mapping[str, str] | None) -> bool:
     return (headers or {}).get(OBSERVED_HEADER) == API_SERVER
 
 
-def observed_headers(observed: bool) -> dict[str, str]:
-    """The header to publish with a message that describes a version lapse read itself."""
-    return {OBSERVED_HEADER: API_SERVER} if observed else {}
+def observed_mark() -> dict[str, str]:
+    """The header to publish with a message that describes a version lapse read itself
+    (which messages do is the writer's `Provenance`: lapse/edges/publishing.py)."""
+    return {OBSERVED_HEADER: API_SERVER}
 
 
 def unclaimed(event: BaseCloudEvent) -> BaseCloudEvent:

@@ -18,7 +18,7 @@ from lapse.events.kinds import KindSpec
 from lapse.events.models import CleanupDue
 from lapse.events.run import Target
 from lapse.functions.errors import FunctionError
-from lapse.functions.trust import Trust
+from lapse.functions.trust import Provenance, Trust
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,11 @@ class ScheduleStore(Protocol):
         deadline: datetime,
         due_event: BaseCloudEvent,
         *,
-        observed: bool = False,
+        provenance: Provenance,
     ) -> None:
-        """`observed`: the version `due_event` carries is one lapse read from the API server
-        itself; the due message then says so to the runtime that delivers it."""
+        """`provenance`: whether the version `due_event` carries is one lapse read from the
+        API server itself; the due message then says so to the runtime that delivers it
+        (functions/trust.py). Every caller states it: there is no default."""
         ...
 
     async def cancel(self, target: Target, uid: str) -> bool:

@@ -15,6 +15,7 @@ from lapse.events.builder import parse_payload
 from lapse.events.models import CleanupDue
 from lapse.events.run import Target
 from lapse.functions.ports import PendingSchedule
+from lapse.functions.trust import Provenance
 
 
 class FakeSchedules:
@@ -43,7 +44,7 @@ class FakeSchedules:
         deadline: datetime,
         due_event: BaseCloudEvent,
         *,
-        observed: bool = False,
+        provenance: Provenance,
     ) -> None:
         payload = parse_payload(due_event, CleanupDue)
         self.puts.append((target, uid, deadline, payload))

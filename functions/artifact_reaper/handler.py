@@ -86,7 +86,7 @@ from lapse.functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
 from lapse.functions.ratelimit import Brake, RateLimit, local_limits
 from lapse.functions.safety import SafetyConfig
 from lapse.functions.tracing import creation_context
-from lapse.functions.trust import Trust
+from lapse.functions.trust import Provenance, Trust
 
 SOURCE: Final = "/lapse/artifact-reaper"
 STAGE: Final = "artifact-reaper"
@@ -422,7 +422,10 @@ class ArtifactReaper:
         """The stored run's due event again, delivered at `fire_at` (its deadline stays)."""
         moved = due.model_copy(update={"scheduled_at": self.clock()})
         event = build_event(EventType.CLEANUP_DUE, source=SOURCE, data=moved, **creation_context())
-        await self.schedules.put(Target.ARTIFACTS, due.run.uid, fire_at, event)
+        # The artifacts are proved from the stored capture, not from what this carries.
+        await self.schedules.put(
+            Target.ARTIFACTS, due.run.uid, fire_at, event, provenance=Provenance.CLAIMED
+        )
 
 
 def _with_shared(tally: Tally, guarding: Sequence[Protection]) -> Tally:

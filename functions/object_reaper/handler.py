@@ -72,7 +72,7 @@ from lapse.functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
 from lapse.functions.ratelimit import Brake, RateLimit, local_limits
 from lapse.functions.safety import SafetyConfig
 from lapse.functions.tracing import creation_context
-from lapse.functions.trust import Trust
+from lapse.functions.trust import Provenance, Trust
 
 SOURCE: Final = "/lapse/object-reaper"
 STAGE: Final = "object-reaper"
@@ -114,10 +114,10 @@ class _Read:
 @dataclass(frozen=True, slots=True)
 class _Admit:
     """4. Ask the brake and the rate limit before deleting what `verdict` judged.
-    `observed`: that version is one lapse read (a rescheduled due event says so)."""
+    `provenance`: whether that version is one lapse read (a rescheduled due event says so)."""
 
     verdict: Delete
-    observed: bool
+    provenance: Provenance
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,18 +263,22 @@ class ObjectReaper:
                     #    lapse read, or read_before_delete is off): deletable now, or read.
                     planned = self._as_planned(due, kind)
                     # Lapse's own read, unless read_before_delete is off for a claim.
-                    observed = self.safety.read_before_delete == "auto"
-                    state = _Read() if planned is None else _Admit(planned, observed)
+                    provenance = (
+                        Provenance.READ_BY_LAPSE
+                        if self.safety.read_before_delete == "auto"
+                        else Provenance.CLAIMED
+                    )
+                    state = _Read() if planned is None else _Admit(planned, provenance)
                 case _Read():
                     # 2. A fresh read (and the children the kind's gates look at), and
                     # 3. the pure verdict on the object as it is now (verdict.py).
                     verdict = await self._read_and_classify(due, kind)
                     if not isinstance(verdict, Delete) or verdict.dry_run:
                         return verdict
-                    state = _Admit(verdict, observed=True)
-                case _Admit(verdict=verdict, observed=observed):
+                    state = _Admit(verdict, Provenance.READ_BY_LAPSE)
+                case _Admit(verdict=verdict, provenance=provenance):
                     # 4. The mass-deletion brake, then the rate limit: once per due event.
-                    held = await self._admit(verdict, observed)
+                    held = await self._admit(verdict, provenance)
                     if held is not None:
                         return held
                     state = _Remove(verdict, conflicts=0)
@@ -377,9 +381,10 @@ class ObjectReaper:
             raise exc  # not an API failure: a bug, let the runtime see it
         return judge_failure(failure, verb, run, kind)
 
-    async def _admit(self, verdict: Delete, observed: bool) -> _Held | None:
+    async def _admit(self, verdict: Delete, provenance: Provenance) -> _Held | None:
         """Brake, then rate limit. None: go ahead; otherwise the events of holding back.
-        `observed`: the verdict's version is one lapse read (kept on a rescheduled event)."""
+        `provenance`: whether the verdict's version is one lapse read (kept on a rescheduled
+        event)."""
         now = self.clock()
         assert self.brake is not None and self.rate_limit is not None  # set in __post_init__
         brake = await self.brake.admit(now.timestamp())
@@ -401,7 +406,7 @@ class ObjectReaper:
                     )
                 )
             await self._put(
-                verdict.run, verdict.deadline, verdict.policy, fire_at=until, observed=observed
+                verdict.run, verdict.deadline, verdict.policy, fire_at=until, provenance=provenance
             )
             detail = f"mass-deletion brake engaged: rescheduled for {until.isoformat()}"
             produced.append(
@@ -446,10 +451,15 @@ class ObjectReaper:
             case Kept(run=run, reason=reason):
                 return [self._outcomes.completed(run, Outcome.KEPT, due.deadline, reason)]
             case Reschedule(run=run, deadline=deadline, policy=policy, reason=reason):
-                await self._put(run, deadline, policy, fire_at=deadline)
+                # Every verdict but a planned Delete is judged on a fresh GET.
+                await self._put(
+                    run, deadline, policy, fire_at=deadline, provenance=Provenance.READ_BY_LAPSE
+                )
                 return [self._outcomes.completed(run, Outcome.RESCHEDULED, due.deadline, reason)]
             case Wait(run=run, deadline=deadline, policy=policy, retry_at=retry_at):
-                await self._put(run, deadline, policy, fire_at=retry_at)
+                await self._put(
+                    run, deadline, policy, fire_at=retry_at, provenance=Provenance.READ_BY_LAPSE
+                )
                 return [
                     self._outcomes.completed(run, Outcome.RESCHEDULED, deadline, verdict.reason)
                 ]
@@ -475,10 +485,11 @@ class ObjectReaper:
         policy: str,
         *,
         fire_at: datetime,
-        observed: bool = True,
+        provenance: Provenance,
     ) -> None:
-        """A new due event for `deadline`, delivered at `fire_at`. `observed`: `run` is a
-        version lapse read (a fresh GET: every verdict but a planned Delete)."""
+        """A new due event for `deadline`, delivered at `fire_at`. `provenance`: whether `run`
+        is a version lapse read (a fresh GET: every verdict but a planned Delete, which is
+        one only when the due event it came in was `OBSERVED`)."""
         pending = await self.schedules.get(Target.KUBERNETES, run.uid)
         if pending is not None and pending.deadline == fire_at:
             return  # the planner (or an earlier delivery of this event) already did it
@@ -490,7 +501,7 @@ class ObjectReaper:
             scheduled_at=self.clock(),
         )
         event = build_event(EventType.CLEANUP_DUE, source=SOURCE, data=due, **creation_context())
-        await self.schedules.put(Target.KUBERNETES, run.uid, fire_at, event, observed=observed)
+        await self.schedules.put(Target.KUBERNETES, run.uid, fire_at, event, provenance=provenance)
 
     async def _record_deletion(self, done: Delete, completed: BaseCloudEvent) -> None:
         if self.recorder is None:

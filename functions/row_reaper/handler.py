@@ -83,7 +83,7 @@ from lapse.functions.row_reaper.verdict import (
 )
 from lapse.functions.safety import SafetyConfig
 from lapse.functions.tracing import creation_context
-from lapse.functions.trust import Trust
+from lapse.functions.trust import Provenance, Trust
 
 SOURCE: Final = "/lapse/row-reaper"
 STAGE: Final = "row-reaper"
@@ -457,7 +457,10 @@ class RowReaper:
         """A new due event for `deadline`, delivered at `fire_at`, for the stored run."""
         moved = due.model_copy(update={"deadline": deadline, "scheduled_at": self.clock()})
         event = build_event(EventType.CLEANUP_DUE, source=SOURCE, data=moved, **creation_context())
-        await self.schedules.put(Target.DATABASE, due.run.uid, fire_at, event)
+        # The rows are proved from the stored schedule and the database, not from this.
+        await self.schedules.put(
+            Target.DATABASE, due.run.uid, fire_at, event, provenance=Provenance.CLAIMED
+        )
 
 
 def describe(counted: Counted, skipped: Mapping[str, str], *, dry_run: bool = False) -> str:

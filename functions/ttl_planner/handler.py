@@ -78,7 +78,7 @@ from lapse.functions.tracing import (
     creation_context,
     step_span,
 )
-from lapse.functions.trust import Trust
+from lapse.functions.trust import Provenance, Trust
 from lapse.functions.ttl_planner.artifacts import ArtifactPlanning
 from lapse.functions.ttl_planner.claims import Refusal, judge_deletion, where_to_read
 
@@ -146,7 +146,7 @@ class Planner:
                 )
             produced = [
                 await self._apply(
-                    run, d, keep_pending=first_seen, observed=change.observed, recorded=recorded
+                    run, d, keep_pending=first_seen, provenance=change.provenance, recorded=recorded
                 )
                 for d in decisions.values()
             ]
@@ -199,7 +199,9 @@ class Planner:
                 own = decide(member, Target.KUBERNETES, self.policies, now)
                 decision = with_count(own, counted[member.uid], member.finished_at)
                 if decision.policy.startswith(f"{KEEP_LAST_SOURCE}:"):
-                    moved.append(await self._apply(member, decision, observed=True))
+                    moved.append(
+                        await self._apply(member, decision, provenance=Provenance.READ_BY_LAPSE)
+                    )
             return counted, moved, gone
 
     async def _gone(self, run: RunRef) -> bool:
@@ -230,12 +232,14 @@ class Planner:
             if claimed.deleted:
                 return await self._reference_deleted(claimed)
             fetched = await self._fetch(claimed)
-            return None if isinstance(fetched, Ignored) else _Change(fetched, observed=True)
+            return (
+                None if isinstance(fetched, Ignored) else _Change(fetched, Provenance.READ_BY_LAPSE)
+            )
         if isinstance(claimed, Ignored):
             return None
         if trust.observed:
             # A version lapse read itself (its watcher, reconcile): believed as it is.
-            return _Change(claimed, observed=True)
+            return _Change(claimed, Provenance.READ_BY_LAPSE)
         if isinstance(claimed, RunDeleted):
             return await self._confirm_deleted(claimed.run.uid, claimed.run)
         return await self._verify(claimed)
@@ -283,7 +287,7 @@ class Planner:
         refusal = judge_deletion(uid, read_at, claimed, obj)
         if refusal is not None:
             return _Refused(read_at, refusal.reason, _NOT_WITHDRAWN)
-        return _Change(RunDeleted(run=read_at), observed=False)
+        return _Change(RunDeleted(run=read_at), Provenance.CLAIMED)
 
     async def _verify(self, claim: RunFinished) -> _Change | _Refused | None:
         """A claim checked against the API server: what it says of the object now."""
@@ -306,7 +310,7 @@ class Planner:
             )
         fresh = adapt_object(obj, False, self.kinds)
         if isinstance(fresh, RunFinished):
-            return _Change(fresh, observed=True)
+            return _Change(fresh, Provenance.READ_BY_LAPSE)
         if isinstance(fresh, Ignored):
             return _Refused(run, f"the API server says {fresh.reason}")
         raise InvalidEvent(f"read {run.kind} {run.subject} is not a run object")
@@ -331,7 +335,7 @@ class Planner:
         decision: Decision,
         *,
         keep_pending: bool = False,
-        observed: bool = False,
+        provenance: Provenance,
         recorded: RunArtifacts | None = None,
     ) -> BaseCloudEvent | None:
         if decision.action is Action.CANCEL:
@@ -354,7 +358,7 @@ class Planner:
             decision.deadline,
             decision.policy,
             keep_pending=keep_pending,
-            observed=observed,
+            provenance=provenance,
             recorded=recorded,
         )
 
@@ -366,7 +370,7 @@ class Planner:
         policy: str,
         *,
         keep_pending: bool = False,
-        observed: bool = False,
+        provenance: Provenance,
         recorded: RunArtifacts | None = None,
     ) -> BaseCloudEvent | None:
         attributes = {**_run_attributes(run, target), DEADLINE: format_rfc3339(deadline)}
@@ -383,7 +387,7 @@ class Planner:
                 # Captured now: the object is gone by the time its artifacts are due. The
                 # capture is stored first, so a fired schedule always finds it.
                 await self.artifacts.capture(run, recorded, self.kinds)
-            await self.schedules.put(target, run.uid, deadline, event, observed=observed)
+            await self.schedules.put(target, run.uid, deadline, event, provenance=provenance)
             span.set_attribute(SCHEDULE_ACTION, "replaced" if pending is not None else "created")
             scheduled = CleanupScheduled(
                 run=run,
@@ -403,12 +407,14 @@ class Planner:
             cancelled = CleanupCancelled(run=run, target=target, reason=reason)
             return _event(EventType.CLEANUP_CANCELLED, cancelled)
 
-    async def apply(self, run: RunRef, decision: Decision) -> list[BaseCloudEvent]:
+    async def apply(
+        self, run: RunRef, decision: Decision, provenance: Provenance
+    ) -> list[BaseCloudEvent]:
         """Carry out one decision made by the caller, e.g. `lapse reconcile`'s database
         deadline for rows whose run object is gone (planning both targets would schedule
         the deletion of an object that no longer exists). Idempotent like `handle`."""
         try:
-            produced = await self._apply(run, decision)
+            produced = await self._apply(run, decision, provenance=provenance)
         except InvalidSubjectToken as exc:
             failed = CleanupFailed(run=run, target=decision.target, reason=exc.reason, stage=STAGE)
             produced = _event(EventType.CLEANUP_FAILED, failed)
@@ -417,11 +423,11 @@ class Planner:
 
 @dataclass(frozen=True, slots=True)
 class _Change:
-    """A run change to plan. `observed`: its version is one lapse read from the API server
-    (its schedules say so to the reaper)."""
+    """A run change to plan. `provenance`: whether its version is one lapse read from the API
+    server (its schedules say so to the reaper)."""
 
     payload: RunFinished | RunDeleted
-    observed: bool
+    provenance: Provenance
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,7 @@ from lapse.functions.policy_objects import (
     ref_of,
 )
 from lapse.functions.ports import PendingSchedule
+from lapse.functions.trust import Provenance
 from lapse.functions.ttl_planner import Planner
 from lapse.operations.reconcile import Options, Reconciler, RowCounts
 from lapse.operations.reconcile.planner import DiscardingEmitter
@@ -258,7 +259,7 @@ class _NoSchedules:
         deadline: datetime,
         due_event: BaseCloudEvent,
         *,
-        observed: bool = False,
+        provenance: Provenance,
     ) -> None:
         raise AssertionError("lapse plan writes no schedules")
 

@@ -17,9 +17,10 @@ from nats.js.errors import APIError
 
 from lapse.config import Streams
 from lapse.events.nats_binding import NatsMessage, to_nats
-from lapse.events.observed import API_SERVER, OBSERVED_HEADER, unclaimed
+from lapse.events.observed import observed_mark, unclaimed
 from lapse.events.subjects import audit_subject, dlq_subject, event_subject, relist_subject
 from lapse.events.types import EventType
+from lapse.functions.trust import Provenance
 from lapse.telemetry import HopContext, send_span
 
 
@@ -41,8 +42,9 @@ class NatsPublisher:
     """Puts lifecycle events on `lapse.events.<type>`; returns once JetStream has stored
     them, so a caller that got an answer can forget the event.
 
-    `observed`: the publisher is lapse's own watcher, whose events describe object versions
-    it read from the API server; they carry lapse's header saying so (events/observed.py).
+    `provenance`: `READ_BY_LAPSE` for lapse's own watcher, whose events describe object
+    versions it read from the API server; they carry lapse's header saying so
+    (events/observed.py). `CLAIMED` for the ingress.
     `relist`: the watcher's re-list lane, `lapse.events.relist.<type>` (same stream, its
     own consumer), so that what a re-list repeats never delays a live finish.
     The ingress publishes what it was sent and never says so: whatever mark the sender
@@ -53,13 +55,13 @@ class NatsPublisher:
         js: JetStreamContext,
         streams: Streams,
         *,
-        observed: bool = False,
+        provenance: Provenance,
         relist: bool = False,
     ) -> None:
         self._js = js
         self._stream = streams.events
         self._subject = relist_subject if relist else event_subject
-        self._headers = {OBSERVED_HEADER: API_SERVER} if observed else {}
+        self._headers = provenance_headers(provenance)
 
     async def publish(self, event: BaseCloudEvent) -> None:
         if not self._headers:
@@ -68,6 +70,15 @@ class NatsPublisher:
             event = unclaimed(event)
         subject = self._subject(event.get_type())
         await publish_event(self._js, subject, self._stream, event, self._headers)
+
+
+def provenance_headers(provenance: Provenance) -> dict[str, str]:
+    """The headers that say a message's `provenance` (lapse's mark, or none). Checked at
+    run time too: a bool here (the old `observed=True`) must fail, not pass for a claim or,
+    worse, for a read."""
+    if not isinstance(provenance, Provenance):
+        raise TypeError(f"provenance must be a Provenance, not {type(provenance).__name__}")
+    return observed_mark() if provenance is Provenance.READ_BY_LAPSE else {}
 
 
 # JetStream's answer when a message with the same Nats-Msg-Id is being stored right now

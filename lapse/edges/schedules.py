@@ -18,13 +18,12 @@ from nats.js.api import AckPolicy, ConsumerInfo, RawStreamMsg
 from nats.js.errors import NotFoundError
 
 from lapse.config import Streams
-from lapse.edges.publishing import encode
+from lapse.edges.publishing import encode, provenance_headers
 from lapse.edges.streams import due_message_ttl
 from lapse.events.builder import parse_payload
 from lapse.events.errors import InvalidEvent
 from lapse.events.models import CleanupDue
 from lapse.events.nats_binding import from_nats
-from lapse.events.observed import observed_headers
 from lapse.events.run import Target
 from lapse.events.subjects import (
     SCHEDULE_PREFIX,
@@ -34,6 +33,7 @@ from lapse.events.subjects import (
 )
 from lapse.events.timeutil import format_rfc3339, parse_rfc3339
 from lapse.functions.ports import PendingSchedule
+from lapse.functions.trust import Provenance
 from lapse.telemetry import send_span
 
 SCHEDULE_HEADER = "Nats-Schedule"
@@ -158,7 +158,7 @@ class NatsScheduleStore:
         deadline: datetime,
         due_event: BaseCloudEvent,
         *,
-        observed: bool = False,
+        provenance: Provenance,
     ) -> None:
         subject = schedule_subject(target, uid)
         with send_span(subject, due_event) as hop:
@@ -168,7 +168,7 @@ class NatsScheduleStore:
                 **schedule_headers(deadline, due_subject(target, uid)),
                 # Copied by the server onto the due message: the reaper may then judge the
                 # version this due event carries without reading it first.
-                **observed_headers(observed),
+                **provenance_headers(provenance),
             }
             # Nats-Msg-Id would make a later re-schedule with the same event id a duplicate;
             # replacement is what the subject roll-up is for, so the id is not sent here.

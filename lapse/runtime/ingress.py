@@ -55,6 +55,7 @@ from lapse.events.nats_binding import to_nats
 from lapse.events.original import capture_event, capture_message
 from lapse.events.types import EventType
 from lapse.functions.ratelimit import TokenBucket
+from lapse.functions.trust import Provenance
 from lapse.runtime.asgi import Receive, Scope, Send, posted_headers, respond
 from lapse.runtime.routing import Route, load_routes, pushed_types
 from lapse.telemetry import names, server_span
@@ -357,7 +358,8 @@ async def nats_ingress(
         )
     streams = config.nats.streams
     return Ingress(
-        NatsPublisher(js, streams).publish,
+        # What a sender says of itself is a claim: it is published unmarked.
+        NatsPublisher(js, streams, provenance=Provenance.CLAIMED).publish,
         max_body_bytes=limit,
         max_payload=server_limit,
         record=NatsEmitter(js, streams).emit,

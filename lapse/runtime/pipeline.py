@@ -36,6 +36,7 @@ from lapse.edges.watch_positions import WatchPositions
 from lapse.events.run import Target
 from lapse.events.subjects import SCHEDULE_PREFIX
 from lapse.functions.ports import Handler
+from lapse.functions.trust import Provenance
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.ingress import Ingress, nats_ingress
 from lapse.runtime.policy_watcher import PolicyWatcher
@@ -129,9 +130,11 @@ class Pipeline:
             draining = [supervisor.start("dispatcher", dispatcher.run)]
             streams = self.config.nats.streams
             if self._watch:
-                publish = NatsPublisher(js, streams, observed=True).publish
+                publish = NatsPublisher(js, streams, provenance=Provenance.READ_BY_LAPSE).publish
                 # A re-list's events go on their own lane (consumed beside the live one).
-                relist = NatsPublisher(js, streams, observed=True, relist=True).publish
+                relist = NatsPublisher(
+                    js, streams, provenance=Provenance.READ_BY_LAPSE, relist=True
+                ).publish
                 positions = WatchPositions(js, replicas=self.config.nats.replicas)
                 watchers = [
                     KindWatcher(
@@ -185,7 +188,9 @@ class Pipeline:
         """Start the policy watcher and wait until it has read the policy objects (an API
         server away meanwhile is waited out, said in the log and in `lapse status`)."""
         # Re-planned runs go on the re-list lane: a live finish never waits behind them.
-        publish = NatsPublisher(js, self.config.nats.streams, observed=True, relist=True)
+        publish = NatsPublisher(
+            js, self.config.nats.streams, provenance=Provenance.READ_BY_LAPSE, relist=True
+        )
         watcher = PolicyWatcher(
             resources.objects(),
             resources.policies(),

@@ -72,12 +72,12 @@ from lapse.events.models import RunFinished
 from lapse.events.types import EventType
 from lapse.functions.policy import Policy
 from lapse.functions.policy_objects import LAPSE_POLICY, PolicyBook, Verdict, effective
-from lapse.functions.trust import Trust
 from lapse.runtime import shutdown
 from lapse.runtime.outages import Backoff
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
 from lapse.runtime.supervisor import Retrying
+from lapse.runtime.trust import trust_of_own_read
 
 log = logging.getLogger(__name__)
 
@@ -482,7 +482,7 @@ async def serve(
 
         async def replan(event: BaseCloudEvent) -> None:
             # Read from the API server by this process: observed, as `lapse up`'s re-plans.
-            await planner.handle(event, Trust.OBSERVED)
+            await planner.handle(event, trust_of_own_read())
 
         watcher = PolicyWatcher(
             resources.objects(),

@@ -15,6 +15,9 @@
 - HTTP (the Knative function shell, the ingress): always `CLAIM`. Whatever a request says
   of itself, including a `ce-lapseobserved` attribute or a `Lapse-Observed` header, is
   content, not provenance.
+- In process (the policy watcher's re-plans, `lapse reconcile`'s pass over listed runs):
+  an event this process built from an object it has just read from the API server and
+  hands to a handler itself, with nothing in between, is `OBSERVED` (`trust_of_own_read`).
 """
 
 from __future__ import annotations
@@ -59,3 +62,9 @@ def trust_of_message(
 def trust_of_request() -> Trust:
     """The trust of anything that arrived over HTTP."""
     return Trust.CLAIM
+
+
+def trust_of_own_read() -> Trust:
+    """The trust of an event this process built from an object it read from the API server
+    and handed straight to a handler (no message, no request: nobody else could write it)."""
+    return Trust.OBSERVED

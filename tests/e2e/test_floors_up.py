@@ -29,6 +29,7 @@ from lapse.events.models import CleanupDue, RunFinished
 from lapse.events.run import Target
 from lapse.events.timeutil import format_rfc3339
 from lapse.events.types import EventType
+from lapse.functions.trust import Provenance
 from tests.conftest import KubeStack, kube_stack
 from tests.e2e.test_keep_last import drained
 from tests.e2e.test_lapse_up import LapseUp, lapse_json
@@ -161,7 +162,7 @@ async def test_a_count_never_deletes_before_the_admins_floor(
             policy=f"keep_last:lapsepolicy:{ns}/counting@1",
         )  # fmt: skip
         event = build_event(EventType.CLEANUP_DUE, source="/test", data=due)
-        await store.put(Target.KUBERNETES, counted_uid, now, event)
+        await store.put(Target.KUBERNETES, counted_uid, now, event, provenance=Provenance.CLAIMED)
 
         def outcomes() -> list[dict[str, Any]]:
             rows = lapse_json("history", "-n", ns, "--target", "kubernetes", config=config)

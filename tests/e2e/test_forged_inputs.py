@@ -85,6 +85,7 @@ from lapse.events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
 from lapse.events.subjects import due_subject, event_subject, schedule_subject
 from lapse.events.timeutil import format_rfc3339
 from lapse.events.types import EventType
+from lapse.functions.trust import Provenance
 from lapse.operations.dlq import Filter, dead_letters, replay
 from lapse.runtime.ingress import nats_ingress
 from lapse.runtime.knative import FunctionShell
@@ -247,7 +248,7 @@ async def plan_as_the_watcher(js: JetStreamContext, obj: dict[str, Any]) -> None
     finished = adapt_object(obj, False, DEFAULT_KINDS)
     assert isinstance(finished, RunFinished), finished
     event = build_event(EventType.RUN_FINISHED, source="/lapse/watcher", data=finished)
-    await NatsPublisher(js, STREAMS, observed=True).publish(event)
+    await NatsPublisher(js, STREAMS, provenance=Provenance.READ_BY_LAPSE).publish(event)
 
 
 @pytest.fixture(scope="module")
@@ -347,6 +348,7 @@ async def world(
                 uid,
                 deadline,
                 build_event(EventType.CLEANUP_DUE, source="/lapse/ttl-planner", data=due),
+                provenance=Provenance.CLAIMED,
             )
 
         stored: dict[tuple[Target, str], datetime] = {}

@@ -43,7 +43,7 @@ from lapse.embedded.nats_identities import (
 from lapse.events.builder import build_event
 from lapse.events.models import CleanupCompleted, CleanupDue
 from lapse.events.nats_binding import to_nats
-from lapse.events.observed import observed_headers
+from lapse.events.observed import observed_mark
 from lapse.events.run import Engine, RunRef, Target
 from lapse.events.types import EventType, Outcome
 from lapse.runtime.consumers import durable_name
@@ -116,7 +116,7 @@ def forged_due_with_ttl(obj: dict[str, Any], ttl: str) -> tuple[dict[str, str], 
         scheduled_at=past,
     )  # fmt: skip
     message = to_nats(build_event(EventType.CLEANUP_DUE, source="/forged", data=due))
-    return {**message.headers, **observed_headers(True)}, message.body
+    return {**message.headers, **observed_mark()}, message.body
 
 
 def env_as(

@@ -30,6 +30,7 @@ from lapse.events.builder import build_event
 from lapse.events.models import RunFinished
 from lapse.events.subjects import SCHEDULE_PREFIX
 from lapse.events.types import EventType
+from lapse.functions.trust import Provenance
 from lapse.operations.audit import audit_events
 from lapse.runtime.pipeline import Pipeline
 from lapse.telemetry import names
@@ -172,7 +173,7 @@ async def test_one_workflow_is_one_connected_picture_and_the_metrics_are_true(
         uid = created["metadata"]["uid"]
         finished = adapt_workflow(created)
         assert isinstance(finished, RunFinished)
-        await NatsPublisher(js, STREAMS).publish(
+        await NatsPublisher(js, STREAMS, provenance=Provenance.CLAIMED).publish(
             build_event(EventType.RUN_FINISHED, source="/lapse/watcher", data=finished)
         )
 

@@ -26,7 +26,7 @@ from lapse.edges.publishing import NatsEmitter
 from lapse.events.builder import build_event
 from lapse.events.models import CleanupDue
 from lapse.events.nats_binding import to_nats
-from lapse.events.observed import observed_headers
+from lapse.events.observed import observed_mark
 from lapse.events.run import Engine, RunRef, Target
 from lapse.events.subjects import due_subject
 from lapse.events.types import EventType
@@ -97,7 +97,7 @@ async def test_a_due_event_from_a_consumer_not_lapses_is_a_claim_despite_its_hea
         await lapse_streams.publish(
             due_subject(Target.KUBERNETES, str(uuid.uuid4())),
             message.body,
-            headers={**message.headers, **observed_headers(True)},
+            headers={**message.headers, **observed_mark()},
         )
         # The forgery: the same mark, pushed into the dispatcher's inbox by another stream's
         # consumer while the dispatcher waits on a fetch.
@@ -114,7 +114,7 @@ async def test_a_due_event_from_a_consumer_not_lapses_is_a_claim_despite_its_hea
         await lapse_streams.publish(
             audit_subject,
             forged_message.body,
-            headers={**forged_message.headers, **observed_headers(True)},
+            headers={**forged_message.headers, **observed_mark()},
         )
 
         async def both() -> bool:

@@ -42,7 +42,7 @@ from lapse.events.subjects import due_subject
 from lapse.events.types import EventType, Outcome
 from lapse.functions.object_reaper import ObjectReaper
 from lapse.functions.safety import SafetyConfig
-from lapse.functions.trust import Trust
+from lapse.functions.trust import Provenance, Trust
 from lapse.functions.ttl_planner import Planner
 from lapse.operations.audit import audit_events
 from lapse.operations.dlq import Filter, dead_letters
@@ -395,6 +395,7 @@ async def test_a_due_message_in_hand_is_not_issued_again(
         uid,
         due.deadline,
         build_event(EventType.CLEANUP_DUE, source="/test", data=due),
+        provenance=Provenance.CLAIMED,
     )
     subject = due_subject(Target.KUBERNETES, uid)
 

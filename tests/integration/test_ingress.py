@@ -14,6 +14,7 @@ from lapse import telemetry
 from lapse.config import Streams
 from lapse.edges.publishing import NatsPublisher
 from lapse.events.nats_binding import from_nats, hop_trace_context
+from lapse.functions.trust import Provenance
 from lapse.runtime.ingress import Ingress
 
 STREAMS = Streams()
@@ -51,7 +52,7 @@ async def test_pushed_events_are_stored_or_refused_with_a_reason(
     lapse_streams: JetStreamContext,
 ) -> None:
     js = lapse_streams
-    app = Ingress(NatsPublisher(js, STREAMS).publish)
+    app = Ingress(NatsPublisher(js, STREAMS, provenance=Provenance.CLAIMED).publish)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://ingress"
     ) as http:
@@ -84,7 +85,7 @@ async def test_ingress_continues_the_senders_trace(lapse_streams: JetStreamConte
     try:
         sender_trace = uuid.uuid4().hex
         sender = f"00-{sender_trace}-{uuid.uuid4().hex[:16]}-01"
-        app = Ingress(NatsPublisher(lapse_streams, STREAMS).publish)
+        app = Ingress(NatsPublisher(lapse_streams, STREAMS, provenance=Provenance.CLAIMED).publish)
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://ingress"
         ) as http:

@@ -18,6 +18,7 @@ from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
 from lapse.events.nats_binding import from_nats
 from lapse.events.observed import OBSERVED_EXTENSION, OBSERVED_HEADER
+from lapse.functions.trust import Provenance
 from lapse.runtime.ingress import Ingress, nats_ingress
 from tests.integration.test_ingress import WORKFLOW, apiserver_update
 from tests.integration.test_ingress_refusals import _lapse, recorded, served, stored_events
@@ -117,7 +118,7 @@ async def test_a_type_no_handler_takes_is_422_and_recorded(
     they would wait for a consumer that does not exist."""
     js = lapse_streams
     app = Ingress(
-        NatsPublisher(js, STREAMS).publish,
+        NatsPublisher(js, STREAMS, provenance=Provenance.CLAIMED).publish,
         record=NatsEmitter(js, STREAMS).emit,
         accepted=frozenset({"dev.lapse.run.finished.v1"}),
     )

@@ -27,6 +27,7 @@ from lapse.edges.nats import max_payload
 from lapse.edges.publishing import NatsEmitter, NatsPublisher
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port, port_open
+from lapse.functions.trust import Provenance
 from lapse.operations.dlq import DeadLetter, Filter, dead_letters
 from lapse.runtime.ingress import Ingress, nats_ingress
 from lapse.telemetry.names import INGRESS_RECORDED, INGRESS_REJECTION, INGRESS_REJECTIONS
@@ -130,7 +131,7 @@ async def test_what_nats_refuses_for_size_is_413_not_503(
     js = lapse_streams
     server_limit = max_payload(js)
     assert server_limit is not None and server_limit >= 1024 * 1024
-    publisher = NatsPublisher(js, STREAMS)
+    publisher = NatsPublisher(js, STREAMS, provenance=Provenance.CLAIMED)
     emitter = NatsEmitter(js, STREAMS)
     # No known max_payload: the ingress learns it from NATS's refusal (MaxPayloadError).
     blind = Ingress(publisher.publish, max_body_bytes=4 * server_limit, record=emitter.emit)
@@ -188,7 +189,7 @@ async def test_a_flood_is_counted_but_recorded_at_the_configured_rate(
     js = lapse_streams
     now = [0.0]
     app = Ingress(
-        NatsPublisher(js, STREAMS).publish,
+        NatsPublisher(js, STREAMS, provenance=Provenance.CLAIMED).publish,
         record=NatsEmitter(js, STREAMS).emit,
         max_records_per_minute=3,
         clock=lambda: now[0],
@@ -284,7 +285,10 @@ async def test_a_stream_size_limit_is_413_too(lapse_streams: JetStreamContext) -
     info = await js.stream_info(STREAMS.events)
     info.config.max_msg_size = 4096
     await js.update_stream(info.config)
-    app = Ingress(NatsPublisher(js, STREAMS).publish, record=NatsEmitter(js, STREAMS).emit)
+    app = Ingress(
+        NatsPublisher(js, STREAMS, provenance=Provenance.CLAIMED).publish,
+        record=NatsEmitter(js, STREAMS).emit,
+    )
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://ingress"
     ) as http:

@@ -46,6 +46,7 @@ from lapse.events.builder import build_event, parse_payload
 from lapse.events.kinds import ARGO_WORKFLOW, KindSpec
 from lapse.events.models import CleanupCompleted, CleanupDue, CleanupFailed, RunFinished
 from lapse.events.nats_binding import from_nats
+from lapse.events.observed import API_SERVER, OBSERVED_HEADER
 from lapse.events.run import Target
 from lapse.events.schemas import load_schema
 from lapse.events.subjects import due_subject, schedule_subject
@@ -53,6 +54,7 @@ from lapse.events.types import EventType, Outcome
 from lapse.functions.object_reaper import SOURCE, ObjectAccess, ObjectReaper
 from lapse.functions.ports import RetryLater
 from lapse.functions.safety import SafetyConfig
+from lapse.functions.trust import Provenance, Trust
 from tests.conftest import KubeStack
 from tests.stack import wait_for
 from tests.unit.test_object_reaper_verdict import ARCHIVING, argo_workflow
@@ -434,6 +436,8 @@ async def test_extended_ttl_reschedules_at_the_later_deadline(kube: KubeStack, b
     new_due = parse_payload(from_nats(msg.headers, msg.data or b""), CleanupDue)
     assert new_due.deadline == finished_at + timedelta(hours=3)
     assert new_due.run.annotations["lapse.dev/ttl"] == "3h"
+    # Judged on the reaper's own GET: the schedule says lapse read that version.
+    assert (msg.headers or {}).get(OBSERVED_HEADER) == API_SERVER
 
 
 async def test_invalid_annotation_fails_and_deletes_nothing(kube: KubeStack, bus: Bus) -> None:
@@ -569,6 +573,47 @@ async def test_mass_deletion_brake_pauses_and_alerts_once(kube: KubeStack, bus: 
         assert pending is not None
         assert timedelta(seconds=50) < pending.deadline - datetime.now(UTC) <= timedelta(minutes=1)
     assert len(await bus.stored(STREAMS.dlq, "lapse.dlq.>")) == 1
+
+
+@pytest.mark.parametrize(
+    ("read_before_delete", "trust", "provenance"),
+    [
+        # A claim is read first: the held version is one the reaper's GET returned.
+        ("auto", Trust.CLAIM, Provenance.READ_BY_LAPSE),
+        # Judged as planned, and the due event was lapse's own read.
+        ("auto", Trust.OBSERVED, Provenance.READ_BY_LAPSE),
+        # Judged as planned only because reading is off: whatever the delivery, a claim.
+        (False, Trust.OBSERVED, Provenance.CLAIMED),
+    ],
+)
+async def test_a_held_deletion_is_rescheduled_with_what_lapse_knows_of_its_version(
+    kube: KubeStack,
+    bus: Bus,
+    read_before_delete: bool | str,
+    trust: Trust,
+    provenance: Provenance,
+) -> None:
+    """The brake's re-schedule says "lapse read this" (Lapse-Observed) only of a version
+    lapse read: a fresh GET, or a planned Delete whose due event was `OBSERVED` under
+    read_before_delete auto; never of a planned Delete that nothing read."""
+    ns = kube.namespace(f"reaper-held-{str(read_before_delete).lower()}-{trust.value}")
+    first, held = [await finished_workflow(kube, ns, f"held-{i}") for i in range(2)]
+    reap = reaper(
+        kube,
+        bus,
+        read_before_delete=read_before_delete,
+        mass_deletion_brake={"max_due": 1, "window": "1m"},
+    )
+    completed(await reap.handle(due_event(first), trust), Outcome.DELETED)
+    tripped = [parse_payload(e) for e in await reap.handle(due_event(held), trust)]
+    assert any(
+        isinstance(e, CleanupCompleted) and e.outcome is Outcome.RESCHEDULED for e in tripped
+    )
+    uid = held["metadata"]["uid"]
+    msg = await bus.js.get_last_msg(STREAMS.schedule, schedule_subject(Target.KUBERNETES, uid))
+    marked = (msg.headers or {}).get(OBSERVED_HEADER) == API_SERVER
+    assert marked is (provenance is Provenance.READ_BY_LAPSE)
+    assert await exists(kube, held)
 
 
 # --- step 6: what the DELETE can answer -------------------------------------------------

@@ -33,7 +33,7 @@ from lapse.events.run import Engine, RunRef, Target
 from lapse.events.subjects import due_subject, event_subject, schedule_subject
 from lapse.events.types import EventType
 from lapse.functions.ports import RetryLater
-from lapse.functions.trust import Trust
+from lapse.functions.trust import Provenance, Trust
 from lapse.functions.ttl_planner import Planner
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.routing import Route
@@ -107,8 +107,20 @@ async def test_only_lapses_own_header_marks_a_delivered_due_event(
     deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
     read, claimed, forged = (str(uuid.uuid4()) for _ in range(3))
     # A schedule the planner put for a version lapse read, and one for a claim.
-    await store.put(Target.KUBERNETES, read, deadline, due_event(read, deadline), observed=True)
-    await store.put(Target.KUBERNETES, claimed, deadline, due_event(claimed, deadline))
+    await store.put(
+        Target.KUBERNETES,
+        read,
+        deadline,
+        due_event(read, deadline),
+        provenance=Provenance.READ_BY_LAPSE,
+    )
+    await store.put(
+        Target.KUBERNETES,
+        claimed,
+        deadline,
+        due_event(claimed, deadline),
+        provenance=Provenance.CLAIMED,
+    )
     # A due message written with the attribute but without lapse's header.
     message = to_nats(claiming_the_mark(due_event(forged, deadline)))
     assert "ce-lapseobserved" in message.headers
@@ -151,13 +163,14 @@ async def test_the_planner_keeps_the_mark_on_the_schedule_and_the_watchers_publi
 
     # The watcher's publisher says so; the ingress's does not, whatever the event claims.
     subject = event_subject(EventType.RUN_FINISHED)
-    for observed in (True, False):
+    for provenance in Provenance:
         event = build_event(
             EventType.RUN_FINISHED, source="/test", data=RunFinished(run=run_ref(seen, finished))
         )
-        await NatsPublisher(js, STREAMS, observed=observed).publish(claiming_the_mark(event))
+        await NatsPublisher(js, STREAMS, provenance=provenance).publish(claiming_the_mark(event))
         headers = await last_headers(js, STREAMS.events, subject)
-        assert (headers.get(OBSERVED_HEADER) == "apiserver") is observed
+        marked = headers.get(OBSERVED_HEADER) == "apiserver"
+        assert marked is (provenance is Provenance.READ_BY_LAPSE)
 
 
 class FailsOnce:
@@ -182,7 +195,11 @@ async def test_a_redelivered_due_event_is_not_marked(lapse_streams: JetStreamCon
     uid = str(uuid.uuid4())
     deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
     await NatsScheduleStore(js, STREAMS).put(
-        Target.KUBERNETES, uid, deadline, due_event(uid, deadline), observed=True
+        Target.KUBERNETES,
+        uid,
+        deadline,
+        due_event(uid, deadline),
+        provenance=Provenance.READ_BY_LAPSE,
     )
     handler = FailsOnce()
     route = Route(

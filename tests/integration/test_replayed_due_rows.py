@@ -26,6 +26,7 @@ from lapse.edges.schedules import NatsScheduleStore
 from lapse.events.nats_binding import to_nats
 from lapse.events.run import Target
 from lapse.events.subjects import due_subject
+from lapse.functions.trust import Provenance
 from tests.integration.test_observed import due_event
 
 STREAMS = Streams()
@@ -38,7 +39,7 @@ async def test_a_due_message_replayed_over_a_later_pending_schedule_is_not_the_d
     for target in Target:
         uid = str(uuid.uuid4())
         later = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
-        await store.put(target, uid, later, due_event(uid, later))
+        await store.put(target, uid, later, due_event(uid, later), provenance=Provenance.CLAIMED)
         # The due event of an earlier deadline of the same run, published again.
         earlier = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
         replayed = to_nats(due_event(uid, earlier))

@@ -35,6 +35,7 @@ from lapse.events.types import EventType, Outcome
 from lapse.functions.row_reaper import RowStore
 from lapse.functions.row_reaper.ports import RunResult, RunRows
 from lapse.functions.row_reaper.targets import TargetSpec, kfp_target
+from lapse.functions.trust import Provenance
 from lapse.runtime.dispatcher import BatchHandler, Dispatcher, Subscription
 from lapse.telemetry.handling import instrumented
 from tests import kfp_schema as kfp
@@ -91,7 +92,11 @@ async def test_forged_due_events_sharing_a_fetch_with_the_real_one_are_never_cre
     # The victim's rows: lapse stored their schedule, an hour away.
     victim_due = due(victim_id, victim_uid, past + timedelta(hours=1), "victim")
     await NatsScheduleStore(js, STREAMS).put(
-        Target.DATABASE, victim_uid, datetime.now(UTC) + timedelta(hours=1), victim_due
+        Target.DATABASE,
+        victim_uid,
+        datetime.now(UTC) + timedelta(hours=1),
+        victim_due,
+        provenance=Provenance.CLAIMED,
     )
     # Forgeries naming the real run's KFP id, on due subjects as a publisher with NATS
     # credentials would put them: under the victim's uid (claiming it is due), under a uid

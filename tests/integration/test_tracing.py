@@ -51,7 +51,7 @@ from lapse.events.subjects import dlq_subject, schedule_subject
 from lapse.events.types import EventType, Outcome
 from lapse.functions import tracing
 from lapse.functions.ports import RetryLater
-from lapse.functions.trust import Trust
+from lapse.functions.trust import Provenance, Trust
 from lapse.functions.ttl_planner.function import new
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.outages import Backoff
@@ -158,7 +158,9 @@ async def schedule_due(js: JetStreamContext, run: RunRef, in_seconds: float) -> 
         event = build_event(
             EventType.CLEANUP_DUE, source="/test", data=due, **tracing.creation_context()
         )
-        await NatsScheduleStore(js, STREAMS).put(Target.KUBERNETES, run.uid, deadline, event)
+        await NatsScheduleStore(js, STREAMS).put(
+            Target.KUBERNETES, run.uid, deadline, event, provenance=Provenance.CLAIMED
+        )
     return decision.get_span_context()
 
 

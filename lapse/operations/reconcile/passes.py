@@ -28,7 +28,7 @@ from lapse.events.models import RunFinished
 from lapse.events.run import KFP_RUN_ID_LABEL, RunRef, Target
 from lapse.events.types import EventType
 from lapse.functions.policy import Action, Decision, Policy, decide
-from lapse.functions.trust import Trust
+from lapse.functions.trust import Provenance
 from lapse.functions.ttl_planner import Planner
 from lapse.operations.reconcile.counts import (
     NoProgress,
@@ -49,6 +49,7 @@ from lapse.operations.reconcile.kfp_rows import (
 )
 from lapse.operations.reconcile.planner import build_planner
 from lapse.runtime.resources import Resources
+from lapse.runtime.trust import trust_of_own_read
 
 SOURCE: Final = "/lapse/reconcile"
 log = logging.getLogger(__name__)
@@ -210,8 +211,8 @@ class Reconciler:
             return
         try:
             # Listed from the API server by this process: the planned version may be judged
-            # by the reaper without another read (functions/trust.py).
-            emitted = await self.planner.handle(self._event(obj, finished), Trust.OBSERVED)
+            # by the reaper without another read (lapse/runtime/trust.py).
+            emitted = await self.planner.handle(self._event(obj, finished), trust_of_own_read())
         except Exception as exc:  # NATS trouble: counted and reported, the rest goes on
             counts.errors += 1
             self.note(f"planning {finished.run.subject}: {one_line(exc)}")
@@ -286,7 +287,8 @@ class Reconciler:
 
     async def _schedule_rows(self, run: RunRef, decision: Decision, counts: RowCounts) -> None:
         try:
-            emitted = await self.planner.apply(run, decision)
+            # From the database's own records: no version lapse read from the API server.
+            emitted = await self.planner.apply(run, decision, Provenance.CLAIMED)
         except Exception as exc:  # NATS trouble: counted and reported, the rest goes on
             counts.errors += 1
             self.note(f"scheduling KFP run {run.uid}: {one_line(exc)}")

@@ -14,6 +14,7 @@ from lapse.edges.kubernetes.policies import policies_in_effect
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.events.run import Target
 from lapse.functions.ports import PendingSchedule, ScheduleStore
+from lapse.functions.trust import Provenance
 from lapse.functions.ttl_planner import Planner
 from lapse.operations.reconcile.counts import ReconcileError
 from lapse.runtime.resources import Resources
@@ -38,7 +39,7 @@ class ReadOnlySchedules:
         deadline: datetime,
         due_event: BaseCloudEvent,
         *,
-        observed: bool = False,
+        provenance: Provenance,
     ) -> None:
         pass
 
