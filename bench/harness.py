@@ -42,6 +42,7 @@ from lapse.embedded.nats import EmbeddedNats, nats_server_binary
 from lapse.events.builder import build_event
 from lapse.events.models import CleanupDue
 from lapse.events.run import Engine, RunRef, Target
+from lapse.functions.trust import Provenance
 from lapse.events.types import EventType
 
 LAPSE_CLI = [sys.executable, "-m", "lapse.cli"]
@@ -335,7 +336,12 @@ async def put_pending(nats_url: str, count: int) -> float:
             batch = min(PUTS_IN_FLIGHT, count - first)
             events = [_pending_due_event(deadline) for _ in range(batch)]
             await asyncio.gather(
-                *(store.put(Target.KUBERNETES, uid, deadline, event) for uid, event in events)
+                *(
+                    store.put(
+                        Target.KUBERNETES, uid, deadline, event, provenance=Provenance.CLAIMED
+                    )
+                    for uid, event in events
+                )
             )
         return count / max(time.monotonic() - started, 1e-6)
     finally:
