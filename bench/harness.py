@@ -42,8 +42,8 @@ from lapse.embedded.nats import EmbeddedNats, nats_server_binary
 from lapse.events.builder import build_event
 from lapse.events.models import CleanupDue
 from lapse.events.run import Engine, RunRef, Target
-from lapse.functions.trust import Provenance
 from lapse.events.types import EventType
+from lapse.functions.trust import Provenance
 
 LAPSE_CLI = [sys.executable, "-m", "lapse.cli"]
 BENCH_DIR = Path(__file__).resolve().parent
