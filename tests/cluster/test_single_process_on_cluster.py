@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from lapse.edges.schedules import schedule_headers
-from lapse.embedded.nats_identities import ADMIN, KUBERNETES, USERS_SECRET
+from lapse.embedded.nats_identities import ADMIN, KUBERNETES, USERS_SECRET, inbox_prefix
 from tests.cluster.conftest import REPO, Cluster, poll
 from tests.cluster.lapse_on_cluster import Deployment, kubectl_waiting
 from tests.infra_package import rendered
@@ -114,7 +114,9 @@ def nats_pod(cluster: Cluster, namespace: str) -> dict[str, Any]:
 
 
 async def _schedule(url: str, password: str, subject: str, body: bytes) -> int:
-    client = await nats.connect(url, user=ADMIN.user, password=password)
+    client = await nats.connect(
+        url, user=ADMIN.user, password=password, inbox_prefix=inbox_prefix(ADMIN.user)
+    )
     try:
         # A deadline a day away, with the headers the planner puts (lapse/edges/schedules.py).
         deadline = datetime.now(UTC) + timedelta(days=1)
@@ -129,7 +131,9 @@ async def _schedule(url: str, password: str, subject: str, body: bytes) -> int:
 
 
 async def _stored(url: str, password: str, subject: str) -> bytes | None:
-    client = await nats.connect(url, user=ADMIN.user, password=password)
+    client = await nats.connect(
+        url, user=ADMIN.user, password=password, inbox_prefix=inbox_prefix(ADMIN.user)
+    )
     try:
         msg = await client.jetstream().get_last_msg("LAPSE_SCHED", f"lapse.sched.{subject}")
         return bytes(msg.data or b"")
