@@ -45,7 +45,7 @@ from tests.stack import Database, scratch_database, wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.nats, pytest.mark.db]
 
-KUBERNETES_TTL, DATABASE_TTL, ARTIFACTS_TTL = 1, 8, 14
+KUBERNETES_TTL, DATABASE_TTL, ARTIFACTS_TTL = 1, 25, 35
 
 
 @pytest.fixture(scope="module")
