@@ -8,6 +8,7 @@ depends on how the configuration was read.
 from __future__ import annotations
 
 from datetime import timedelta
+from fnmatch import fnmatchcase
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -74,3 +75,14 @@ class SafetyConfig(_Settings):
     # Knative Broker). true: always GET first (2 requests). false: never GET first, trusting
     # whatever sent the run event (docs/architecture.md, "How a deletion is made safe").
     read_before_delete: Literal["auto"] | bool = "auto"
+
+
+def out_of_scope(namespace: str, scope: NamespaceFilter) -> str | None:
+    """Why lapse must not touch `namespace`, or None when it may: step 2 of every
+    reaper's sequence (functions/reaping/sequence.py), before anything is read."""
+    excluded = next((p for p in scope.exclude if fnmatchcase(namespace, p)), None)
+    if excluded is not None:
+        return f"namespace {namespace!r} is excluded by safety.namespaces.exclude {excluded!r}"
+    if not any(fnmatchcase(namespace, p) for p in scope.include):
+        return f"namespace {namespace!r} matches no safety.namespaces.include pattern"
+    return None

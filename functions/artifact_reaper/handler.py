@@ -80,11 +80,10 @@ from lapse.functions.artifact_reaper.verdict import (
     prove,
     shielded,
 )
-from lapse.functions.object_reaper.gates import out_of_scope
 from lapse.functions.outcomes import Outcomes
 from lapse.functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
 from lapse.functions.ratelimit import Brake, RateLimit, local_limits
-from lapse.functions.safety import SafetyConfig
+from lapse.functions.safety import SafetyConfig, out_of_scope
 from lapse.functions.tracing import creation_context
 from lapse.functions.trust import Provenance, Trust
 

@@ -1,8 +1,6 @@
 """Gates: conditions under which an expired object must not be deleted yet (or here).
 Each kind names the gates that apply to it (`KindSpec.gates`, events/kinds.py).
 
-- Scope: lapse only touches namespaces that `safety.namespaces` includes and does not
-  exclude (every kind).
 - Argo archiving: while `workflow-archiving-status` is `Pending` the archive row is not
   written yet; deleting the object then loses the run from the archive.
 - KFP: until the API server labels the Workflow `pipeline/persistedFinalState: "true"`,
@@ -25,14 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import Any, Final
 
 from lapse.events.adapters.objects import RUNNING, read_run
 from lapse.events.errors import InvalidEvent
 from lapse.events.kinds import TEKTON_TASKRUN, Gate, KindSpec
 from lapse.events.run import ARGO_ARCHIVING_LABEL, KFP_PERSISTED_LABEL, KFP_RUN_ID_LABEL, RunRef
-from lapse.functions.safety import NamespaceFilter, SafetyConfig
+from lapse.functions.safety import SafetyConfig
 
 TEKTON_PIPELINERUN_LABEL: Final = "tekton.dev/pipelineRun"
 RESULTS_PREFIX: Final = "results.tekton.dev/"
@@ -45,16 +42,6 @@ class Closed:
 
     gate: Gate
     reason: str
-
-
-def out_of_scope(namespace: str, scope: NamespaceFilter) -> str | None:
-    """Why lapse must not touch `namespace`, or None when it may."""
-    excluded = next((p for p in scope.exclude if fnmatchcase(namespace, p)), None)
-    if excluded is not None:
-        return f"namespace {namespace!r} is excluded by safety.namespaces.exclude {excluded!r}"
-    if not any(fnmatchcase(namespace, p) for p in scope.include):
-        return f"namespace {namespace!r} matches no safety.namespaces.include pattern"
-    return None
 
 
 def needs_children(kind: KindSpec) -> bool:

@@ -54,7 +54,6 @@ from lapse.events.original import capture_event
 from lapse.events.run import RunRef, Target
 from lapse.events.subjects import InvalidSubjectToken
 from lapse.events.types import EventType, Outcome
-from lapse.functions.object_reaper.gates import out_of_scope
 from lapse.functions.outcomes import Outcomes
 from lapse.functions.ports import Emitter, RetryLater, ScheduleStore, emit_all
 from lapse.functions.ratelimit import Brake, RateLimit, local_limits
@@ -81,7 +80,7 @@ from lapse.functions.row_reaper.verdict import (
     judge_facts,
     prove,
 )
-from lapse.functions.safety import SafetyConfig
+from lapse.functions.safety import SafetyConfig, out_of_scope
 from lapse.functions.tracing import creation_context
 from lapse.functions.trust import Provenance, Trust
 

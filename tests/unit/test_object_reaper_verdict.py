@@ -19,7 +19,7 @@ from lapse.events.adapters import adapt_workflow
 from lapse.events.kinds import ARGO_WORKFLOW, Gate
 from lapse.events.models import CleanupDue, RunFinished
 from lapse.events.run import Engine, RunRef, Target
-from lapse.functions.object_reaper.gates import closed_gate, out_of_scope
+from lapse.functions.object_reaper.gates import closed_gate
 from lapse.functions.object_reaper.verdict import (
     AlreadyGone,
     Delete,
@@ -32,7 +32,7 @@ from lapse.functions.object_reaper.verdict import (
     classify,
 )
 from lapse.functions.policy import Policy
-from lapse.functions.safety import NamespaceFilter, SafetyConfig
+from lapse.functions.safety import NamespaceFilter, SafetyConfig, out_of_scope
 
 NOW = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 TERMINAL = ("Succeeded", "Failed", "Error")
