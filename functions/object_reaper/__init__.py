@@ -3,12 +3,11 @@ PipelineRun or TaskRun, Job, TrainJob, or a declared one) when its Kubernetes de
 comes due, after re-checking everything that could make the deletion wrong."""
 
 from lapse.functions.object_reaper.handler import SOURCE, ObjectReaper
-from lapse.functions.object_reaper.ports import CallFailure, EventRecorder, ObjectAccess
+from lapse.functions.object_reaper.ports import EventRecorder, ObjectAccess
 from lapse.functions.object_reaper.verdict import Verdict, as_planned, classify
 
 __all__ = [
     "SOURCE",
-    "CallFailure",
     "EventRecorder",
     "ObjectAccess",
     "ObjectReaper",

@@ -1,9 +1,12 @@
 """What the object reaper needs from the Kubernetes API, as Protocols.
 
-`lapse.edges.kubernetes.KubeObjects` and `KubeEvents` satisfy them. Every call names the
-kind (`KindSpec`: group, version, resource), so one reaper serves every configured kind.
-The handler never sees the client library's exceptions: the edge translates them
-(`failure`) into a status and a message, so deciding what a failure means stays pure.
+`lapse.edges.kubernetes.reaping.ReapedObjects` and `lapse.edges.kubernetes.KubeEvents`
+satisfy them. Every call names the kind (`KindSpec`: group, version, resource), so one
+reaper serves every configured kind. The edge maps the client library's errors into the
+one failure hierarchy (functions/reaping/failures.py): a call raises `Unavailable` (no
+answer, 408, 429, 5xx), `Refused` (401, 403, anything the server will refuse again), and a
+DELETE `Gone` (404) or `Conflict` (409: a precondition failed); the reaper never sees the
+library's exceptions.
 """
 
 from __future__ import annotations
@@ -12,20 +15,6 @@ from typing import Any, Protocol
 
 from lapse.events.kinds import KindSpec
 from lapse.functions.ports import ObjectLister
-
-
-class CallFailure(Protocol):
-    """A failed API call. `status` is the HTTP status, None when no response came back
-    (connection refused, timeout, TLS failure)."""
-
-    @property
-    def status(self) -> int | None: ...
-
-    @property
-    def message(self) -> str: ...
-
-    @property
-    def retry_after(self) -> float | None: ...
 
 
 class ObjectAccess(ObjectLister, Protocol):
@@ -51,14 +40,10 @@ class ObjectAccess(ObjectLister, Protocol):
         """DELETE with uid (and resourceVersion) preconditions."""
         ...
 
-    def failure(self, exc: BaseException) -> CallFailure | None:
-        """What `exc` says about the call, or None if it is not an API/transport failure
-        (then it is a bug and propagates)."""
-        ...
-
 
 class EventRecorder(Protocol):
-    """Writes a Kubernetes Event about an object (`kubectl describe` / `get events`)."""
+    """Writes a Kubernetes Event about an object (`kubectl describe` / `get events`).
+    Best effort: it logs a failure and never raises."""
 
     async def record(
         self,

@@ -1,8 +1,9 @@
 """What to do when a Kubernetes deadline comes due: the pure decision.
 
-`classify(fresh, due, kind, policies, safety, now)` is step 3 of the safety sequence
+`classify(fresh, due, kind, policies, safety, now)` is step 4 of the reaping sequence
 (docs/architecture.md, "How a deletion is made safe"; the whole sequence reads top to
-bottom in `ObjectReaper._reap`), on the object as the API server returned it a moment ago:
+bottom in functions/reaping/sequence.py, this reaper's port in handler.py), on the
+object as the API server returned it a moment ago:
 
 identity   gone / being deleted                             -> AlreadyGone
            same name, another uid                           -> Replaced
@@ -19,8 +20,9 @@ otherwise                                                   -> Delete (dry_run f
 uid and resourceVersion preconditions without reading first, because the API server then
 refuses (409) unless the object is still exactly the version judged.
 
-`now` is the only clock. The namespace scope (step 1), the brake and rate limit, the
-DELETE itself and `Refused` for failed API calls belong to the I/O shell (handler.py).
+`now` is the only clock. The namespace scope, the brake and rate limit, the DELETE and
+the failures of API calls belong to the one reaping sequence (functions/reaping/) and
+the edge; `handler.py` is the port that connects them to this judgement.
 """
 
 from __future__ import annotations
@@ -105,14 +107,6 @@ class Invalid:
 
 
 @dataclass(frozen=True, slots=True)
-class Refused:
-    """An API call failed for good (RBAC, a request the server will never accept)."""
-
-    run: RunRef
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
 class Delete:
     run: RunRef
     # The fresh read's; the DELETE precondition makes the server refuse if it changed since.
@@ -122,9 +116,7 @@ class Delete:
     dry_run: bool
 
 
-Verdict: TypeAlias = (
-    AlreadyGone | Replaced | Kept | Reschedule | Wait | GaveUp | Invalid | Refused | Delete
-)
+Verdict: TypeAlias = AlreadyGone | Replaced | Kept | Reschedule | Wait | GaveUp | Invalid | Delete
 
 
 def classify(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Final
@@ -144,23 +144,31 @@ class Reaper:
 
         The one exit: every event it emits carries an id derived from the due event's, so a
         redelivery that ends the same way is dropped by the audit stream, never doubled."""
-        produced = await self.outcome_of(event, trust)
-        return await emit_all(self.emitter, [as_outcome_of(event, e) for e in produced])
+        end, produced = await self.outcome_of(event, trust)
+        emitted = await emit_all(self.emitter, [as_outcome_of(event, e) for e in produced])
+        if end is not None:
+            await self.concluded(end, emitted)
+        return emitted
 
-    async def outcome_of(self, event: BaseCloudEvent, trust: Trust) -> list[BaseCloudEvent]:
-        """The events one due event ends in (not emitted yet)."""
+    async def outcome_of(
+        self, event: BaseCloudEvent, trust: Trust
+    ) -> tuple[End | None, list[BaseCloudEvent]]:
+        """Where one due event ends (None: before the sequence) and the events that says."""
         try:
             claim = parse_payload(event, CleanupDue)
         except InvalidEvent as exc:
-            return [self.outcomes.failed(None, exc.reason, capture_event(event))]
+            return None, [self.outcomes.failed(None, exc.reason, capture_event(event))]
         if claim.target is not self.TARGET:
-            return []  # another target's deadline: a subscription without a target filter
+            return None, []  # another target's deadline: a subscription without a filter
         try:
             end = await reap(self.port(), claim, trust, self)
-            return await self.conclude(end, event)
+            return end, await self.conclude(end, event)
         except InvalidSubjectToken as exc:
             reason = f"cannot reschedule: {exc}"
-            return [self.outcomes.failed(claim.run, reason, capture_event(event))]
+            return None, [self.outcomes.failed(claim.run, reason, capture_event(event))]
+
+    async def concluded(self, end: End, emitted: Sequence[BaseCloudEvent]) -> None:
+        """After the outcome is emitted: what a target does besides (a Kubernetes Event)."""
 
     async def conclude(self, end: End, event: BaseCloudEvent) -> list[BaseCloudEvent]:
         """The outcome events of `end`, putting the schedule it asks for first."""

@@ -26,6 +26,7 @@ from lapse import telemetry
 from lapse.config import ConfigError
 from lapse.edges.kubernetes.client import api_failure
 from lapse.functions.ports import Emitter, RetryLater
+from lapse.functions.reaping.failures import transient
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,6 @@ def nats_unavailable(exc: BaseException) -> str | None:
 # reflectors do, it is waited out and shown, not a CrashLoopBackOff).
 FATAL_STATUSES = frozenset({401})
 FORBIDDEN = 403
-TRANSIENT_STATUSES = frozenset({408, 429})
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def fault_of(exc: BaseException) -> Fault:
             return Fault(f"API server refused lapse ({answered})", fatal=True)
         if status == FORBIDDEN:
             return Fault(f"API server forbids it, waiting for RBAC ({answered})")
-        if status in TRANSIENT_STATUSES or status >= 500:
+        if transient(status):
             return Fault(f"API server unavailable ({answered})", retry_after=failure.retry_after)
         return Fault(f"API server {answered}", unexpected=True)
     if isinstance(exc, TimeoutError):

@@ -23,14 +23,15 @@ from lapse.edges.artifacts import (
     recording_kinds,
 )
 from lapse.edges.kubernetes import KubeEvents, api_failure
+from lapse.edges.kubernetes.reaping import ReapedObjects
 from lapse.edges.limits import ARTIFACTS, OBJECTS, ROWS, NatsBrake, NatsRateLimit, limits_bucket
 from lapse.edges.rows import DatabaseUnavailable, SqlRowStore, open_row_store
 from lapse.events.kinds import KindSpec
 from lapse.functions.artifact_reaper import ArtifactReaper
 from lapse.functions.artifact_reaper.metadata import CaptureMetadata
 from lapse.functions.object_reaper import ObjectReaper
-from lapse.functions.object_reaper.failures import DEFAULT_RETRY_DELAY, TRANSIENT_STATUSES
 from lapse.functions.ports import Handler, RetryLater
+from lapse.functions.reaping.failures import Unavailable, retry_delay, transient
 from lapse.functions.row_reaper import RowReaper, targets_for
 from lapse.functions.ttl_planner import Planner
 from lapse.functions.ttl_planner.artifacts import ArtifactPlanning
@@ -89,12 +90,9 @@ def _waited_out(exc: Exception, what: str) -> RetryLater | None:
     failure = api_failure(exc)
     if failure is None:
         return None
-    status = failure.status
-    if status is not None and status not in TRANSIENT_STATUSES and status < 500:
+    if not transient(failure.status):
         return None
-    return RetryLater(
-        f"cannot {what} yet: {failure.message}", failure.retry_after or DEFAULT_RETRY_DELAY
-    )
+    return Unavailable(f"cannot {what} yet: {failure.message}", retry_delay(failure.retry_after))
 
 
 class _Repositories:
@@ -194,7 +192,7 @@ async def _object_reaper(resources: Resources) -> Handler:
     return ObjectReaper(
         rate_limit=rate_limit,
         brake=brake,
-        objects=resources.objects(),
+        objects=ReapedObjects(resources.objects()),
         schedules=await resources.schedules(),
         emitter=await resources.emitter(),
         policies=resources.policies(),

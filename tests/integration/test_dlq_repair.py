@@ -28,7 +28,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from lapse.config import NatsConfig, Streams
-from lapse.edges.kubernetes import ApiCallFailure, Workflows, load_api_client
+from lapse.edges.kubernetes import Workflows, load_api_client
+from lapse.edges.kubernetes.reaping import ReapedObjects
 from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore, subject_matches
 from lapse.embedded.kube import READONLY_USER
@@ -79,20 +80,19 @@ class CountingWorkflows:
     async def get(
         self, kind: KindSpec, namespace: str, name: str, *, request_timeout: float | None = None
     ) -> dict[str, Any] | None:
-        return await self.inner.objects.get(kind, namespace, name, request_timeout=request_timeout)
+        return await ReapedObjects(self.inner.objects).get(
+            kind, namespace, name, request_timeout=request_timeout
+        )
 
     async def delete(self, kind: KindSpec, namespace: str, name: str, **kwargs: Any) -> None:
         self.delete_requests += 1
-        await self.inner.objects.delete(kind, namespace, name, **kwargs)
+        await ReapedObjects(self.inner.objects).delete(kind, namespace, name, **kwargs)
         self.deleted += 1
 
     async def list_items(
         self, kind: KindSpec, namespace: str, **kwargs: Any
     ) -> list[dict[str, Any]]:
-        return await self.inner.objects.list_items(kind, namespace, **kwargs)
-
-    def failure(self, exc: BaseException) -> ApiCallFailure | None:
-        return self.inner.objects.failure(exc)
+        return await ReapedObjects(self.inner.objects).list_items(kind, namespace, **kwargs)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from nats.js import JetStreamContext
 
 from lapse.config import Streams
 from lapse.edges.kubernetes import KubeObjects
+from lapse.edges.kubernetes.reaping import ReapedObjects
 from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.events.adapters import Ignored
@@ -338,7 +339,7 @@ class Stage:
         safety = kwargs.pop("safety", SafetyConfig())
         kwargs.setdefault("kinds", EVERY_KIND)
         return ObjectReaper(
-            objects=self.objects,
+            objects=ReapedObjects(self.objects),
             schedules=NatsScheduleStore(self.js, STREAMS),
             emitter=NatsEmitter(self.js, STREAMS),
             safety=safety,

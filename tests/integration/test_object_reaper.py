@@ -21,7 +21,6 @@ from typing import Any
 
 import jsonschema
 import pytest
-import urllib3
 import yaml
 from cloudevents.core.base import BaseCloudEvent
 from kubernetes import client
@@ -37,6 +36,7 @@ from lapse.edges.kubernetes import (
     Workflows,
     load_api_client,
 )
+from lapse.edges.kubernetes.reaping import ReapedObjects, failure_of
 from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.kube import READONLY_USER
@@ -136,20 +136,19 @@ class Calls:
         self, kind: KindSpec, namespace: str, name: str, *, request_timeout: float | None = None
     ) -> dict[str, Any] | None:
         self.gets += 1
-        return await self.inner.objects.get(kind, namespace, name, request_timeout=request_timeout)
+        return await ReapedObjects(self.inner.objects).get(
+            kind, namespace, name, request_timeout=request_timeout
+        )
 
     async def delete(self, kind: KindSpec, namespace: str, name: str, **kwargs: Any) -> None:
         self.deletes += 1
-        await self.inner.objects.delete(kind, namespace, name, **kwargs)
+        await ReapedObjects(self.inner.objects).delete(kind, namespace, name, **kwargs)
 
     async def list_items(
         self, kind: KindSpec, namespace: str, **kwargs: Any
     ) -> list[dict[str, Any]]:
         self.lists += 1
-        return await self.inner.objects.list_items(kind, namespace, **kwargs)
-
-    def failure(self, exc: BaseException) -> ApiCallFailure | None:
-        return self.inner.objects.failure(exc)
+        return await ReapedObjects(self.inner.objects).list_items(kind, namespace, **kwargs)
 
 
 @dataclass
@@ -182,7 +181,9 @@ class FlakyDelete(Calls):
     async def delete(self, kind: KindSpec, namespace: str, name: str, **kwargs: Any) -> None:
         if not self.failed:
             self.failed = True
-            raise ApiException(status=503, reason="Service Unavailable")
+            # What the edge makes of a 503 (lapse/edges/kubernetes/reaping.py).
+            unavailable = ApiCallFailure(503, "Service Unavailable")
+            raise failure_of(unavailable, "delete", kind, namespace, name)
         await super().delete(kind, namespace, name, **kwargs)
 
 
@@ -329,7 +330,9 @@ class LostAnswer(Calls):
     async def delete(self, kind: KindSpec, namespace: str, name: str, **kwargs: Any) -> None:
         await super().delete(kind, namespace, name, **kwargs)
         if self.deletes == 1:
-            raise urllib3.exceptions.ReadTimeoutError(None, "", "read timed out")  # type: ignore[arg-type]
+            # What the edge makes of a read timeout (lapse/edges/kubernetes/reaping.py).
+            lost = ApiCallFailure(None, "the server did not answer in time (i/o timeout)")
+            raise failure_of(lost, "delete", kind, namespace, name)
 
 
 async def test_a_delete_whose_answer_was_lost_ends_in_one_outcome(
@@ -663,7 +666,7 @@ async def test_unreachable_api_server_retries_later(kube: KubeStack, bus: Bus) -
     configuration.retries = 0
     nowhere = client.ApiClient(configuration)
     try:
-        reap = reaper(kube, bus, workflows=KubeObjects(nowhere, kube.executor))
+        reap = reaper(kube, bus, workflows=ReapedObjects(KubeObjects(nowhere, kube.executor)))
         with pytest.raises(RetryLater) as retry:
             await reap.handle(due_event(wf))
     finally:
@@ -729,7 +732,8 @@ async def test_missing_delete_permission_fails_loudly(
             raise
 
     await wait_for(can_read, timeout=30, interval=0.2)
-    outcome = failed(await reaper(kube, bus, workflows=readonly_workflows).handle(due_event(wf)))
+    readonly = ReapedObjects(readonly_workflows)
+    outcome = failed(await reaper(kube, bus, workflows=readonly).handle(due_event(wf)))
     assert outcome.reason.startswith("forbidden: ")
     assert f'User "{READONLY_USER}" cannot delete resource "workflows"' in outcome.reason
     assert "'delete' verb on workflows.argoproj.io in namespace 'reaper-rbac'" in outcome.reason

@@ -1,4 +1,6 @@
-"""What a failed API call means: retry later, or fail loudly (RBAC above all).
+"""What a failed API call means to the object reaper, as its edge maps it into the one
+failure hierarchy (functions/reaping/failures.py): retry later, or fail loudly (RBAC above
+all).
 
 The ApiExceptions here are built from real urllib3 responses carrying the bodies the
 kube-apiserver sends, because 429s and 5xx cannot be provoked from a healthy test server;
@@ -17,11 +19,11 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTResponse
 
 from lapse.edges.kubernetes import ApiCallFailure, api_failure
-from lapse.events.kinds import ARGO_WORKFLOW
+from lapse.edges.kubernetes.reaping import failure_of
+from lapse.events.kinds import ARGO_WORKFLOW, KindSpec
 from lapse.events.run import Engine, RunRef
-from lapse.functions.object_reaper.failures import judge_failure
-from lapse.functions.object_reaper.verdict import Refused
 from lapse.functions.ports import RetryLater
+from lapse.functions.reaping.failures import Refused, Unavailable
 
 RUN = RunRef(
     engine=Engine.ARGO,
@@ -33,6 +35,15 @@ RUN = RunRef(
     phase="Succeeded",
     finished_at=datetime(2026, 11, 21, tzinfo=UTC),
 )
+
+
+def judge_failure(failure: ApiCallFailure, verb: str, run: RunRef, kind: KindSpec) -> Refused:
+    """The failure as the reaper meets it: raised if transient, returned if refused."""
+    mapped = failure_of(failure, verb, kind, run.namespace, run.name)
+    if isinstance(mapped, Unavailable):
+        raise mapped
+    assert isinstance(mapped, Refused), mapped
+    return mapped
 
 
 def api_exception(status: int, message: str, headers: dict[str, str] | None = None) -> ApiException:

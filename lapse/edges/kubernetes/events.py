@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import functools
+import logging
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
+import urllib3
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from lapse.edges.kubernetes.client import request, server_attributes
+from lapse.edges.kubernetes.client import describe_api_error, request, server_attributes
+
+log = logging.getLogger(__name__)
 
 
 class KubeEvents:
-    """Writes core/v1 Events, the ones `kubectl describe` and `kubectl get events` show."""
+    """Writes core/v1 Events, the ones `kubectl describe` and `kubectl get events` show.
+    Best effort: a failure is logged, never raised (functions/object_reaper/ports.py)."""
 
     # Named the way client-go names them, <object>.<unique>, within the 253-char limit.
     _NAME_LIMIT = 253
@@ -63,11 +69,21 @@ class KubeEvents:
             last_timestamp=now,
             count=1,
         )
-        await request(
-            self._executor,
-            self._server,
-            "POST",
-            "/api/v1/namespaces/{namespace}/events",
-            namespace,
-            functools.partial(self._api.create_namespaced_event_with_http_info, namespace, event),
-        )
+        try:
+            await request(
+                self._executor,
+                self._server,
+                "POST",
+                "/api/v1/namespaces/{namespace}/events",
+                namespace,
+                functools.partial(
+                    self._api.create_namespaced_event_with_http_info, namespace, event
+                ),
+            )
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            # Best effort: the outcome event is the record that matters, and a missing
+            # Kubernetes Event must not turn a deletion into a retry.
+            log.warning(
+                "could not record a Kubernetes Event for %s/%s: %s",
+                namespace, name, describe_api_error(exc),
+            )  # fmt: skip

@@ -21,8 +21,6 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from lapse.edges.kubernetes.client import (
-    ApiCallFailure,
-    api_failure,
     continue_after_expiry,
     request,
     server_attributes,
@@ -205,10 +203,6 @@ class KubeObjects:
         except BaseException:
             self.own_deletions.failed(uid)
             raise
-
-    def failure(self, exc: BaseException) -> ApiCallFailure | None:
-        """See `api_failure`; a method so that handlers can take this class as their port."""
-        return api_failure(exc)
 
     async def list_page(
         self,
