@@ -144,6 +144,7 @@ class Pipeline:
                         emitter.emit,
                         positions=positions,
                         publish_relist=relist,
+                        watch_timeout=self.config.kubernetes.watch_timeout,
                     )
                     for kind in self.config.kinds  # one watch per configured kind
                 ]
@@ -198,6 +199,7 @@ class Pipeline:
             publish.publish,
             lambda: namespace_names(resources.kube_client(), resources.kube_executor()),
             configured=self.config.policies,
+            watch_timeout=self.config.kubernetes.watch_timeout,
         )
         self.policy_watcher = watcher
         supervisor.start("policy watcher", partial(watcher.run, stop))
