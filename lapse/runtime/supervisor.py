@@ -204,7 +204,6 @@ class Supervisor:
             if self._stop.is_set():
                 return
 
-
     async def until_stopped(self) -> BaseException | None:
         """Wait for `stop` or a fatal failure of a supervised task; return that failure."""
         stopped = asyncio.create_task(self._stop.wait(), name="stop")

@@ -252,7 +252,9 @@ async def test_a_black_holed_api_server_is_waited_out_and_what_finished_in_it_is
     await up.start()
     try:
         # Through the proxy, lapse works: a run is deleted at its deadline.
-        await kube.workflows.create(ns, finished_workflow("wf-before", annotations={"lapse.dev/ttl": "1s"}))
+        await kube.workflows.create(
+            ns, finished_workflow("wf-before", annotations={"lapse.dev/ttl": "1s"})
+        )
         await wait_for(emptied(kube, ns, up, "before the black hole"), timeout=20, interval=0.3)
 
         hole.sever(drop=True)

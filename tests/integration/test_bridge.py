@@ -7,33 +7,32 @@ import contextlib
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import hypercorn.asyncio
 import hypercorn.config
+import nats
 import pytest
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 from nats.js import JetStreamContext
 from opentelemetry.trace import SpanKind
 
-import nats
-
 from lapse import telemetry
 from lapse.config import LapseConfig, Streams
+from lapse.edges.schedules import schedule_headers
+from lapse.edges.streams import ensure_streams, stream_configs
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
 from lapse.events.builder import build_event, parse_payload
 from lapse.events.models import CleanupCompleted, CleanupDue, CleanupFailed
 from lapse.events.nats_binding import to_nats
 from lapse.events.run import Engine, RunRef, Target
-from lapse.edges.schedules import schedule_headers
-from lapse.edges.streams import ensure_streams, stream_configs
 from lapse.events.subjects import audit_subject, dlq_subject, due_subject, schedule_subject
 from lapse.events.types import EventType, Outcome
 from lapse.runtime.bridge import Bridge

@@ -67,7 +67,8 @@ def test_a_server_that_accepts_and_never_answers_times_out_as_an_outage(tmp_path
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         port = silent.getsockname()[1]
-        api = load_api_client(_kubeconfig(tmp_path, f"https://127.0.0.1:{port}"), request_timeout=0.5)
+        kubeconfig = _kubeconfig(tmp_path, f"https://127.0.0.1:{port}")
+        api = load_api_client(kubeconfig, request_timeout=0.5)
         started = time.monotonic()
         with pytest.raises(Exception) as caught:
             client.CoreV1Api(api).list_namespace()
