@@ -18,6 +18,10 @@ SinkBinding is given `K_SINK`:
 The POST continues the trace: its `traceparent` header is the dispatcher's CONSUMER span,
 which links back to where the deletion was scheduled (docs/architecture.md).
 
+Its dispatchers and health server run under the Supervisor (lapse/runtime/supervisor.py),
+as `lapse up`'s tasks do: NATS away, or a stream not made yet, is waited out and the task
+started again; only a configuration error ends the bridge, saying why.
+
 Telemetry comes from the OTEL_* environment (service `lapse-bridge`), as for `lapse up`.
 
 Outcomes have a dispatcher of their own: a slow or failing subscriber of outcomes holds
