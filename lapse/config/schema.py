@@ -301,6 +301,12 @@ class KubernetesConfig(_Section):
     burst: int | None = Field(default=None, ge=1)  # with qps; default: qps rounded down
     propagation_policy: Literal["Background", "Foreground", "Orphan"] = "Background"
     record_events: bool = False
+    # Seconds a request (list, get, delete) waits to connect and for each read of the
+    # answer: an API server that accepts and never answers is an outage after this long.
+    request_timeout: float = Field(default=30.0, gt=0)
+    # Seconds a watch asks the API server to run it (timeoutSeconds) before it is started
+    # again; the client waits for its next byte this plus request_timeout at most.
+    watch_timeout: int = Field(default=300, ge=1)
 
     @model_validator(mode="after")
     def _one_way_in(self) -> KubernetesConfig:

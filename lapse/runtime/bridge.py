@@ -18,6 +18,10 @@ SinkBinding is given `K_SINK`:
 The POST continues the trace: its `traceparent` header is the dispatcher's CONSUMER span,
 which links back to where the deletion was scheduled (docs/architecture.md).
 
+Its dispatchers and health server run under the Supervisor (lapse/runtime/supervisor.py),
+as `lapse up`'s tasks do: NATS away, or a stream not made yet, is waited out and the task
+started again; only a configuration error ends the bridge, saying why.
+
 Telemetry comes from the OTEL_* environment (service `lapse-bridge`), as for `lapse up`.
 
 Outcomes have a dispatcher of their own: a slow or failing subscriber of outcomes holds
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import Final
 
 import httpx
@@ -50,6 +55,7 @@ from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.resources import Resources
 from lapse.runtime.routing import Route
 from lapse.runtime.senders import bearer_header
+from lapse.runtime.supervisor import Supervisor, drain
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,8 @@ OUTCOMES: Final = Route(
 # What Knative's Broker retries itself (network errors and 5xx too).
 RETRIED: Final = frozenset({404, 408, 409, 429})
 REQUEST_TIMEOUT: Final = 30.0
+# How long in-flight deliveries may take to finish after a stop before they are cut short.
+SHUTDOWN_GRACE: Final = 20.0
 
 
 class SinkRefused(LapseError):
@@ -110,6 +118,7 @@ class Bridge:
         self.sink = sink
         self._listen = listen
         self.ready = asyncio.Event()
+        self.supervisor: Supervisor | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         # From the OTEL_* environment, as `lapse up` and the functions do: without it the
@@ -129,43 +138,32 @@ class Bridge:
             js = await resources.jetstream()
             emitter = await resources.emitter()
             forwarder = SinkForwarder(self.sink, client)
-            dispatchers = [
-                Dispatcher(js, emitter, self.config.nats, [Subscription(ROUTE, forwarder)]),
-                Dispatcher(
-                    js,
-                    emitter,
-                    self.config.nats,
-                    [Subscription(OUTCOMES, forwarder, from_now=True)],
-                ),
-            ]
-            consuming = [
-                asyncio.create_task(d.run(), name=f"dispatcher-{i}")
-                for i, d in enumerate(dispatchers)
-            ]
-            serving = (
-                asyncio.create_task(self._serve_health(stop), name="health")
-                if self._listen
-                else None
-            )
+            # Every task under one supervisor, as in `lapse up`: a dependency's fault (NATS
+            # away, a stream not there yet) is waited out and started again, never the
+            # end of the bridge; a configuration error ends it, saying why.
+            supervisor = self.supervisor = Supervisor(stop)
+            dispatchers = {
+                route.name: Dispatcher(
+                    js, emitter, self.config.nats, [Subscription(route, forwarder, from_now=new)]
+                )
+                for route, new in ((ROUTE, False), (OUTCOMES, True))
+            }
+            # The dispatchers finish their in-flight deliveries when stopped.
+            draining = [supervisor.start(name, d.run) for name, d in dispatchers.items()]
+            if self._listen:
+                draining.append(supervisor.start("health", partial(self._serve_health, stop)))
             self.ready.set()
             log.info(
                 "bridge: delivering %s and %s to %s", ROUTE.subject, OUTCOMES.subject, self.sink
             )
-            stopped = asyncio.create_task(stop.wait())
-            await asyncio.wait([stopped, *consuming], return_when=asyncio.FIRST_COMPLETED)
-            stopped.cancel()
+            fatal = await supervisor.until_stopped()
             stop.set()
             self.ready.clear()
-            for dispatcher in dispatchers:
+            for dispatcher in dispatchers.values():
                 dispatcher.stop()
-            # A dispatcher that failed ends the bridge with its exception (after the other
-            # stopped), never silently.
-            results = await asyncio.gather(*consuming, return_exceptions=True)
-            failed = [r for r in results if isinstance(r, BaseException)]
-            if serving is not None:
-                await serving
-            if failed:
-                raise failed[0]
+            await drain(draining, SHUTDOWN_GRACE)
+            if fatal is not None:
+                raise fatal
 
     async def _serve_health(self, stop: asyncio.Event) -> None:
         config = hypercorn.config.Config()

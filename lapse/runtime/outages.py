@@ -45,6 +45,10 @@ NATS_UNAVAILABLE: tuple[type[Exception], ...] = (
 )
 
 
+# JetStream's error code for a stream that does not exist.
+STREAM_NOT_FOUND = 10059
+
+
 def nats_unavailable(exc: BaseException) -> str | None:
     """Why `exc` means NATS is unavailable for now (a reason to wait it out), or None."""
     if isinstance(exc, NATS_UNAVAILABLE):
@@ -77,13 +81,17 @@ class Fault:
 def fault_of(exc: BaseException) -> Fault:
     """The one classification of what ends a try of a background task (docs/architecture.md,
     "Transient is not failed"): the API server or NATS unreachable, timeouts, 408, 429 and
-    5xx are transient, and so is 403 (RBAC granted later); 401 and a configuration error
-    are fatal; anything else is
+    5xx are transient, and so are 403 (RBAC granted later) and a NATS stream not found
+    (created later); 401 and a configuration error are fatal; anything else is
     unexpected, and waited out like a transient fault."""
     if (reason := nats_unavailable(exc)) is not None:
         return Fault(reason)
     if isinstance(exc, RetryLater):
         return Fault(exc.reason, retry_after=exc.delay)
+    if isinstance(exc, js_errors.NotFoundError) and exc.err_code == STREAM_NOT_FOUND:
+        # Not there yet (the bridge started before lapse up or the install made the
+        # streams) or re-created by an operator: waited for, as a CRD not installed is.
+        return Fault(f"NATS stream not found, waiting for it ({exc.description})")
     if isinstance(exc, ConfigError | ConfigException):
         return Fault(f"configuration error: {exc}", fatal=True)
     if isinstance(exc, ApiException | urllib3.exceptions.HTTPError):

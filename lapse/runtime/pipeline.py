@@ -43,7 +43,7 @@ from lapse.runtime.policy_watcher import PolicyWatcher
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
 from lapse.runtime.routing import Route, load_routes, pushed_types, relist_lane
-from lapse.runtime.supervisor import Supervisor
+from lapse.runtime.supervisor import Supervisor, drain
 from lapse.runtime.watcher import KindWatcher, report_relists
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,7 @@ class Pipeline:
                         emitter.emit,
                         positions=positions,
                         publish_relist=relist,
+                        watch_timeout=self.config.kubernetes.watch_timeout,
                     )
                     for kind in self.config.kinds  # one watch per configured kind
                 ]
@@ -167,13 +168,13 @@ class Pipeline:
             running = sorted({s.route.function for s in subscriptions})
             log.info("lapse is running: %s", ", ".join(running))
             self.ready.set()
-            fatal = await _until_stopped(stop, supervisor)
+            fatal = await supervisor.until_stopped()
             stop.set()  # everything stops together (the ingress waits for `stop`)
             dispatcher.stop()
             cancelled = [t for t in supervisor.running() if t not in draining]
             for task in cancelled:
                 task.cancel()
-            await _drain([*draining, *cancelled])
+            await drain([*draining, *cancelled], SHUTDOWN_GRACE)
             if fatal is not None:
                 raise fatal
             log.info("lapse stopped")
@@ -198,6 +199,7 @@ class Pipeline:
             publish.publish,
             lambda: namespace_names(resources.kube_client(), resources.kube_executor()),
             configured=self.config.policies,
+            watch_timeout=self.config.kubernetes.watch_timeout,
         )
         self.policy_watcher = watcher
         supervisor.start("policy watcher", partial(watcher.run, stop))
@@ -237,30 +239,6 @@ class Pipeline:
             for route in routes
             if (handler := handlers[route.function]) is not None
         ]
-
-
-async def _until_stopped(stop: asyncio.Event, supervisor: Supervisor) -> BaseException | None:
-    """Wait for `stop` or a fatal failure of a supervised task; return that failure."""
-    stopped = asyncio.create_task(stop.wait(), name="stop")
-    waits: list[asyncio.Future[Any]] = [stopped, supervisor.fatal]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-    return supervisor.fatal.result() if supervisor.fatal.done() else None
-
-
-async def _drain(tasks: list[asyncio.Task[Any]]) -> None:
-    """Let in-flight handlers finish, within SHUTDOWN_GRACE."""
-    _, busy = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE)
-    if busy:
-        # Never hang on exit: what is cut short was not acknowledged, so JetStream delivers
-        # it again to the next lapse that runs.
-        names = ", ".join(sorted(t.get_name() for t in busy))
-        log.warning("still busy %.0fs after stop (%s): cancelling", SHUTDOWN_GRACE, names)
-        for task in busy:
-            task.cancel()
-        await asyncio.wait(busy, timeout=5)
 
 
 async def _report_health(

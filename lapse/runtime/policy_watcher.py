@@ -462,6 +462,7 @@ async def follow(resources: Resources, stop: asyncio.Event) -> asyncio.Task[None
         _nothing_published,
         _no_namespaces,
         configured=resources.config.policies,
+        watch_timeout=resources.config.kubernetes.watch_timeout,
         writes=False,
     )
     task = asyncio.create_task(watcher.run(stop), name="policy follower")
@@ -491,6 +492,7 @@ async def serve(
             replan,
             lambda: namespace_names(resources.kube_client(), resources.kube_executor()),
             configured=config.policies,
+            watch_timeout=config.kubernetes.watch_timeout,
         )
         task = asyncio.create_task(watcher.run(stop), name="policy watcher")
         await _until_synced(watcher, task)

@@ -199,6 +199,7 @@ async def _object_reaper(resources: Resources) -> Handler:
         safety=resources.config.safety,
         kinds=resources.config.kinds,
         propagation_policy=kubernetes.propagation_policy,
+        request_timeout=kubernetes.request_timeout,
         recorder=recorder,
     )
 

@@ -161,6 +161,7 @@ class Resources:
                 pool_size=KUBE_THREADS,
                 qps=k.qps,
                 burst=k.burst,
+                request_timeout=k.request_timeout,
             )
         return self._api_client
 

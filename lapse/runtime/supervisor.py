@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from lapse import telemetry
 from lapse.runtime.outages import Backoff, Fault, fault_of
@@ -202,6 +203,30 @@ class Supervisor:
             await _sleep_unless(self._stop, delay)
             if self._stop.is_set():
                 return
+
+    async def until_stopped(self) -> BaseException | None:
+        """Wait for `stop` or a fatal failure of a supervised task; return that failure."""
+        stopped = asyncio.create_task(self._stop.wait(), name="stop")
+        waits: list[asyncio.Future[Any]] = [stopped, self.fatal]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        return self.fatal.result() if self.fatal.done() else None
+
+
+async def drain(tasks: list[asyncio.Task[Any]], grace: float) -> None:
+    """Let `tasks` (what finishes its in-flight work when stopped) end within `grace`
+    seconds; then cancel what is still busy."""
+    _, busy = await asyncio.wait(tasks, timeout=grace)
+    if busy:
+        # Never hang on exit: what is cut short was not acknowledged, so JetStream delivers
+        # it again to the next process that runs.
+        names = ", ".join(sorted(t.get_name() for t in busy))
+        log.warning("still busy %.0fs after stop (%s): cancelling", grace, names)
+        for task in busy:
+            task.cancel()
+        await asyncio.wait(busy, timeout=5)
 
 
 async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:

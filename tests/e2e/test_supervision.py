@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import signal
 import subprocess
 import time
@@ -36,7 +37,7 @@ from lapse.operations.audit import pending_schedules
 from tests.conftest import KubeStack, kube_stack
 from tests.e2e.test_engines import config_file
 from tests.e2e.test_lapse_up import LapseUp, finished_workflow, lapse_json
-from tests.e2e.test_outages import outcomes_by_name
+from tests.e2e.test_outages import Blackhole, outcomes_by_name
 from tests.stack import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.nats]
@@ -44,6 +45,8 @@ pytestmark = [pytest.mark.kube, pytest.mark.nats]
 OUTAGE_SECONDS = 60.0
 RUNS = 40
 NATS_OUTAGE_SECONDS = 10.0
+BLACK_HOLE_SECONDS = 18.0
+BLACK_HOLED_RUNS = 5
 SCHEDULES = Streams().schedule
 
 
@@ -214,3 +217,85 @@ async def test_the_api_server_stopped_for_a_minute_ends_nothing_and_loses_no_run
         for up in (first, second):
             if up.process is not None:
                 assert up.stop(signal.SIGINT) == 0, up.log.read_text()[-3000:]
+
+
+async def test_a_black_holed_api_server_is_waited_out_and_what_finished_in_it_is_deleted(
+    tmp_path: Path, own_nats: EmbeddedNats, kube: KubeStack
+) -> None:
+    """The API server stops answering without refusing (packets dropped, a proxy that
+    accepts and never replies): the open watches go silent, new connections hang. Without
+    a client-side read timeout a watch waited forever, so runs that finished meanwhile were
+    never planned, even once the API server answered again. With one, the watchers wait it
+    out, `lapse status` says so, and the runs are deleted after it, none early.
+
+    The Blackhole proxy in front of the real kube-apiserver is the only way to provoke a
+    black hole here without root network tricks (iptables DROP, tc); the shared API server
+    keeps serving the test (and the other tests) directly. Short timeouts keep it short:
+    a watch asks for 4 s and gives up after 7 s of silence, a request after 3 s."""
+    url = kube.server.url.rsplit(":", 1)
+    hole = Blackhole(url[0].removeprefix("https://"), int(url[1]))
+    await hole.start()
+    through = kube.server.kubeconfig()
+    through["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{hole.port}"  # type: ignore[index]
+    kubeconfig = tmp_path / "through-the-hole.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(through))
+    config = tmp_path / "lapse.yaml"
+    config.write_text(
+        f"nats: {{url: '{own_nats.url}'}}\n"
+        f"kubernetes: {{kubeconfig: '{kubeconfig}', request_timeout: 3, watch_timeout: 4}}\n"
+        "safety: {max_deletions_per_second: 200, namespaces: {include: ['*']}}\n"
+    )
+    # The CLI's own questions go to the API server directly.
+    direct = config_file(tmp_path / "direct.yaml", own_nats.url, kube)
+    ns = kube.namespace("black-holed")
+    up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
+    await up.start()
+    try:
+        # Through the proxy, lapse works: a run is deleted at its deadline.
+        await kube.workflows.create(
+            ns, finished_workflow("wf-before", annotations={"lapse.dev/ttl": "1s"})
+        )
+        await wait_for(emptied(kube, ns, up, "before the black hole"), timeout=20, interval=0.3)
+
+        hole.sever(drop=True)
+        down = time.monotonic()
+        for i in range(BLACK_HOLED_RUNS):
+            body = finished_workflow(f"wf-{i}", annotations={"lapse.dev/ttl": "2s"})
+            await kube.workflows.create(ns, body)
+
+        async def watchers_waiting() -> dict[str, Any] | None:
+            process = alive(up, "during the black hole")
+            tasks = waiting_tasks(lapse_json("status", "--recent", "0", config=direct), process)
+            return tasks if {"watcher argo-workflow", "policy watcher"} <= tasks.keys() else None
+
+        tasks = await wait_for(watchers_waiting, timeout=BLACK_HOLE_SECONDS, interval=1.0)
+        seen_waiting = time.monotonic() - down
+        for name in ("watcher argo-workflow", "policy watcher"):
+            assert tasks[name]["state"] == "waiting", tasks
+            assert "did not answer in time" in tasks[name]["reason"], tasks
+        while time.monotonic() - down < BLACK_HOLE_SECONDS:
+            alive(up, "during the black hole")
+            await asyncio.sleep(1.0)
+        # Nothing the black hole hid was deleted during it (its reaper sees nothing).
+        left = {w["metadata"]["name"] for w in (await kube.workflows.list(ns))["items"]}
+        assert left == {f"wf-{i}" for i in range(BLACK_HOLED_RUNS)}, left
+        hole.mend()
+        mended = time.monotonic()
+
+        await wait_for(emptied(kube, ns, up, "after the black hole"), timeout=30, interval=0.5)
+        recovered = time.monotonic() - mended
+        history = lapse_json("history", "-n", ns, "--target", "kubernetes", config=direct)
+        outcomes = outcomes_by_name(history, "kubernetes")
+        names = {"wf-before", *(f"wf-{i}" for i in range(BLACK_HOLED_RUNS))}
+        assert {name for name, _ in outcomes} == names, json.dumps(history)[-3000:]
+        assert {outcome for _, outcome in outcomes} == {"deleted"}, outcomes
+        assert all(row["latencySeconds"] >= 0 for row in history), "none deleted early"
+        print(
+            f"\nAPI server black-holed {mended - down:.0f}s: the watchers shown waiting "
+            f"{seen_waiting:.1f}s in; {BLACK_HOLED_RUNS} runs finished in it, all deleted "
+            f"{recovered:.1f}s after it ended, none early"
+        )
+    finally:
+        if up.process is not None:
+            assert up.stop(signal.SIGINT) == 0, up.log.read_text()[-3000:]
+        await hole.stop()

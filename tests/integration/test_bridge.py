@@ -7,15 +7,17 @@ import contextlib
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import hypercorn.asyncio
 import hypercorn.config
+import nats
 import pytest
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 from nats.js import JetStreamContext
@@ -23,13 +25,15 @@ from opentelemetry.trace import SpanKind
 
 from lapse import telemetry
 from lapse.config import LapseConfig, Streams
+from lapse.edges.schedules import schedule_headers
+from lapse.edges.streams import ensure_streams, stream_configs
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
 from lapse.events.builder import build_event, parse_payload
 from lapse.events.models import CleanupCompleted, CleanupDue, CleanupFailed
 from lapse.events.nats_binding import to_nats
 from lapse.events.run import Engine, RunRef, Target
-from lapse.events.subjects import audit_subject, dlq_subject, due_subject
+from lapse.events.subjects import audit_subject, dlq_subject, due_subject, schedule_subject
 from lapse.events.types import EventType, Outcome
 from lapse.runtime.bridge import Bridge
 from tests.stack import wait_for
@@ -266,3 +270,68 @@ async def test_outcomes_reach_the_sink_from_the_bridges_start_on(
     headers, event = sink.received[0]
     assert headers["ce-type"] == EventType.CLEANUP_COMPLETED
     assert parse_payload(event, CleanupCompleted).outcome == Outcome.DELETED
+
+
+async def schedule(js: JetStreamContext, deadline: datetime) -> str:
+    """A due event parked until `deadline`, as the ttl-planner parks one (the server fires
+    it onto lapse.due.kubernetes.<uid>)."""
+    event = due_event()
+    uid = parse_payload(event, CleanupDue).run.uid
+    message = to_nats(event)
+    headers = {**message.headers, **schedule_headers(deadline, due_subject(Target.KUBERNETES, uid))}
+    headers.pop("Nats-Msg-Id", None)
+    await js.publish(schedule_subject(Target.KUBERNETES, uid), message.body, headers=headers)
+    return uid
+
+
+async def test_the_bridge_waits_out_nats_and_its_streams_and_delivers_what_fell_due(
+    own_nats: EmbeddedNats, sink: Sink
+) -> None:
+    """The bridge's tasks run under the Supervisor, as `lapse up`'s do. Started before its
+    streams exist (the Deployment up before `lapse up` or the install made them), it once
+    ended at once ("stream not found": a CrashLoopBackOff); it now waits, says why, and
+    delivers once they exist. Then NATS stops and starts again on the same port and store:
+    nothing ends, and the schedules that fell due while it was away are delivered."""
+    nc = await nats.connect(own_nats.url, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+    js = nc.jetstream()
+    config = LapseConfig.model_validate({"nats": {"url": own_nats.url}})
+    running = Bridge(config, sink.url, listen=None)
+    stop = asyncio.Event()
+    task = asyncio.create_task(running.run(stop))
+
+    def alive() -> None:
+        assert not task.done(), task.exception() if not task.cancelled() else "cancelled"
+
+    async def waiting_for_streams() -> bool:
+        alive()
+        supervisor = getattr(running, "supervisor", None)  # None: not started yet
+        waits = supervisor.waiting() if supervisor is not None else {}
+        return any("NATS stream not found" in w.reason for w in waits.values())
+
+    try:
+        await wait_for(waiting_for_streams, timeout=20, interval=0.2)
+        await ensure_streams(js, stream_configs(STREAMS))
+        before = await fire(js, 2)
+
+        async def delivered(uids: set[str]) -> bool:
+            alive()
+            return set(sink.uids()) == uids
+
+        await wait_for(lambda: delivered(set(before)), timeout=30, interval=0.2)
+        # Due while NATS is away: fired by its scheduler when it is back.
+        deadline = datetime.now(UTC) + timedelta(seconds=2)
+        meanwhile = [await schedule(js, deadline) for _ in range(3)]
+        own_nats.stop()
+        down = time.monotonic()
+        while time.monotonic() - down < 8:
+            alive()
+            await asyncio.sleep(0.5)
+        await asyncio.to_thread(own_nats.start, healthy=True)
+        back = time.monotonic()
+        await wait_for(lambda: delivered({*before, *meanwhile}), timeout=40, interval=0.3)
+        print(f"\nbridge: NATS away 8s, 3 due in it delivered {time.monotonic() - back:.1f}s after")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await nc.close()
+    assert all(n == 1 for n in sink.uids().values()), sink.uids()

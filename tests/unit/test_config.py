@@ -55,6 +55,7 @@ def test_no_file_and_no_environment_gives_the_documented_defaults() -> None:
     assert config.database.targets.tables == ()
     assert (config.kubernetes.qps, config.kubernetes.burst) == (None, None)  # no limit
     assert config.kubernetes.propagation_policy == "Background"
+    assert (config.kubernetes.request_timeout, config.kubernetes.watch_timeout) == (30.0, 300)
     assert config.policies == ()
     assert config.safety.dry_run is False
     assert config.safety.namespaces.include == ("*",)
@@ -110,6 +111,8 @@ kubernetes:
   burst: 40
   propagation_policy: Foreground
   record_events: true
+  request_timeout: 5
+  watch_timeout: 60
 policies:
   - name: ci
     match: {engines: [argo], namespaces: ["ci-*"], has_labels: [pipeline/runid]}
@@ -144,6 +147,7 @@ def test_a_full_file(tmp_path: Path) -> None:
     assert table.children[0].foreign_key_column == "artifact_run"
     assert config.kubernetes.kubeconfig == Path("/etc/kube/config")
     assert (config.kubernetes.qps, config.kubernetes.propagation_policy) == (20.5, "Foreground")
+    assert (config.kubernetes.request_timeout, config.kubernetes.watch_timeout) == (5.0, 60)
     assert [p.name for p in config.policies] == ["ci", "default"]
     assert config.policies[1].database is not None
     assert config.policies[1].database.ttl is NEVER

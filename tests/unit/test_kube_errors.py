@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from lapse.edges.kubernetes.client import describe_api_error, load_api_client
 from lapse.embedded.process import free_port
+from lapse.runtime.outages import fault_of
 
 
 def _kubeconfig(tmp_path: Path, server: str) -> str:
@@ -54,3 +57,25 @@ def test_a_429_is_one_line_without_headers() -> None:
         "later (retry after 3s)"
     )
     assert "\n" not in line and "Audit-Id" not in line
+
+
+def test_a_server_that_accepts_and_never_answers_times_out_as_an_outage(tmp_path: Path) -> None:
+    """A black hole (connected, never answered): without a default timeout the call waited
+    forever. A loopback socket that accepts and reads nothing stands in for the API server:
+    only the client's timeout is under test."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        kubeconfig = _kubeconfig(tmp_path, f"https://127.0.0.1:{port}")
+        api = load_api_client(kubeconfig, request_timeout=0.5)
+        started = time.monotonic()
+        with pytest.raises(Exception) as caught:
+            client.CoreV1Api(api).list_namespace()
+        took = time.monotonic() - started
+    assert took < 5, took
+    assert describe_api_error(caught.value) == (
+        f"the server 127.0.0.1:{port} did not answer in time (i/o timeout)"
+    )
+    fault = fault_of(caught.value)
+    assert not fault.fatal and not fault.unexpected, fault

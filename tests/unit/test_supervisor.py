@@ -12,6 +12,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from nats import errors as nats_errors
+from nats.js import errors as js_errors
 
 from lapse.config import ConfigError
 from lapse.functions.ports import RetryLater
@@ -47,6 +48,14 @@ def answered(status: int, retry_after: str | None = None) -> ApiException:
         (nats_errors.TimeoutError(), "NATS unavailable"),
         (TimeoutError("read timed out"), "timed out"),
         (RetryLater("database unreachable", 7.0), "database unreachable"),
+        (
+            urllib3.exceptions.ReadTimeoutError(None, "/apis", "Read timed out."),  # type: ignore[arg-type]
+            "API server unreachable",
+        ),
+        (
+            js_errors.NotFoundError(code=404, err_code=10059, description="stream not found"),
+            "NATS stream not found, waiting for it",
+        ),
     ],
 )
 def test_an_outage_of_a_dependency_is_transient(exc: BaseException, says: str) -> None:

@@ -56,16 +56,50 @@ class RateLimiter:
         return delay
 
 
-class RateLimitedApiClient(client.ApiClient):  # type: ignore[misc]
+# How long a request (a list, a get, a delete) waits for the API server to connect and
+# then to send each part of its answer (`kubernetes.request_timeout`).
+REQUEST_TIMEOUT = 30.0
+
+
+class TimedApiClient(client.ApiClient):  # type: ignore[misc]
+    """An ApiClient whose every request without a timeout of its own gets `request_timeout`
+    (connect, and each read). The client's default is none: an API server that accepts and
+    never answers (a black hole: packets dropped, a proxy that lost the connection) held a
+    list, or a watch, forever, and a watcher never heard of the outage nor of its end."""
+
+    def __init__(
+        self, configuration: client.Configuration, request_timeout: float = REQUEST_TIMEOUT
+    ) -> None:
+        super().__init__(configuration)
+        self.request_timeout = request_timeout
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = (self.request_timeout, self.request_timeout)
+        return super().request(*args, **kwargs)
+
+
+class RateLimitedApiClient(TimedApiClient):
     """An ApiClient whose every HTTP request (get, list, watch, delete) passes the limiter."""
 
-    def __init__(self, configuration: client.Configuration, limiter: RateLimiter) -> None:
-        super().__init__(configuration)
+    def __init__(
+        self,
+        configuration: client.Configuration,
+        limiter: RateLimiter,
+        request_timeout: float = REQUEST_TIMEOUT,
+    ) -> None:
+        super().__init__(configuration, request_timeout)
         self.limiter = limiter
 
     def request(self, *args: Any, **kwargs: Any) -> Any:
         self.limiter.wait()
         return super().request(*args, **kwargs)
+
+
+def request_timeout_of(api_client: client.ApiClient) -> float:
+    """The timeout `api_client` gives a request without one of its own."""
+    timeout = getattr(api_client, "request_timeout", None)
+    return float(timeout) if isinstance(timeout, int | float) else REQUEST_TIMEOUT
 
 
 def in_a_pod() -> bool:
@@ -91,10 +125,13 @@ def load_api_client(
     pool_size: int = 16,
     qps: float | None = None,
     burst: int | None = None,
+    request_timeout: float = REQUEST_TIMEOUT,
 ) -> client.ApiClient:
     """`pool_size` should match the threads making calls: urllib3's default pool (10) is
     smaller than lapse's thread pool, and each call past it pays a new TLS handshake.
-    With `qps`, requests are limited to `qps` per second with bursts of `burst`.
+    With `qps`, requests are limited to `qps` per second with bursts of `burst`. Every
+    request waits at most `request_timeout` seconds to connect and for each read (a watch
+    asks for longer reads: `KubeObjects.watch`).
 
     Found as kubectl finds it: an explicit kubeconfig or context, else $KUBECONFIG or
     ~/.kube/config, else, inside a pod, the pod's ServiceAccount (`in_cluster` forces it)."""
@@ -122,8 +159,9 @@ def load_api_client(
         respect_retry_after_header=False, raise_on_status=False,
     )  # fmt: skip
     if qps is not None:
-        return RateLimitedApiClient(configuration, RateLimiter(qps, burst or max(1, int(qps))))
-    return client.ApiClient(configuration)
+        limiter = RateLimiter(qps, burst or max(1, int(qps)))
+        return RateLimitedApiClient(configuration, limiter, request_timeout)
+    return TimedApiClient(configuration, request_timeout)
 
 
 def continue_after_expiry(exc: ApiException) -> str | None:

@@ -23,6 +23,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from lapse.edges.kubernetes.client import (
     continue_after_expiry,
     request,
+    request_timeout_of,
     server_attributes,
     timeout_kwargs,
 )
@@ -271,14 +272,21 @@ class KubeObjects:
 
         The response is read on a pool thread; leaving the iterator closes the response,
         which ends that thread at once instead of at the next event.
+
+        The server ends the watch after `timeout_seconds`; the client waits for the next
+        byte a request timeout longer than that, and no more: an API server black-holed
+        mid-watch (nothing refused, nothing answered) ends the watch with urllib3's
+        ReadTimeoutError, a transient fault (lapse.runtime.outages), instead of never.
         """
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[WatchEvent | BaseException | None] = asyncio.Queue(maxsize=1000)
+        request_timeout = request_timeout_of(self.api_client)
         kwargs: dict[str, Any] = {
             "watch": True,
             "allow_watch_bookmarks": True,
             "timeout_seconds": timeout_seconds,
             "_preload_content": False,
+            "_request_timeout": (request_timeout, timeout_seconds + request_timeout),
         }
         if resource_version:
             kwargs["resource_version"] = resource_version
