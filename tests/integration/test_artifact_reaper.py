@@ -370,7 +370,7 @@ async def test_the_brake_counts_objects(
         EventType.CLEANUP_FAILED,
         EventType.CLEANUP_COMPLETED,
     ]
-    assert "more than 3 objects due" in str(produced[0].get_data())
+    assert "more than 3 objects within 60s" in str(produced[0].get_data())
     assert parse_payload(produced[1], CleanupCompleted).outcome is Outcome.RESCHEDULED
     assert keys <= await present(s3)
     # The run's due event is put again for when the brake lets go.

@@ -21,7 +21,14 @@ from lapse.events.kinds import DEFAULT_KINDS
 from lapse.events.run import Engine, RunRef, Target
 from lapse.functions.artifact_reaper.capture import CapturedItem, capture, render
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
-from lapse.functions.artifact_reaper.verdict import Allowed, Refused, Shared, belongs, depth, judge
+from lapse.functions.artifact_reaper.verdict import (
+    Allowed,
+    Disallowed,
+    Shared,
+    belongs,
+    depth,
+    judge,
+)
 from lapse.functions.policy import Action, Policy, decide
 
 FINISHED = datetime(2026, 1, 1, tzinfo=UTC)
@@ -43,7 +50,7 @@ def _config(**store: object) -> ArtifactsConfig:
 
 def _judge(
     item: CapturedItem, config: ArtifactsConfig, sharers: tuple[str, ...] = ()
-) -> Allowed | Refused | Shared:
+) -> Allowed | Disallowed | Shared:
     """A Job of team-a's (`_run`)."""
     return judge(item, config, sharers, _run(), "job")
 
@@ -69,13 +76,13 @@ def test_an_item_inside_the_root_and_deep_enough_is_allowed() -> None:
 )
 def test_shallow_outside_or_unclean_items_are_refused(key: str, tree: bool, why: str) -> None:
     result = _judge(CapturedItem(store="logs", key=key, tree=tree), _config())
-    assert isinstance(result, Refused)
+    assert isinstance(result, Disallowed)
     assert why in result.reason
 
 
 def test_an_item_of_a_store_no_longer_configured_is_refused() -> None:
     result = _judge(CapturedItem(store="gone", key="root/a/b/", tree=True), _config())
-    assert isinstance(result, Refused)
+    assert isinstance(result, Disallowed)
     assert "not configured" in result.reason
 
 
@@ -86,7 +93,7 @@ def test_an_item_another_run_captured_is_shared() -> None:
 
 def test_a_refusal_outranks_sharing() -> None:
     item = CapturedItem(store="logs", key="root/team-a/", tree=True)
-    assert isinstance(_judge(item, _config(), ("u-2",)), Refused)
+    assert isinstance(_judge(item, _config(), ("u-2",)), Disallowed)
 
 
 def test_belongs_takes_the_key_and_what_is_under_it_never_a_sibling() -> None:
