@@ -20,12 +20,14 @@ from lapse.events.artifacts import RunArtifacts, StoredArtifact
 from lapse.events.kinds import DEFAULT_KINDS
 from lapse.events.run import Engine, RunRef, Target
 from lapse.functions.artifact_reaper.capture import CapturedItem, capture, render
+from lapse.functions.artifact_reaper.ports import StoredObject
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
 from lapse.functions.artifact_reaper.verdict import (
     Allowed,
     Disallowed,
     Shared,
     belongs,
+    changed,
     depth,
     judge,
 )
@@ -263,3 +265,20 @@ def test_without_any_clock_artifacts_are_kept_like_rows() -> None:
 
 def test_the_job_kind_is_named_for_templates() -> None:
     assert DEFAULT_KINDS.of("batch/v1", "Job").name == "job"
+
+
+def test_an_object_listed_again_with_another_size_or_etag_has_changed() -> None:
+    judged = [
+        StoredObject("a", 1, '"e1"'),
+        StoredObject("b", 2, '"e2"'),
+        StoredObject("c", 3, '"e3"'),
+        StoredObject("gone", 4, '"e4"'),
+    ]
+    now = [
+        StoredObject("a", 1, '"e1"'),  # as judged
+        StoredObject("b", 2, '"other"'),  # written anew, same size
+        StoredObject("c", 30, '"e3"'),  # another size
+    ]
+    # Gone since is no change: deleting it is a no-op.
+    assert changed(judged, now) == ["b", "c"]
+    assert changed(judged, judged) == []
