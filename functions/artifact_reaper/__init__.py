@@ -8,8 +8,6 @@ from lapse.functions.artifact_reaper.ports import (
     ObjectStores,
     RepositoryReader,
     StoredObject,
-    StoreRefused,
-    StoreUnavailable,
 )
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
 
@@ -23,8 +21,6 @@ __all__ = [
     "ObjectStores",
     "RepositoryReader",
     "RunCapture",
-    "StoreRefused",
-    "StoreUnavailable",
     "StoredObject",
     "capture",
     "render",

@@ -9,26 +9,21 @@ from typing import Protocol
 
 from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture
 from lapse.functions.artifact_reaper.ownership import LiveArtifact, Protection
-from lapse.functions.errors import FunctionError
 
 
 @dataclass(frozen=True, slots=True)
 class StoredObject:
+    """An object as a listing saw it; `etag` (None: the store gave none) and `size` are what
+    the re-check before its delete compares (`verdict.changed`)."""
+
     path: str
     size: int
-
-
-class StoreUnavailable(FunctionError):
-    """The store did not answer, or asked to come back (timeouts, 5xx, 429, throttling):
-    an outage, waited out like the API server's."""
-
-
-class StoreRefused(FunctionError):
-    """The store refused for a reason retrying will not change (403, no such bucket)."""
+    etag: str | None = None
 
 
 class ObjectStores(Protocol):
-    """The configured stores, by name. Raise `StoreUnavailable` or `StoreRefused`."""
+    """The configured stores, by name. Raise `failures.Unavailable` (no answer, 5xx, 429,
+    throttling: waited out) or `failures.Refused` (403, no such bucket)."""
 
     async def list(self, store: str, prefix: str) -> list[StoredObject]:
         """Every object under `prefix` (whole '/'-separated parts: `a/b` lists `a/b/x`,
@@ -37,6 +32,14 @@ class ObjectStores(Protocol):
 
     async def head(self, store: str, key: str) -> StoredObject | None:
         """The object `key` itself, or None."""
+        ...
+
+    async def current(
+        self, store: str, objects: Sequence[StoredObject]
+    ) -> tuple[StoredObject, ...]:
+        """These objects as they are now (those still there), listed again just before
+        they are deleted: the precondition, as no configured store's client can send a
+        conditional delete (docs/architecture.md, "The artifact-reaper")."""
         ...
 
     async def delete(self, store: str, objects: Sequence[StoredObject]) -> None:
@@ -66,15 +69,10 @@ class Captures(Protocol):
         ...
 
 
-class LiveRunsRefused(FunctionError):
-    """The API server refused to list the live runs (403): nothing is deleted without
-    them, and that is said loudly."""
-
-
 class LiveRuns(Protocol):
     """What the runs that exist now in the API server record (Running ones too), read at
-    the moment of deleting. Raise `RetryLater` when the API server does not answer,
-    `LiveRunsRefused` when it refuses."""
+    the moment of deleting. Raise `failures.Unavailable` when the API server does not
+    answer, `failures.Refused` when it refuses (nothing is deleted without them)."""
 
     async def recorded(self) -> list[LiveArtifact]: ...
 

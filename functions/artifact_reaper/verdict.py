@@ -3,7 +3,8 @@ which listed objects belong to an item.
 
 The reaper cannot read the run object (it is gone by the time its artifacts are due), so
 it believes nothing a due event says: the deadline and the run are the stored schedule's
-(`prove`, the row-reaper's proof, reused), the items are the capture lapse stored when it
+(`prove`, the stored-schedule proof every reaper of a gone run shares:
+functions/reaping/stored.py), the items are the capture lapse stored when it
 planned the run, and every item is judged again here, before any delete, against the
 configuration the reaper runs with:
 
@@ -17,7 +18,7 @@ configuration the reaper runs with:
 - no other run still references it (`shared`: another pending run captured the same item,
   or ML Metadata said another run uses it: `RunCapture.kept`, never deleted, and nothing
   listed under it either, `shielded`); what other runs record near it, captured or live,
-  is kept when listed (`ownership.guarded`).
+  is kept when listed (`ownership.guarded`, `owned`).
 
 A KFP run's artifacts due before ML Metadata's account was recorded (the artifacts clock
 earlier than the database clock, or its rows kept) wait for it (`awaits_metadata`), then
@@ -25,7 +26,9 @@ give up loudly: the account is what says which objects under the run's prefix a 
 still uses.
 
 An object listed under an item is deleted only if it is the item's own key or lies under
-it (`belongs`): a listing of `runs/a` also returns `runs/ab`, which is another run's.
+it (`belongs`): a listing of `runs/a` also returns `runs/ab`, which is another run's. Just
+before a batch is deleted its keys are listed again; one whose size or etag differs from
+the listing judged (`changed`) means the whole judgement is made again.
 """
 
 from __future__ import annotations
@@ -37,29 +40,11 @@ from typing import Final, TypeAlias
 
 from lapse.events.run import RunRef
 from lapse.functions.artifact_reaper.capture import CapturedItem, KeptItem, RunCapture
-from lapse.functions.artifact_reaper.ownership import unowned
+from lapse.functions.artifact_reaper.ownership import Protection, guarded, unowned
+from lapse.functions.artifact_reaper.ports import StoredObject
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig
 from lapse.functions.ports import PendingSchedule
-from lapse.functions.row_reaper.verdict import NotYet, Proof, Proven, Unbacked, prove
 from lapse.functions.safety import GateRetry
-
-__all__ = [
-    "Allowed",
-    "GiveUp",
-    "NotYet",
-    "Proof",
-    "Proven",
-    "Refused",
-    "Shared",
-    "Unbacked",
-    "Wait",
-    "awaits_metadata",
-    "belongs",
-    "depth",
-    "judge",
-    "prove",
-    "shielded",
-]
 
 # How long after the database deadline a KFP run's artifacts wait for ML Metadata's
 # account: the row-reaper records it when it handles that deadline, within seconds.
@@ -72,7 +57,9 @@ class Allowed:
 
 
 @dataclass(frozen=True, slots=True)
-class Refused:
+class Disallowed:
+    """Not this run's to delete (or not deletable as configured): said in the outcome."""
+
     item: CapturedItem
     reason: str
 
@@ -83,7 +70,7 @@ class Shared:
     by: tuple[str, ...]  # the other runs' uids
 
 
-Judgement: TypeAlias = Allowed | Refused | Shared
+Judgement: TypeAlias = Allowed | Disallowed | Shared
 
 
 def depth(key: str) -> int:
@@ -102,23 +89,23 @@ def judge(
     capture's)? `sharers`: other runs whose capture holds the same item."""
     store = config.store(item.store)
     if store is None:
-        return Refused(item, f"store {item.store!r} is not configured (artifacts.stores)")
+        return Disallowed(item, f"store {item.store!r} is not configured (artifacts.stores)")
     parts = item.key.split("/")
     inner = parts[:-1] if item.tree else parts
     if item.key.startswith("/") or any(part in ("", ".", "..") for part in inner):
-        return Refused(item, f"{item.key!r} is not a clean key (empty, '.' or '..' parts)")
+        return Disallowed(item, f"{item.key!r} is not a clean key (empty, '.' or '..' parts)")
     if item.tree and not item.key.endswith("/"):
-        return Refused(item, f"prefix {item.key!r} does not end in '/'")
+        return Disallowed(item, f"prefix {item.key!r} does not end in '/'")
     if not item.key.startswith(store.root):
-        return Refused(item, f"{item.key!r} is outside the store's root {store.url}")
+        return Disallowed(item, f"{item.key!r} is outside the store's root {store.url}")
     if depth(item.key) < store.min_prefix_depth:
-        return Refused(
+        return Disallowed(
             item,
             f"{item.key!r} has {depth(item.key)} parts, fewer than the store's "
             f"min_prefix_depth {store.min_prefix_depth}",
         )
     if (why := unowned(item, store, run, kind)) is not None:
-        return Refused(item, why)
+        return Disallowed(item, why)
     if sharers:
         return Shared(item, sharers)
     return Allowed(item)
@@ -136,9 +123,47 @@ def shielded(store: str, path: str, kept: Sequence[KeptItem]) -> bool:
     return any(k.item.store == store and belongs(k.item, path) for k in kept)
 
 
+Listing: TypeAlias = Sequence[tuple[CapturedItem, Sequence[StoredObject]]]
+
+
+def owned(
+    listed: Listing, kept: Sequence[KeptItem], protections: Sequence[Protection]
+) -> tuple[dict[str, list[StoredObject]], list[Protection]]:
+    """Of what was listed under each allowed item: the objects per store, each once, that
+    belong to it and to nothing another run still uses; and the protections that kept
+    something (or a whole item: a key another run records above it)."""
+    found: dict[str, dict[str, StoredObject]] = {}
+    guarding: list[Protection] = []
+    for item, objects in listed:
+        above = guarded(item.store, item.key.rstrip("/"), protections)
+        if above is not None and above not in guarding:
+            guarding.append(above)
+        for obj in objects:
+            if not belongs(item, obj.path) or shielded(item.store, obj.path, kept):
+                continue
+            if (keeps := guarded(item.store, obj.path, protections)) is not None:
+                if keeps not in guarding:
+                    guarding.append(keeps)
+                continue
+            found.setdefault(item.store, {})[obj.path] = obj
+    return {store: list(objects.values()) for store, objects in found.items()}, guarding
+
+
+def changed(judged: Sequence[StoredObject], now: Sequence[StoredObject]) -> list[str]:
+    """The paths of the judged objects that are there now with another size or etag (a
+    new object under the same key). One gone since is not changed: deleting it is a no-op."""
+    current = {obj.path: obj for obj in now}
+    return [
+        obj.path
+        for obj in judged
+        if (is_now := current.get(obj.path)) is not None
+        and (is_now.size != obj.size or is_now.etag != obj.etag)
+    ]
+
+
 @dataclass(frozen=True, slots=True)
-class Wait:
-    """Not yet: again at `until`."""
+class NotRecorded:
+    """ML Metadata's account is not recorded yet: again at `until`."""
 
     until: datetime
 
@@ -156,7 +181,7 @@ def awaits_metadata(
     database: PendingSchedule | None,
     now: datetime,
     retry: GateRetry,
-) -> Wait | GiveUp | None:
+) -> NotRecorded | GiveUp | None:
     """Whether a KFP run's artifacts wait for ML Metadata's account (None: they go on).
 
     They wait until just after the run's database deadline (when the row-reaper records
@@ -168,9 +193,9 @@ def awaits_metadata(
         return None
     first = database.deadline + METADATA_GRACE
     if now < first:
-        return Wait(first)
+        return NotRecorded(first)
     if now < database.deadline + retry.max_wait:
-        return Wait(now + retry.backoff)
+        return NotRecorded(now + retry.backoff)
     return GiveUp(
         f"ML Metadata's account of the run's artifacts was not recorded within "
         f"{retry.max_wait} of its database deadline (its rows kept, or not deleted yet); "

@@ -19,54 +19,38 @@ from datetime import datetime, timedelta
 from typing import Final, TypeAlias
 
 from lapse.events.models import CleanupDue
-from lapse.functions.ports import PendingSchedule
+from lapse.functions.reaping.stored import (
+    EARLY_TOLERANCE,
+    Backed,
+    NotYet,
+    StoredProof,
+    Unbacked,
+    prove,
+)
 
-# The scheduler fires at the deadline; a due event earlier than this is a clock-skewed or
-# hand-made one, and rows deleted early cannot be brought back.
-EARLY_TOLERANCE: Final = timedelta(seconds=1)
+__all__ = [
+    "EARLY_TOLERANCE",
+    "FINISH_TOLERANCE",
+    "Contradiction",
+    "Keep",
+    "MoveTo",
+    "NotOwned",
+    "NotYet",
+    "Proof",
+    "Proven",
+    "RunFacts",
+    "Unbacked",
+    "judge_facts",
+    "prove",
+]
+
 # Finish times are stored in whole seconds by KFP (FinishedAtInSec) and Argo's archive.
 FINISH_TOLERANCE: Final = timedelta(seconds=1)
 
-
-@dataclass(frozen=True, slots=True)
-class Proven:
-    """The deadline lapse stored has come: `due` is the stored due event's content."""
-
-    due: CleanupDue
-
-
-@dataclass(frozen=True, slots=True)
-class NotYet:
-    """The stored deadline is later than this due event: the stored schedule will fire."""
-
-    deadline: datetime
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Unbacked:
-    """No schedule lapse stored backs this due event: nothing is deleted."""
-
-    reason: str
-
-
-Proof: TypeAlias = Proven | NotYet | Unbacked
-
-
-def prove(claim: CleanupDue, stored: PendingSchedule | None, now: datetime) -> Proof:
-    """Whether the rows `claim` names are due, from what lapse stored alone."""
-    subject = f"{claim.run.subject} (uid {claim.run.uid})"
-    if stored is None:
-        return Unbacked(f"no schedule lapse stored backs this due event for {subject}")
-    if stored.deadline - now > EARLY_TOLERANCE:
-        return NotYet(
-            stored.deadline,
-            f"the deadline lapse stored for {subject} is {stored.deadline.isoformat()}",
-        )
-    if not stored.fired or stored.due is None:
-        # Pending and due: the server fires it any moment, and that is the event to act on.
-        return NotYet(stored.deadline, f"the schedule lapse stored for {subject} fires now")
-    return Proven(stored.due)
+# The stored-schedule proof moved to functions/reaping/stored.py (shared with the
+# artifact-reaper); these names stay importable from here.
+Proven = Backed
+Proof: TypeAlias = StoredProof
 
 
 @dataclass(frozen=True, slots=True)

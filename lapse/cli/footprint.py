@@ -25,15 +25,11 @@ from lapse.edges.rows import DatabaseUnavailable, SchemaMismatch, SqlRowStore
 from lapse.events.artifacts import Provider, RunArtifacts
 from lapse.events.run import RunRef
 from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture, capture
-from lapse.functions.artifact_reaper.ports import (
-    ObjectStores,
-    StoredObject,
-    StoreRefused,
-    StoreUnavailable,
-)
+from lapse.functions.artifact_reaper.ports import ObjectStores, StoredObject
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig
 from lapse.functions.artifact_reaper.verdict import Allowed, belongs, judge
 from lapse.functions.ports import RetryLater
+from lapse.functions.reaping import failures
 from lapse.functions.row_reaper import targets_for
 from lapse.functions.row_reaper.mlmd import DELETE_ORDER as MLMD_TABLES
 from lapse.functions.row_reaper.ports import Counted, Rejected, RunRows, Unavailable
@@ -159,7 +155,7 @@ class Footprints:
                 for obj in listed:
                     if belongs(item, obj.path):
                         found[(item.store, obj.path)] = obj
-        except (StoreUnavailable, StoreRefused) as exc:
+        except (failures.Unavailable, failures.Refused) as exc:
             self.notes.append(
                 f"{run.namespace}/{run.name}: artifacts not listed ({exc}); their size is unknown"
             )

@@ -11,6 +11,7 @@ S3 outage is real: the SeaweedFS process is stopped and started again on its por
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from lapse.events.run import Engine, RunRef, Target
 from lapse.events.types import EventType, Outcome
 from lapse.functions.artifact_reaper import ArtifactReaper, ArtifactsConfig
 from lapse.functions.artifact_reaper.metadata import CaptureMetadata
+from lapse.functions.artifact_reaper.ports import StoredObject
 from lapse.functions.policy import Policy
 from lapse.functions.ports import RetryLater
 from lapse.functions.row_reaper.mlmd import ArtifactAccount
@@ -370,7 +372,7 @@ async def test_the_brake_counts_objects(
         EventType.CLEANUP_FAILED,
         EventType.CLEANUP_COMPLETED,
     ]
-    assert "more than 3 objects due" in str(produced[0].get_data())
+    assert "more than 3 objects within 60s" in str(produced[0].get_data())
     assert parse_payload(produced[1], CleanupCompleted).outcome is Outcome.RESCHEDULED
     assert keys <= await present(s3)
     # The run's due event is put again for when the brake lets go.
@@ -479,3 +481,61 @@ async def test_a_kfp_runs_artifacts_follow_ml_metadatas_account(
     left = await present(s3)
     assert not own & left
     assert {model, f"{model}/saved.pb"} | beside <= left
+
+
+class RewrittenAfterListing(ObstoreStores):
+    """The real store (SeaweedFS); once `prefix` is first listed, `then` runs: another
+    run's write lands between the reaper's listing and its delete, the moment no test can
+    otherwise hit."""
+
+    def __init__(self, config: ArtifactsConfig, prefix: str, then: Any) -> None:
+        super().__init__(config)
+        self.prefix = prefix
+        self.then = then
+        self.listings = 0
+
+    async def list(self, store: str, prefix: str) -> list[StoredObject]:
+        listed = await super().list(store, prefix)
+        if prefix.rstrip("/") == self.prefix:
+            self.listings += 1
+            if self.then is not None:
+                then, self.then = self.then, None
+                await then()
+        return listed
+
+
+async def test_an_object_another_run_rewrites_after_the_listing_is_judged_again(
+    lapse: Lapse, seaweedfs: EmbeddedSeaweedFS
+) -> None:
+    """Between the listing and the delete another run writes one of the listed keys anew
+    and records it. The delete is held to the listing: the key's etag changed, so the
+    reaper reads and judges again, finds the other run's capture, and keeps its object."""
+    s3 = client(seaweedfs)
+    now = datetime.now(UTC)
+    wf = workflow("wf", now)
+    base = f"runs/team-a/wf/{wf.uid[:8]}"
+    theirs = {f"{base}/out-dir/part-0", f"{base}/out-dir/part-1"}
+    rewritten = f"{base}/out-dir/part-1"
+    await plant(s3, *theirs)
+    sub = await lapse.due_reader()
+    await lapse.finished(wf, recorded(f"{base}/out-dir"))
+    later = workflow("later", now + timedelta(hours=1))
+
+    async def another_run_writes() -> None:
+        await obstore.put_async(s3, rewritten, b"the later run's, and longer than before")
+        await lapse.finished(later, recorded(rewritten))
+
+    hooked = RewrittenAfterListing(lapse.config, f"{base}/out-dir", another_run_writes)
+    reaper = dataclasses.replace(lapse.reaper, stores=hooked)
+    while parse_payload(event := await next_due(sub, Target.ARTIFACTS), CleanupDue).run != wf:
+        pass
+    result = outcome(await reaper.handle(event))
+
+    left = await present(s3, f"{base}/")
+    assert left == {rewritten}, "the later run's object was deleted"
+    body = await (await obstore.get_async(s3, rewritten)).bytes_async()
+    assert bytes(body) == b"the later run's, and longer than before"
+    assert hooked.listings == 2, "not read again after the conflict"
+    assert result.outcome is Outcome.DELETED
+    assert result.detail.startswith("deleted 1 objects")
+    assert later.uid in result.detail  # shared, kept

@@ -20,7 +20,7 @@ from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStor
 from lapse.functions.artifact_reaper.verdict import (
     METADATA_GRACE,
     GiveUp,
-    Wait,
+    NotRecorded,
     awaits_metadata,
     shielded,
 )
@@ -125,10 +125,10 @@ def test_a_kfp_runs_artifacts_wait_for_the_account_until_just_after_the_database
         return awaits_metadata(run, captured, database, now, retry)
 
     first = database.deadline + METADATA_GRACE
-    assert wait(NOW) == Wait(first)
+    assert wait(NOW) == NotRecorded(first)
     # Still no account past the grace (rows kept, or the row-reaper waiting out its
     # database): every backoff up to max_wait past the deadline, then loudly nothing.
-    assert wait(first) == Wait(first + retry.backoff)
+    assert wait(first) == NotRecorded(first + retry.backoff)
     late = wait(database.deadline + retry.max_wait)
     assert isinstance(late, GiveUp) and "nothing was deleted" in late.reason
     # Without a database schedule, once recorded, or not KFP's: no wait.

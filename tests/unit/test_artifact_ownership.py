@@ -29,7 +29,7 @@ from lapse.functions.artifact_reaper.ownership import (
     unowned,
 )
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
-from lapse.functions.artifact_reaper.verdict import Allowed, Refused, judge
+from lapse.functions.artifact_reaper.verdict import Allowed, Disallowed, judge
 
 FINISHED = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -63,39 +63,39 @@ def _judge(key: str, *, tree: bool = False, run: RunRef | None = None, **spec: o
 
 def test_another_namespaces_finished_directory_is_kept() -> None:
     result = _judge("team-b/their-run")
-    assert isinstance(result, Refused)
+    assert isinstance(result, Disallowed)
     assert "outside the run's roots" in result.reason and "'team-a/'" in result.reason
 
 
 def test_a_two_part_key_naming_another_teams_prefix_is_kept_whatever_the_depth() -> None:
     # min_prefix_depth 2 is met by "team-b/data"; the root is what refuses it.
-    assert isinstance(_judge("team-b/data", min_prefix_depth=1), Refused)
-    assert isinstance(_judge("team-b/data/", tree=True, min_prefix_depth=1), Refused)
+    assert isinstance(_judge("team-b/data", min_prefix_depth=1), Disallowed)
+    assert isinstance(_judge("team-b/data/", tree=True, min_prefix_depth=1), Disallowed)
 
 
 def test_the_runs_own_key_is_allowed_and_its_whole_namespace_is_not() -> None:
     assert isinstance(_judge("team-a/wf/wf-1/main.log"), Allowed)
     whole = _judge("team-a/", tree=True, min_prefix_depth=1)
-    assert isinstance(whole, Refused) and "no one run's" in whole.reason
+    assert isinstance(whole, Disallowed) and "no one run's" in whole.reason
 
 
 def test_a_root_that_names_the_run_may_be_deleted_whole() -> None:
     spec = {"roots": ["{namespace}/{name}/"]}
     assert isinstance(_judge("team-a/wf/", tree=True, **spec), Allowed)
-    assert isinstance(_judge("team-a/other-wf/x", **spec), Refused)
+    assert isinstance(_judge("team-a/other-wf/x", **spec), Disallowed)
 
 
 def test_a_store_serving_other_namespaces_or_kinds_deletes_nothing_for_the_run() -> None:
     other = _judge("team-a/wf/x", namespaces=["team-b"])
-    assert isinstance(other, Refused) and "does not serve namespace 'team-a'" in other.reason
+    assert isinstance(other, Disallowed) and "does not serve namespace 'team-a'" in other.reason
     tekton = _judge("team-a/wf/x", kinds=["tekton-pipelinerun", "tekton-taskrun"])
-    assert isinstance(tekton, Refused) and "does not serve kind 'argo-workflow'" in tekton.reason
+    assert isinstance(tekton, Disallowed) and "does not serve kind 'argo-workflow'" in tekton.reason
 
 
 def test_a_capture_made_before_kinds_were_recorded_is_kept_by_a_store_naming_kinds() -> None:
     item = CapturedItem(store="argo", key="team-a/wf/x", tree=False)
     config = _config(_store(kinds=["argo-workflow"]))
-    assert isinstance(judge(item, config, (), _run(), None), Refused)
+    assert isinstance(judge(item, config, (), _run(), None), Disallowed)
 
 
 def test_a_label_template_renders_another_tenants_prefix_and_it_is_kept() -> None:
@@ -105,14 +105,14 @@ def test_a_label_template_renders_another_tenants_prefix_and_it_is_kept() -> Non
     captured = capture(_run(), "argo-workflow", None, _config(store))
     (item,) = captured.items
     assert item.key == "team-b/runs/"
-    assert isinstance(judge(item, _config(store), (), _run(), "argo-workflow"), Refused)
+    assert isinstance(judge(item, _config(store), (), _run(), "argo-workflow"), Disallowed)
     assert any("deprecated" in warning for warning in store.warnings())
 
 
 def test_run_id_is_a_label_and_is_bounded_too() -> None:
     store = _store(capture={"argo-workflow": ["{run_id}/"]})
     (item,) = capture(_run(kfp_run_id="team-b"), "argo-workflow", None, _config(store)).items
-    assert isinstance(judge(item, _config(store), (), _run(), "argo-workflow"), Refused)
+    assert isinstance(judge(item, _config(store), (), _run(), "argo-workflow"), Disallowed)
 
 
 def test_a_declared_identity_capture_is_the_runs_own_outside_the_default_root() -> None:
@@ -122,7 +122,7 @@ def test_a_declared_identity_capture_is_the_runs_own_outside_the_default_root() 
     assert isinstance(judge(item, _config(store), (), _run(), "argo-workflow"), Allowed)
     # The same prefix recorded by another namespace's run is not that run's.
     other = _run("team-c", uid="u-9")
-    assert isinstance(judge(item, _config(store), (), other, "argo-workflow"), Refused)
+    assert isinstance(judge(item, _config(store), (), other, "argo-workflow"), Disallowed)
 
 
 def test_an_argo_runs_key_never_reaches_a_store_serving_tekton_only() -> None:

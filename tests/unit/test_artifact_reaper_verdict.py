@@ -20,8 +20,17 @@ from lapse.events.artifacts import RunArtifacts, StoredArtifact
 from lapse.events.kinds import DEFAULT_KINDS
 from lapse.events.run import Engine, RunRef, Target
 from lapse.functions.artifact_reaper.capture import CapturedItem, capture, render
+from lapse.functions.artifact_reaper.ports import StoredObject
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
-from lapse.functions.artifact_reaper.verdict import Allowed, Refused, Shared, belongs, depth, judge
+from lapse.functions.artifact_reaper.verdict import (
+    Allowed,
+    Disallowed,
+    Shared,
+    belongs,
+    changed,
+    depth,
+    judge,
+)
 from lapse.functions.policy import Action, Policy, decide
 
 FINISHED = datetime(2026, 1, 1, tzinfo=UTC)
@@ -43,7 +52,7 @@ def _config(**store: object) -> ArtifactsConfig:
 
 def _judge(
     item: CapturedItem, config: ArtifactsConfig, sharers: tuple[str, ...] = ()
-) -> Allowed | Refused | Shared:
+) -> Allowed | Disallowed | Shared:
     """A Job of team-a's (`_run`)."""
     return judge(item, config, sharers, _run(), "job")
 
@@ -69,13 +78,13 @@ def test_an_item_inside_the_root_and_deep_enough_is_allowed() -> None:
 )
 def test_shallow_outside_or_unclean_items_are_refused(key: str, tree: bool, why: str) -> None:
     result = _judge(CapturedItem(store="logs", key=key, tree=tree), _config())
-    assert isinstance(result, Refused)
+    assert isinstance(result, Disallowed)
     assert why in result.reason
 
 
 def test_an_item_of_a_store_no_longer_configured_is_refused() -> None:
     result = _judge(CapturedItem(store="gone", key="root/a/b/", tree=True), _config())
-    assert isinstance(result, Refused)
+    assert isinstance(result, Disallowed)
     assert "not configured" in result.reason
 
 
@@ -86,7 +95,7 @@ def test_an_item_another_run_captured_is_shared() -> None:
 
 def test_a_refusal_outranks_sharing() -> None:
     item = CapturedItem(store="logs", key="root/team-a/", tree=True)
-    assert isinstance(_judge(item, _config(), ("u-2",)), Refused)
+    assert isinstance(_judge(item, _config(), ("u-2",)), Disallowed)
 
 
 def test_belongs_takes_the_key_and_what_is_under_it_never_a_sibling() -> None:
@@ -256,3 +265,20 @@ def test_without_any_clock_artifacts_are_kept_like_rows() -> None:
 
 def test_the_job_kind_is_named_for_templates() -> None:
     assert DEFAULT_KINDS.of("batch/v1", "Job").name == "job"
+
+
+def test_an_object_listed_again_with_another_size_or_etag_has_changed() -> None:
+    judged = [
+        StoredObject("a", 1, '"e1"'),
+        StoredObject("b", 2, '"e2"'),
+        StoredObject("c", 3, '"e3"'),
+        StoredObject("gone", 4, '"e4"'),
+    ]
+    now = [
+        StoredObject("a", 1, '"e1"'),  # as judged
+        StoredObject("b", 2, '"other"'),  # written anew, same size
+        StoredObject("c", 30, '"e3"'),  # another size
+    ]
+    # Gone since is no change: deleting it is a no-op.
+    assert changed(judged, now) == ["b", "c"]
+    assert changed(judged, judged) == []

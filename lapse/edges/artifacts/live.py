@@ -10,8 +10,8 @@ something is about to be deleted reads what is true at that moment (a consistent
 in pages of 500). Its cost is one list of the Workflows a pass that deletes something
 (docs/architecture.md, "The artifact-reaper").
 
-The API server not answering is `RetryLater` (waited out); refusing (403) is
-`LiveRunsRefused`: nothing is deleted without this read.
+The API server not answering is `Unavailable` (waited out); refusing (403) is `Refused`
+(functions/reaping/failures.py): nothing is deleted without this read.
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from lapse.events.adapters.argo_artifacts import argo_references
 from lapse.events.kinds import KindSpec
 from lapse.events.run import Engine
 from lapse.functions.artifact_reaper.ownership import LiveArtifact
-from lapse.functions.artifact_reaper.ports import LiveRunsRefused
-from lapse.functions.ports import RetryLater
+from lapse.functions.reaping.failures import Refused, Unavailable
 
 PAGE: Final = 500
 RETRY_DELAY: Final = 1.0
@@ -64,12 +63,12 @@ class KubeLiveRuns:
                 if failure is None:
                     raise
                 if failure.status in (401, 403):
-                    raise LiveRunsRefused(
+                    raise Refused(
                         f"cannot list {kind.kind} in all namespaces (HTTP {failure.status}) "
                         "to keep what live runs record: the artifact-reaper needs list on "
-                        f"{kind.resource}.{kind.group}"
+                        f"{kind.resource}.{kind.group}; nothing was deleted"
                     ) from exc
-                raise RetryLater(
+                raise Unavailable(
                     f"cannot list {kind.kind} to keep what live runs record: {failure.message}",
                     failure.retry_after or RETRY_DELAY,
                 ) from exc

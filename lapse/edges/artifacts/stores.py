@@ -9,9 +9,10 @@ keep them: AWS_* variables, web identity tokens (EKS IRSA / pod identity), ECS a
 instance metadata; GOOGLE_* and workload identity on GKE; AZURE_* and managed identity.
 lapse.yaml names stores, never credentials.
 
-Failures are judged here, once: a refusal retrying will not change (403, 401, no such
-bucket) is `StoreRefused`; everything else (timeouts, refused connections, 5xx, 429) is
-`StoreUnavailable`, an outage the reaper waits out. obstore's own retries are kept short,
+Failures are judged here, once, into the one failure hierarchy
+(functions/reaping/failures.py): a refusal retrying will not change (403, 401, no such
+bucket) is `Refused`; everything else (timeouts, refused connections, 5xx, 429) is
+`Unavailable`, an outage the reaper waits out. obstore's own retries are kept short,
 so an outage reaches the runtime's back-off (lapse/runtime/outages.py) and shows in
 `lapse status`, instead of hiding inside one call for minutes.
 """
@@ -27,10 +28,12 @@ from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 from obstore.store import AzureStore, GCSStore, S3Store
 
 from lapse import telemetry
-from lapse.functions.artifact_reaper.ports import StoredObject, StoreRefused, StoreUnavailable
+from lapse.functions.artifact_reaper.ports import StoredObject
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
+from lapse.functions.reaping.failures import Refused, Unavailable
 
 if TYPE_CHECKING:
+    from obstore import ObjectMeta
     from obstore.store import ClientConfig, ObjectStore, RetryConfig
 
 # Short on purpose (see the module docstring), yet room for a DeleteObjects of 1,000 keys
@@ -39,6 +42,9 @@ TIMEOUT: Final = timedelta(seconds=60)
 CONNECT_TIMEOUT: Final = timedelta(seconds=3)
 RETRIES: Final = 2
 LIST_PAGE: Final = 1000
+# The first wait for a store that does not answer; the runtime's back-off takes it from
+# there (lapse/runtime/outages.py: doubling to 60 s).
+RETRY_DELAY: Final = 1.0
 # What a refusal says: the S3 error codes, and the HTTP statuses obstore reports in its
 # generic errors (a listing's 403 is not a PermissionDeniedError).
 _REFUSALS: Final = (
@@ -62,7 +68,7 @@ class ObstoreStores:
         if name not in self._open:
             spec = self._config.store(name)
             if spec is None:
-                raise StoreRefused(f"store {name!r} is not configured")
+                raise Refused(_refused(name, "not configured (artifacts.stores)"))
             self._open[name] = open_store(spec)
         return self._open[name]
 
@@ -72,7 +78,7 @@ class ObstoreStores:
             stream = obstore.list(self._store(store), prefix, chunk_size=LIST_PAGE)
             try:
                 async for page in stream:
-                    found += [StoredObject(meta["path"], meta["size"]) for meta in page]
+                    found += [_stored(meta) for meta in page]
             except FileNotFoundError as exc:  # nothing under the prefix, unless the bucket is gone
                 if "NoSuchBucket" in str(exc):
                     raise
@@ -84,7 +90,32 @@ class ObstoreStores:
                 meta = await obstore.head_async(self._store(store), key)
             except FileNotFoundError:
                 return None
-        return StoredObject(meta["path"], meta["size"])
+        return _stored(meta)
+
+    async def current(
+        self, store: str, objects: Sequence[StoredObject]
+    ) -> tuple[StoredObject, ...]:
+        """One listing under the objects' longest common '/'-separated prefix, in key order
+        (S3 lists in UTF-8 binary order), up to the last of them: a batch is a run of
+        consecutive keys of one listing, so this reads about as many as it checks."""
+        if not objects:
+            return ()
+        paths = sorted(obj.path for obj in objects)
+        wanted = set(paths)
+        last = paths[-1]
+        prefix = _common_folder(paths[0], last)
+        found: list[StoredObject] = []
+        with _judged(store):
+            stream = obstore.list(self._store(store), prefix or None, chunk_size=LIST_PAGE)
+            try:
+                async for page in stream:
+                    found += [_stored(meta) for meta in page if meta["path"] in wanted]
+                    if page and page[-1]["path"] >= last:
+                        break
+            except FileNotFoundError as exc:
+                if "NoSuchBucket" in str(exc):
+                    raise
+        return tuple(found)
 
     async def delete(self, store: str, objects: Sequence[StoredObject]) -> None:
         if not objects:
@@ -126,7 +157,7 @@ class _judged:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: Any) -> None:
         if exc is None or not isinstance(exc, Exception):
             return
-        if isinstance(exc, StoreRefused | StoreUnavailable):
+        if isinstance(exc, Refused | Unavailable):
             return
         full = " ".join(str(exc).split())
         text = full[:300]
@@ -135,5 +166,24 @@ class _judged:
         if isinstance(exc, PermissionDeniedError | UnauthenticatedError) or any(
             word in full for word in _REFUSALS
         ):
-            raise StoreRefused(f"{self._store}: {text}") from exc
-        raise StoreUnavailable(f"{self._store}: {text}") from exc
+            raise Refused(_refused(self._store, text)) from exc
+        raise Unavailable(f"object store unavailable: {self._store}: {text}", RETRY_DELAY) from exc
+
+
+def _refused(store: str, text: str) -> str:
+    """A refusal's reason names the store: misconfigured credentials must be loud."""
+    return f"the object store refused: {store}: {text}; nothing more was deleted"
+
+
+def _common_folder(first: str, last: str) -> str:
+    """The longest run of whole '/'-separated parts both keys start with, ending in '/'."""
+    common: list[str] = []
+    for a, b in zip(first.split("/")[:-1], last.split("/")[:-1], strict=False):
+        if a != b:
+            break
+        common.append(a + "/")
+    return "".join(common)
+
+
+def _stored(meta: ObjectMeta) -> StoredObject:
+    return StoredObject(meta["path"], meta["size"], meta.get("e_tag"))
