@@ -16,10 +16,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from lapse.functions.row_reaper.batches import row_keys, split
 from lapse.functions.row_reaper.ports import RowStore, RunResult, RunRows
 from lapse.functions.row_reaper.targets import TargetSpec
+
+# The runs of one transaction at most: the dispatcher's fetch (lapse/runtime/dispatcher.py),
+# the size lapse's transactions had when a fetch was one. Each holds its runs' parent rows
+# locked while it deletes: bigger ones make KFP's own garbage collector (its range scans
+# FOR UPDATE) the deadlock victim more often.
+MAX_RUNS: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +44,7 @@ class CoalescingRowStore:
     `inner`'s transactions: one transaction at a time, each holding what arrived while the
     one before it ran (at most `max_runs` runs)."""
 
-    def __init__(self, inner: RowStore, *, max_runs: int = 256) -> None:
+    def __init__(self, inner: RowStore, *, max_runs: int = MAX_RUNS) -> None:
         self.inner = inner
         self.max_runs = max_runs
         self._waiting: list[_Waiting] = []
