@@ -42,7 +42,7 @@ from lapse.config import NatsConfig, Streams
 from lapse.edges import streams
 from lapse.edges.database import create_engine
 from lapse.edges.publishing import NatsEmitter
-from lapse.edges.rows import open_row_store
+from lapse.edges.rows import CoalescingRowStore, open_row_store
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
 from lapse.events.builder import build_event
@@ -127,7 +127,7 @@ async def bench(kind: str, runs: int, concurrency: int, js: JetStreamContext, pa
             await store_fired(js, events)
             emitter = CountingEmitter(NatsEmitter(js, Streams()) if path == "dispatcher" else None)
             reaper = RowReaper(
-                rows=await open_row_store(engine, [kfp_target()]),
+                rows=CoalescingRowStore(await open_row_store(engine, [kfp_target()])),
                 schedules=NatsScheduleStore(js, Streams()),
                 emitter=emitter,
                 # The benchmark measures the deletes: neither limit may hold them back.

@@ -71,6 +71,10 @@ class RunRows:
     # run; an empty account when MLMD has no such run). What it raises is raised by
     # `delete`, and nothing is committed: the account is never lost with the rows.
     record: Callable[[ArtifactAccount], Awaitable[None]] | None = None
+    # The run uids these rows were proved for (lapse's stored run): a store that puts
+    # several runs in one transaction keeps two runs naming one uid apart
+    # (functions/row_reaper/batches.py).
+    uids: tuple[str, ...] = ()
 
 
 class MetadataRecorder(Protocol):
@@ -90,7 +94,8 @@ class RowStore(Protocol):
     async def delete(self, runs: Sequence[RunRows], *, dry_run: bool) -> list[RunResult]:
         """Delete the rows of every run and report one result per run.
 
-        Many runs go into one transaction; a run's rows are either all deleted and
+        Many runs go into one transaction (the row-reaper hands one run per call; the
+        edge's coalescing front gathers concurrent calls); a run's rows are either all deleted and
         committed (`Counted`) or none are; a run whose precondition fails keeps them all
         (`Contradicted`). With `dry_run` nothing is deleted and the counts say what would
         have been. Database trouble is reported, never raised.

@@ -25,7 +25,7 @@ from lapse.edges.artifacts import (
 from lapse.edges.kubernetes import KubeEvents, api_failure
 from lapse.edges.kubernetes.reaping import ReapedObjects
 from lapse.edges.limits import ARTIFACTS, OBJECTS, ROWS, NatsBrake, NatsRateLimit, limits_bucket
-from lapse.edges.rows import DatabaseUnavailable, SqlRowStore, open_row_store
+from lapse.edges.rows import CoalescingRowStore, DatabaseUnavailable, SqlRowStore, open_row_store
 from lapse.events.kinds import KindSpec
 from lapse.functions.artifact_reaper import ArtifactReaper
 from lapse.functions.artifact_reaper.metadata import CaptureMetadata
@@ -222,7 +222,8 @@ async def _row_reaper(resources: Resources) -> Handler | None:
         else None
     )
     return RowReaper(
-        rows=store,
+        # Concurrent due events' deletes share transactions (lapse/edges/rows/coalesce.py).
+        rows=CoalescingRowStore(store),
         schedules=await resources.schedules(),
         emitter=await resources.emitter(),
         safety=resources.config.safety,

@@ -1,6 +1,7 @@
 """The row-reaper's batches as `lapse up` runs them: the dispatcher hands a fetch's due
-events to `RowReaper.handle_batch`, their runs' rows go in one transaction, and each
-message is still settled on its own.
+events to `RowReaper.handle_batch`, which handles them side by side; the row store's
+coalescing front (lapse/edges/rows/coalesce.py) puts their runs' rows in shared
+transactions, and each message is still settled on its own.
 
 Real servers throughout: the due events are fired messages in a real NATS schedule stream
 (what the scheduler leaves behind, and the proof the row-reaper reads back), the rows are
@@ -23,7 +24,7 @@ from nats.js import JetStreamContext
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from lapse.config import NatsConfig, Streams
-from lapse.edges.rows import open_row_store
+from lapse.edges.rows import CoalescingRowStore, open_row_store
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.events.builder import build_event, outcome_id, parse_payload
 from lapse.events.models import CleanupCompleted, CleanupDue, CleanupFailed
@@ -100,7 +101,8 @@ async def fire(js: JetStreamContext, events: list[BaseCloudEvent]) -> None:
 
 async def reaper(js: JetStreamContext, rows: RowStore, emitter: ListEmitter) -> RowReaper:
     return RowReaper(
-        rows=rows,
+        # As `lapse up` gives it (lapse/runtime/registry.py): concurrent deletes coalesce.
+        rows=CoalescingRowStore(rows),
         schedules=NatsScheduleStore(js, STREAMS),
         emitter=emitter,
         safety=SafetyConfig.model_validate({"mass_deletion_brake": {"enabled": False}}),

@@ -40,7 +40,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from lapse.config import DatabaseTargets
 from lapse.edges.database import create_engine
-from lapse.edges.rows import DatabaseUnavailable, SchemaMismatch, SqlRowStore, open_row_store
+from lapse.edges.rows import (
+    CoalescingRowStore,
+    DatabaseUnavailable,
+    SchemaMismatch,
+    SqlRowStore,
+    open_row_store,
+)
 from lapse.events.builder import build_event, outcome_id, parse_payload
 from lapse.events.models import CleanupCompleted, CleanupDue, CleanupFailed
 from lapse.events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
@@ -118,11 +124,14 @@ async def engine(database: Database) -> AsyncIterator[AsyncEngine]:
 
 
 class Backed:
-    """A RowReaper whose every due event is one lapse stored (fired by the scheduler)."""
+    """A RowReaper whose every due event is one lapse stored (fired by the scheduler), on
+    the store's coalescing front as `lapse up` gives it (lapse/runtime/registry.py)."""
 
     def __init__(self, rows: RowStore, emitter: ListEmitter, **options: Any) -> None:
         self.stored = FakeSchedules()
-        self.inner = RowReaper(rows=rows, schedules=self.stored, emitter=emitter, **options)
+        self.inner = RowReaper(
+            rows=CoalescingRowStore(rows), schedules=self.stored, emitter=emitter, **options
+        )
 
     async def handle(self, event: BaseCloudEvent) -> list[BaseCloudEvent]:
         return await self.inner.handle(self.stored.fired(event))

@@ -384,7 +384,9 @@ async def test_a_run_outside_safety_namespaces_is_skipped_and_the_database_never
     rows = FakeRows()
     emitter, schedules = ListEmitter(), FakeSchedules()
     safety = SafetyConfig.model_validate({"namespaces": namespaces})
-    handler = RowReaper(rows, schedules, emitter, safety=safety, clock=lambda: NOW)
+    handler = RowReaper(
+        rows=rows, schedules=schedules, emitter=emitter, safety=safety, clock=lambda: NOW
+    )
 
     result = completed((await handler.handle(schedules.fired(due())))[0])
 

@@ -208,7 +208,10 @@ async def test_a_deletion_is_one_span_with_its_outcome_and_metrics(
     late = DEADLINE + timedelta(seconds=2.5)
     stored = FakeSchedules()
     reaper = RowReaper(
-        Rows(Counted((("kfp", "run_details", 1),))), stored, Emitted(), clock=lambda: late
+        rows=Rows(Counted((("kfp", "run_details", 1),))),
+        schedules=stored,
+        emitter=Emitted(),
+        clock=lambda: late,
     )
     handler = telemetry.InstrumentedHandler("row-reaper", reaper)
     (completed,) = await handler.handle(stored.fired(due_event()))
@@ -247,7 +250,10 @@ async def test_a_retry_is_neither_an_error_nor_an_outcome(
 ) -> None:
     stored = FakeSchedules()
     reaper = RowReaper(
-        Rows(Unavailable("connection refused")), stored, Emitted(), clock=lambda: DEADLINE
+        rows=Rows(Unavailable("connection refused")),
+        schedules=stored,
+        emitter=Emitted(),
+        clock=lambda: DEADLINE,
     )
     handler = telemetry.InstrumentedHandler("row-reaper", reaper)
     with pytest.raises(RetryLater):

@@ -10,16 +10,20 @@ Deleting: one transaction per call, whatever number of runs it carries (`IN (...
 table). Per-run counts come from `DELETE ... RETURNING` where the dialect has it
 (PostgreSQL, MariaDB, SQLite), otherwise from a locking `SELECT ... GROUP BY` before the
 DELETE. A failed batch is retried run by run, so one bad run cannot hold back the others.
+`CoalescingRowStore` (coalesce.py) is the front the row-reaper is given: the deletes of
+runs handled concurrently share transactions, no two runs naming one uid or row key.
 Database trouble is classified here, because only this module knows the drivers' errors:
 `Unavailable` (retry later: unreachable, deadlock, lock timeout, shutdown) or `Rejected`
 (retrying cannot help: bad data, a foreign key from an undeclared table).
 """
 
+from lapse.edges.rows.coalesce import CoalescingRowStore
 from lapse.edges.rows.failures import classify_failure
 from lapse.edges.rows.reflect import SchemaMismatch
 from lapse.edges.rows.store import DatabaseUnavailable, SqlRowStore, open_row_store
 
 __all__ = [
+    "CoalescingRowStore",
     "DatabaseUnavailable",
     "SchemaMismatch",
     "SqlRowStore",
