@@ -331,10 +331,10 @@ async def test_database_and_s3_outages_are_waited_out_with_one_outcome_per_due_e
             )
         print(
             f"\nlapse ups running {started:.1f} s after the start; lines cut {mended - cut:.1f} s"
-            f" (every deadline inside, the last {AFTER_DUE:.0f} s before the mend), both reapers"
-            f" waiting in `lapse status` {waited:.1f} s after the cut; 0 lost, 0 early, DLQ 0,"
-            f" lapse up never exited; {time.monotonic() - began:.1f} s in all:\n  "
-            + "\n  ".join(report)
+            f" (every deadline inside, the last {mended - due_by:.1f} s before the mend), both"
+            f" reapers waiting in `lapse status` {waited:.1f} s after the cut; 0 lost, 0 early,"
+            " DLQ 0, lapse up never exited;"
+            f" {time.monotonic() - began:.1f} s in all:\n  " + "\n  ".join(report)
         )
     finally:
         for rig in rigs:
