@@ -287,9 +287,10 @@ async def test_database_and_s3_outages_are_waited_out_with_one_outcome_per_due_e
             async def gone() -> bool:
                 return not (await rig.rows_left() or await present(s3, f"fault/{rig.ns}/"))
 
-            # The next try comes within one back-off (at most 16 s x 1.2 this far in) plus,
-            # black-holed, one timeout of a call sent just before the mend.
-            await wait_for(gone, timeout=45, interval=0.5)
+            # The next try comes within one back-off (16 s x 1.2 this far in; 32 s x 1.2
+            # had `lapse status` been slow to show the wait) plus, black-holed, one timeout
+            # of a call sent just before the mend.
+            await wait_for(gone, timeout=60, interval=0.5)
             return time.monotonic() - mended
 
         took = await asyncio.gather(*(drained(rig) for rig in rigs))
