@@ -145,7 +145,10 @@ class Footprints:
         """The objects the reaper would list under the allowed items (each once), or None
         when a store did not answer or refused (said in the notes)."""
         if self._stores is None:
-            self._stores = ObstoreStores(self.config)
+            settings = self.resources.config.artifacts
+            self._stores = ObstoreStores(
+                self.config, timeout=settings.timeout, connect_timeout=settings.connect_timeout
+            )
         found: dict[tuple[str, str], StoredObject] = {}
         try:
             for item in allowed:
@@ -243,8 +246,11 @@ class RowFootprints:
         if self._down:
             return False
         if self._store is None:
+            settings = self.resources.config.database
             self._store = SqlRowStore(
-                self.resources.database(), targets_for(self.resources.config.database.targets)
+                self.resources.database(),
+                targets_for(settings.targets),
+                timeout=settings.statement_timeout.total_seconds(),
             )
         try:
             await self._store.start()

@@ -17,7 +17,7 @@ from kubernetes import client
 from lapse.cli import cluster, state
 from lapse.cli.common import settings_from, state_dir_of
 from lapse.config import LapseConfig
-from lapse.config.schema import NATS_AUTH_KEYS
+from lapse.config.schema import NATS_AUTH_KEYS, ArtifactsSection
 from lapse.edges.kubernetes import load_api_client
 from lapse.embedded.kube import EmbeddedKube, policy_crds, run_kind_crds
 from lapse.embedded.nats import EmbeddedNats
@@ -30,7 +30,7 @@ from lapse.embedded.nats_identities import (
 )
 from lapse.embedded.process import ServerStartError, free_port, port_open
 from lapse.embedded.seaweedfs import REGION, EmbeddedSeaweedFS, weed_binary
-from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
+from lapse.functions.artifact_reaper.stores import ArtifactStore
 from lapse.runtime import shutdown
 from lapse.runtime.consumers import owned_durables, retired_durables
 from lapse.runtime.ingress import listen_token
@@ -153,17 +153,17 @@ def start_embedded_s3(state_dir: Path) -> EmbeddedSeaweedFS | None:
     return server
 
 
-def embedded_store(server: EmbeddedSeaweedFS) -> ArtifactsConfig:
+def embedded_store(server: EmbeddedSeaweedFS, artifacts: ArtifactsSection) -> ArtifactsSection:
     """One store over the embedded bucket: what a run records there (an Argo Workflow's
     output artifacts and archived logs, KFP's through its Workflow) is deleted on the
-    artifacts clock."""
+    artifacts clock. The rest of `artifacts` (the client's timeouts) is kept."""
     store = ArtifactStore(
         name=EMBEDDED_STORE,
         url=f"s3://{EMBEDDED_BUCKET}/",
         endpoint=server.endpoint,
         region=REGION,
     )
-    return ArtifactsConfig(stores=(store,))
+    return artifacts.model_copy(update={"stores": (store,)})
 
 
 # How long the embedded API server may take to serve the CRDs it was just given.
@@ -254,7 +254,8 @@ def run_up(args: argparse.Namespace) -> int:
             if not config.artifacts.stores:
                 s3 = start_embedded_s3(state_dir)
             if s3 is not None:
-                config = config.model_copy(update={"artifacts": embedded_store(s3)})
+                artifacts = embedded_store(s3, config.artifacts)
+                config = config.model_copy(update={"artifacts": artifacts})
                 log.info(
                     "no artifacts.stores configured: started an S3 server (SeaweedFS) at %s, "
                     "bucket %s, store %r (its keys in %s, 0600)",

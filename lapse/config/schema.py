@@ -284,10 +284,29 @@ class DatabaseTargets(_Section):
         return self
 
 
+# How long lapse waits on a server before it counts as down (docs/architecture.md, "Faults,
+# tested"). A server that refuses is known at once; one that never answers (black-holed by
+# a firewall, a dead node, a lost NAT entry) only when a timeout ends the wait, and then
+# the event is waited out with back-off like any outage: these bound how long one try can
+# hold a reaper, never whether the work is done.
+DATABASE_CONNECT_TIMEOUT = timedelta(seconds=10)
+DATABASE_STATEMENT_TIMEOUT = timedelta(seconds=60)
+DATABASE_POOL_TIMEOUT = timedelta(seconds=30)
+STORE_TIMEOUT = timedelta(seconds=60)
+STORE_CONNECT_TIMEOUT = timedelta(seconds=3)
+
+
 class DatabaseConfig(_Section):
     # Absent: `lapse demo` uses a local SQLite file.
     url: Annotated[str, AfterValidator(_database_url)] | None = Field(default=None, repr=False)
     targets: DatabaseTargets = DatabaseTargets()
+    # Opening a connection (TCP, TLS, authentication).
+    connect_timeout: PositiveDuration = DATABASE_CONNECT_TIMEOUT
+    # One call of the row store: a read, or one batch's transaction (connecting, its
+    # statements, its commit). Room for a batch of large deletes on a busy server.
+    statement_timeout: PositiveDuration = DATABASE_STATEMENT_TIMEOUT
+    # Waiting for a free connection of the pool (SQLAlchemy's pool_timeout).
+    pool_timeout: PositiveDuration = DATABASE_POOL_TIMEOUT
 
 
 class KubernetesConfig(_Section):
@@ -358,6 +377,17 @@ Kinds = Annotated[
 ]
 
 
+class ArtifactsSection(ArtifactsConfig):
+    """lapse.yaml's `artifacts`: the stores (the artifact-reaper's own configuration) and
+    how long the object store client waits on them, which only the edge reads."""
+
+    # One request (obstore's retries of it included: they stop when it is spent). Room for
+    # a DeleteObjects of 1,000 keys on a slow server (SeaweedFS on 2 busy cores: up to 4 s).
+    timeout: PositiveDuration = STORE_TIMEOUT
+    # Opening a connection.
+    connect_timeout: PositiveDuration = STORE_CONNECT_TIMEOUT
+
+
 class LapseConfig(_Section):
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
@@ -369,4 +399,4 @@ class LapseConfig(_Section):
     ingress: IngressConfig = IngressConfig()
     kinds: Kinds = Field(default_factory=lambda: resolve_kinds(DEFAULT_KIND_NAMES))
     # The object stores of the artifacts target (functions/artifact_reaper/stores.py).
-    artifacts: ArtifactsConfig = ArtifactsConfig()
+    artifacts: ArtifactsSection = ArtifactsSection()

@@ -10,6 +10,7 @@ can instrument only one engine per process.
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from typing import Any, Final
 
 from opentelemetry.trace import Span
@@ -20,6 +21,7 @@ from sqlalchemy.engine.interfaces import DBAPICursor, ExecutionContext
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from lapse.config import async_url
+from lapse.config.schema import DATABASE_CONNECT_TIMEOUT, DATABASE_POOL_TIMEOUT
 from lapse.telemetry import client_span, count_database_statement, end_client_span
 from lapse.telemetry.names import (
     DB_COLLECTION,
@@ -41,14 +43,40 @@ _QUERY_LIMIT: Final = 2048
 _SPAN: Final = "_lapse_span"
 
 
-def create_engine(url: str | URL, *, pool_size: int = 5) -> AsyncEngine:
+# Each driver's name for its connect timeout: asyncpg's bounds the whole connect (default
+# 60 s), aiomysql's the TCP connect (default none). The row store's statement_timeout
+# bounds the rest of a call, the handshake included.
+_CONNECT_TIMEOUT_ARG: Final = {"postgresql": "timeout", "mysql": "connect_timeout"}
+
+
+def create_engine(
+    url: str | URL,
+    *,
+    pool_size: int = 5,
+    connect_timeout: timedelta = DATABASE_CONNECT_TIMEOUT,
+    pool_timeout: timedelta = DATABASE_POOL_TIMEOUT,
+) -> AsyncEngine:
+    """An engine for `url`. A server that never answers holds a connect no longer than
+    `connect_timeout`, and a caller waits for a pooled connection no longer than
+    `pool_timeout` (lapse.yaml's database.connect_timeout and database.pool_timeout)."""
     target = async_url(url)
     if target.get_backend_name() == "sqlite":
         engine = create_async_engine(target)
     else:
-        engine = create_async_engine(target, pool_size=pool_size, pool_pre_ping=True)
+        engine = create_async_engine(
+            target,
+            pool_size=pool_size,
+            pool_pre_ping=True,
+            pool_timeout=pool_timeout.total_seconds(),
+            connect_args=_connect_args(target, connect_timeout),
+        )
     trace_statements(engine)
     return engine
+
+
+def _connect_args(url: URL, connect_timeout: timedelta) -> dict[str, Any]:
+    name = _CONNECT_TIMEOUT_ARG.get(url.get_backend_name())
+    return {} if name is None else {name: connect_timeout.total_seconds()}
 
 
 def trace_statements(engine: AsyncEngine) -> None:

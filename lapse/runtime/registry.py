@@ -144,8 +144,9 @@ async def _artifact_reaper(resources: Resources) -> Handler | None:
         log.warning("%s", warning)
     # The artifacts' own limits, counting objects, shared by every artifact-reaper process.
     rate_limit, brake = await _limits(resources, ARTIFACTS)
+    stores = ObstoreStores(config, timeout=config.timeout, connect_timeout=config.connect_timeout)
     return ArtifactReaper(
-        stores=ObstoreStores(config),
+        stores=stores,
         captures=await _captures(resources),
         schedules=await resources.schedules(),
         emitter=await resources.emitter(),
@@ -208,7 +209,10 @@ async def _row_reaper(resources: Resources) -> Handler | None:
     targets = targets_for(resources.config.database.targets)
     if not targets:
         return None
-    store = await _when_reachable(lambda: open_row_store(resources.database(), targets))
+    timeout = resources.config.database.statement_timeout.total_seconds()
+    store = await _when_reachable(
+        lambda: open_row_store(resources.database(), targets, timeout=timeout)
+    )
     for target, schema in store.schemas.items():
         log.info("row-reaper: %s: %s", target, schema)
     # The rows' own limits, shared by every row-reaper process (lapse/edges/limits.py).

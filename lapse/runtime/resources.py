@@ -189,9 +189,14 @@ class Resources:
 
     def database(self) -> AsyncEngine:
         if self._engine is None:
-            if not self.config.database.url:
+            settings = self.config.database
+            if not settings.url:
                 raise MissingSetting("database.url is not set (LAPSE_DATABASE__URL)")
-            self._engine = database.create_engine(self.config.database.url)
+            self._engine = database.create_engine(
+                settings.url,
+                connect_timeout=settings.connect_timeout,
+                pool_timeout=settings.pool_timeout,
+            )
         return self._engine
 
     async def close(self) -> None:

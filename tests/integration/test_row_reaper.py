@@ -797,6 +797,27 @@ async def test_hanging_database_times_out_into_retry_later(
     assert result.outcome is Outcome.DELETED
 
 
+async def test_a_postgresql_that_never_answers_a_connect_is_given_up_at_the_connect_timeout(
+    postgres: Database,
+) -> None:
+    # database.connect_timeout reaches asyncpg (whose own default is 60 s). The outer bound
+    # only keeps a regression from hanging the test; the elapsed time tells them apart.
+    url = make_url(postgres.url)
+    proxy = await TcpProxy(0, (url.host or "127.0.0.1", url.port or 0)).open()
+    proxy.stall = True
+    engine = create_engine(url.set(port=proxy.port), connect_timeout=timedelta(seconds=1))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(15), engine.connect():
+                pass
+        assert loop.time() - started < 8
+    finally:
+        proxy.cut()
+        await engine.dispose()
+
+
 async def test_mysql_without_returning_counts_with_a_locking_select(mysql: Database) -> None:
     # MariaDB has DELETE ... RETURNING, MySQL has not: take MySQL's path on the same server.
     engine = create_engine(mysql.url)

@@ -53,6 +53,14 @@ def test_no_file_and_no_environment_gives_the_documented_defaults() -> None:
     assert not config.database.targets.kfp.enabled
     assert config.database.targets.argo_archive.cluster_name == "default"
     assert config.database.targets.tables == ()
+    seconds = (
+        config.database.connect_timeout,
+        config.database.statement_timeout,
+        config.database.pool_timeout,
+        config.artifacts.timeout,
+        config.artifacts.connect_timeout,
+    )
+    assert [t.total_seconds() for t in seconds] == [10, 60, 30, 60, 3]
     assert (config.kubernetes.qps, config.kubernetes.burst) == (None, None)  # no limit
     assert config.kubernetes.propagation_policy == "Background"
     assert (config.kubernetes.request_timeout, config.kubernetes.watch_timeout) == (30.0, 300)
@@ -94,6 +102,9 @@ nats:
   ack_wait: 2m
 database:
   url: postgresql://lapse:pw@db/lapse
+  connect_timeout: 2s
+  statement_timeout: 5s
+  pool_timeout: 1s
   targets:
     kfp: {enabled: true}
     argo_archive: {enabled: true, cluster_name: east}
@@ -128,6 +139,9 @@ safety:
   wait_for_archiving: false
   wait_for_kfp_persisted: false
   gate_retry: {max_wait: 30m, backoff: 30s}
+artifacts:
+  timeout: 20s
+  connect_timeout: 1s
 """
 
 
@@ -141,6 +155,15 @@ def test_a_full_file(tmp_path: Path) -> None:
     assert config.nats.audit_max_age == timedelta(days=90)
     assert config.nats.ack_wait == timedelta(minutes=2)
     assert config.database.targets.argo_archive.cluster_name == "east"
+    assert (config.database.connect_timeout, config.database.statement_timeout) == (
+        timedelta(seconds=2),
+        timedelta(seconds=5),
+    )
+    assert config.database.pool_timeout == timedelta(seconds=1)
+    assert (config.artifacts.timeout, config.artifacts.connect_timeout) == (
+        timedelta(seconds=20),
+        timedelta(seconds=1),
+    )
     table = config.database.targets.tables[0]
     assert (table.table, table.key_column) == ("ml.artifacts", "run_uid")
     assert table.key_source == ("annotation", "example.com/run")
@@ -274,6 +297,11 @@ def test_lapse_variables_without_a_double_underscore_are_not_overrides() -> None
             "lapse.yaml: nats.replicas: 0 should be greater than or equal to 1",
         ),
         ("nats: {ack_wait: 0s}\n", "lapse.yaml: nats.ack_wait: must be longer than 0s"),
+        (
+            "database: {statement_timeout: 0s}\n",
+            "lapse.yaml: database.statement_timeout: must be longer than 0s",
+        ),
+        ("artifacts: {timeout: 0s}\n", "lapse.yaml: artifacts.timeout: must be longer than 0s"),
         (
             "nats: {streams: {dlq: lapse.dlq}}\n",
             "lapse.yaml: nats.streams.dlq: 'lapse.dlq' is "

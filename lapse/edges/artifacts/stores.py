@@ -28,6 +28,7 @@ from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 from obstore.store import AzureStore, GCSStore, S3Store
 
 from lapse import telemetry
+from lapse.config.schema import STORE_CONNECT_TIMEOUT, STORE_TIMEOUT
 from lapse.functions.artifact_reaper.ports import StoredObject
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
 from lapse.functions.reaping.failures import Refused, Unavailable
@@ -36,10 +37,11 @@ if TYPE_CHECKING:
     from obstore import ObjectMeta
     from obstore.store import ClientConfig, ObjectStore, RetryConfig
 
-# Short on purpose (see the module docstring), yet room for a DeleteObjects of 1,000 keys
-# on a slow server (SeaweedFS on 2 busy cores took up to 4 s): a call gives up within 60 s.
-TIMEOUT: Final = timedelta(seconds=60)
-CONNECT_TIMEOUT: Final = timedelta(seconds=3)
+# Short on purpose (see the module docstring): lapse.yaml's artifacts.timeout and
+# artifacts.connect_timeout, these their defaults. One request gives up after `timeout`,
+# and no retry of it begins once `timeout` has passed since its first try.
+TIMEOUT: Final = STORE_TIMEOUT
+CONNECT_TIMEOUT: Final = STORE_CONNECT_TIMEOUT
 RETRIES: Final = 2
 LIST_PAGE: Final = 1000
 # The first wait for a store that does not answer; the runtime's back-off takes it from
@@ -60,8 +62,16 @@ _REFUSALS: Final = (
 class ObstoreStores:
     """`lapse.functions.artifact_reaper.ports.ObjectStores` over the configured stores."""
 
-    def __init__(self, config: ArtifactsConfig) -> None:
+    def __init__(
+        self,
+        config: ArtifactsConfig,
+        *,
+        timeout: timedelta = TIMEOUT,
+        connect_timeout: timedelta = CONNECT_TIMEOUT,
+    ) -> None:
         self._config = config
+        self._timeout = timeout
+        self._connect_timeout = connect_timeout
         self._open: dict[str, ObjectStore] = {}
 
     def _store(self, name: str) -> ObjectStore:
@@ -69,7 +79,9 @@ class ObstoreStores:
             spec = self._config.store(name)
             if spec is None:
                 raise Refused(_refused(name, "not configured (artifacts.stores)"))
-            self._open[name] = open_store(spec)
+            self._open[name] = open_store(
+                spec, timeout=self._timeout, connect_timeout=self._connect_timeout
+            )
         return self._open[name]
 
     async def list(self, store: str, prefix: str) -> list[StoredObject]:
@@ -125,12 +137,17 @@ class ObstoreStores:
         telemetry.count_artifacts_deleted(store, len(objects), sum(obj.size for obj in objects))
 
 
-def open_store(spec: ArtifactStore) -> ObjectStore:
+def open_store(
+    spec: ArtifactStore,
+    *,
+    timeout: timedelta = TIMEOUT,
+    connect_timeout: timedelta = CONNECT_TIMEOUT,
+) -> ObjectStore:
     """A client for one configured store, rooted at its bucket (keys are whole keys)."""
-    client: ClientConfig = {"timeout": TIMEOUT, "connect_timeout": CONNECT_TIMEOUT}
+    client: ClientConfig = {"timeout": timeout, "connect_timeout": connect_timeout}
     if spec.endpoint and spec.endpoint.startswith("http://"):
         client["allow_http"] = True
-    retry: RetryConfig = {"max_retries": RETRIES, "retry_timeout": TIMEOUT}
+    retry: RetryConfig = {"max_retries": RETRIES, "retry_timeout": timeout}
     options: dict[str, Any] = {"client_options": client, "retry_config": retry}
     if spec.provider == "s3":
         s3: dict[str, str] = {}

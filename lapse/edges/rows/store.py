@@ -9,6 +9,7 @@ from typing import Final
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from lapse.config.schema import DATABASE_STATEMENT_TIMEOUT
 from lapse.edges.rows.delete import Normalize, delete_target, normalizer
 from lapse.edges.rows.failures import DATABASE_ERRORS, classify_failure, is_conflict
 from lapse.edges.rows.guard import read_facts
@@ -34,7 +35,9 @@ from lapse.functions.row_reaper.ports import (
 )
 from lapse.functions.row_reaper.targets import KFP, TargetSpec
 
-DEFAULT_TIMEOUT: Final = 60.0
+# lapse.yaml's database.statement_timeout: how long one call (a read, or one batch's
+# transaction) may take before the database counts as unreachable for this try.
+DEFAULT_TIMEOUT: Final = DATABASE_STATEMENT_TIMEOUT.total_seconds()
 # Deadlocks between overlapping batches are retried in place this many times.
 CONFLICT_RETRIES: Final = 5
 
