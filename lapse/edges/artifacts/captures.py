@@ -24,15 +24,17 @@ referenced. History 1, no age limit: an entry goes when its run's artifacts go.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hashlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
+from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, StorageType
+from nats.js.api import DeliverPolicy, KeyValueConfig, StorageType
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
@@ -43,6 +45,12 @@ from lapse.functions.artifact_reaper.ownership import Protection
 from lapse.functions.ports import RetryLater
 
 BUCKET: Final = "LAPSE_ARTIFACTS"
+# A key listing's wait for its next message, and how long the server keeps its consumer
+# when the listing is abandoned.
+KEYS_TIMEOUT: Final = 10.0
+KEYS_INACTIVE: Final = 60.0
+KV_OPERATION: Final = "KV-Operation"
+MARKER_REASON: Final = "Nats-Marker-Reason"
 
 
 def digest(item: CapturedItem) -> str:
@@ -171,19 +179,42 @@ def _referenced(capture: RunCapture) -> tuple[CapturedItem, ...]:
 
 
 async def _keys(kv: KeyValue, subject: str) -> list[str]:
-    """The keys matching a subject filter: a watch (the server selects; nats-py's
-    `keys(filters)` reads every key and matches substrings), ended by its "no more"
-    marker."""
-    watcher = await kv.watch(subject, ignore_deletes=True, meta_only=True)
-    found: list[str] = []
+    """The keys matching a subject filter (the server selects), each once: an ordered
+    consumer of the last message per key, ended by the message that says no more follow
+    (its own `num_pending`), or at once when the server has delivered none and has none
+    to deliver. Not nats-py's `watch`: it ends on a marker it makes from the consumer's
+    info, and under load that reply can overtake messages already on their way, so a key
+    another run holds was missed (and what it shields could have been deleted)."""
+    # What `KeyValue.watch` subscribes to: the bucket's stream and subject prefix.
+    stream: str = kv._stream
+    prefix: str = kv._pre
+    js: JetStreamContext = kv._js
+    arrived: asyncio.Queue[Msg] = asyncio.Queue()
+    sub = await js.subscribe(
+        prefix + subject,
+        stream=stream,
+        cb=arrived.put,
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        headers_only=True,
+        inactive_threshold=KEYS_INACTIVE,
+    )
     try:
-        async for entry in watcher:
-            if entry is None:
-                break
-            found.append(entry.key)
+        info = await sub.consumer_info()
+        found: list[str] = []
+        delivered = info.delivered.consumer_seq if info.delivered is not None else 0
+        if info.num_pending == 0 and not delivered:
+            return found
+        while True:
+            msg = await asyncio.wait_for(arrived.get(), KEYS_TIMEOUT)
+            headers = msg.headers or {}
+            # A deleted or purged key leaves a marker as its last message: not a key.
+            if headers.get(KV_OPERATION) is None and MARKER_REASON not in headers:
+                found.append(msg.subject[len(prefix) :])
+            if msg.metadata.num_pending == 0:
+                return found
     finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]
-    return found
+        await sub.unsubscribe()
 
 
 async def _purge(kv: KeyValue, key: str) -> None:
