@@ -20,7 +20,11 @@ from lapse.config import Streams, load_config
 from lapse.edges.nats import connect
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.embedded.nats import EmbeddedNats
+from lapse.events.builder import parse_payload
+from lapse.events.models import CleanupCompleted
 from lapse.events.run import Target
+from lapse.events.types import EventType, Outcome
+from lapse.operations.audit import audit_events
 from lapse.operations.reconcile import Options, reconcile
 from lapse.runtime.resources import Resources
 from tests.conftest import KubeStack
@@ -94,9 +98,15 @@ async def test_a_run_whose_event_was_lost_and_a_stale_deadline_are_deleted_withi
             return all([await kube.workflows.get(ns, n) is None for n in ("lost", "stale")])
 
         await wait_for(both_gone, timeout=20)
-        history = lapse_json("history", "-n", ns, "--all", config=config)
-        deleted = {r["name"]: r["detail"] for r in history if r["outcome"] == "deleted"}
-        assert set(deleted) == {"lost", "stale"}, history
+        # Deleted by lapse's reaper, at the deadline of lapse.yaml's policy now.
+        done = [
+            parse_payload(e, CleanupCompleted)
+            async for e in audit_events(
+                nc.jetstream(), Streams().audit, event_type=EventType.CLEANUP_COMPLETED
+            )
+        ]
+        deleted = {d.run.name: str(d.detail) for d in done if d.outcome is Outcome.DELETED}
+        assert set(deleted) == {"lost", "stale"}, done
         assert all("ttl-1m" in detail for detail in deleted.values()), deleted
 
         # `lapse status` shows the last pass: when, and what it found.

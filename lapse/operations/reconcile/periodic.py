@@ -50,6 +50,7 @@ from lapse import telemetry
 from lapse.config import LapseConfig, ReconcileConfig
 from lapse.edges import health
 from lapse.edges.kubernetes.namespaces import namespace_names
+from lapse.functions.durations import format_duration
 from lapse.functions.ports import Handler
 from lapse.functions.safety import NamespaceFilter
 from lapse.functions.ttl_planner import Planner
@@ -279,7 +280,8 @@ async def serve(
         net = SafetyNet(resources, planner_of(handler), config.reconcile, config.safety.namespaces)
         found.append(net)
         log.info("safety net: a pass every %s (+ up to %s)",
-                 config.reconcile.period, config.reconcile.jitter)  # fmt: skip
+                 format_duration(config.reconcile.period),
+                 format_duration(config.reconcile.jitter))  # fmt: skip
         await net.run(stop)
 
     enabled = config.reconcile.enabled
