@@ -69,6 +69,7 @@ async def status_report(
     tasks = await health.read_tasks(js)
     now = time.time()
     relists = await health.read_relists(js)
+    nets = await health.read_reconciles(js)
     start = max(1, audit.state.last_seq - 50 * args.recent)
     recent = (
         [
@@ -132,6 +133,19 @@ async def status_report(
             }
             for r in relists
         ],
+        # The safety net's last pass (the Knative shape's periodic reconcile): when, what
+        # it found, and what went wrong.
+        "safetyNet": [
+            {
+                "process": process,
+                "lastPass": format_rfc3339(datetime.fromtimestamp(round(p["started"]), UTC)),
+                "secondsAgo": round(max(0.0, now - float(p["started"]))),
+                **{k: p[k] for k in ("seconds", "listed", "planned", "repaired", "errors")},
+                "problems": p["problems"],
+                "ok": p["ok"],
+            }
+            for process, p in nets
+        ],
         "recent": recent,
     }
 
@@ -165,6 +179,13 @@ def print_report(report: dict[str, Any], args: argparse.Namespace, out: IO[str])
         out.write(
             f"re-listing:    {r['kind']} ({r['process']}): {r['listed']} objects listed, "
             f"{r['published']} published again, for {r['seconds']}s\n"
+        )
+    for n in report["safetyNet"]:
+        problems = f"; {'; '.join(n['problems'])}" if n["problems"] else ""
+        out.write(
+            f"safety net:    last pass {n['lastPass']} ({n['secondsAgo']}s ago, {n['seconds']}s)"
+            f" ({n['process']}): {n['listed']} finished runs seen, {n['planned']} planned, "
+            f"{n['repaired']} repaired, {n['errors']} not planned{problems}\n"
         )
     out.write(f"dead letters:  {report['deadLetters']}\n\nrecent outcomes:\n")
     lines = table(

@@ -36,6 +36,7 @@ from lapse.config.schema import (
     KubernetesConfig,
     LapseConfig,
     NatsConfig,
+    ReconcileConfig,
     Streams,
     TableTarget,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "KubernetesConfig",
     "LapseConfig",
     "NatsConfig",
+    "ReconcileConfig",
     "Streams",
     "TableTarget",
     "async_url",

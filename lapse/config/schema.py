@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 from lapse.config.database_url import DatabaseURLError, async_url
 from lapse.events.kinds import DEFAULT_KIND_NAMES, KindSet, KindSpec, resolve_kinds
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig
-from lapse.functions.durations import PositiveDuration
+from lapse.functions.durations import DurationField, PositiveDuration
 from lapse.functions.policy import Policies
 from lapse.functions.row_reaper.targets import KFP_SINGLE_USER_NAMESPACE
 from lapse.functions.safety import SafetyConfig
@@ -355,6 +355,36 @@ class IngressConfig(_Section):
     token_file: Path | None = None
 
 
+# The safety net's defaults (lapse/operations/reconcile/periodic.py, docs/deploy.md "The
+# safety net"): a lost event is planned within about this long. Ten minutes is short beside
+# the TTLs lapse enforces (the default is 24 h: a deletion late by one period at worst, never
+# early), and long enough that a pass (one paged list per kind and cleaned namespace, one
+# schedule lookup per finished run) stays a small load beside the live traffic.
+RECONCILE_PERIOD = timedelta(minutes=10)
+RECONCILE_JITTER = timedelta(minutes=1)
+
+
+class ReconcileConfig(_Section):
+    """The periodic reconcile of the Knative shape: the Deployment lapse-policy-watcher
+    plans, every `period` (plus up to `jitter`), the finished runs of the cleaned
+    namespaces that have no schedule, and moves the stale ones. `lapse up` has its
+    re-list lane instead and ignores this section."""
+
+    enabled: bool = True
+    period: PositiveDuration = RECONCILE_PERIOD
+    # A random extra wait of up to this long before each pass (and before the first one
+    # after a start), so passes do not line up with other periodic load.
+    jitter: DurationField = RECONCILE_JITTER
+    # Objects per list request (whole objects: the planner needs their status).
+    page_size: int = Field(default=100, ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _jitter_within_period(self) -> ReconcileConfig:
+        if self.jitter > self.period:
+            raise ValueError("jitter is longer than period")
+        return self
+
+
 def _kinds(value: object) -> object:
     if isinstance(value, KindSet):
         return value
@@ -400,3 +430,5 @@ class LapseConfig(_Section):
     kinds: Kinds = Field(default_factory=lambda: resolve_kinds(DEFAULT_KIND_NAMES))
     # The object stores of the artifacts target (functions/artifact_reaper/stores.py).
     artifacts: ArtifactsSection = ArtifactsSection()
+    # The Knative shape's periodic reconcile (the safety net).
+    reconcile: ReconcileConfig = ReconcileConfig()

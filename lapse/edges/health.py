@@ -12,6 +12,11 @@ is over.
 A re-list in progress (the watcher listing a kind after 410 Gone or a first start) is a key
 of its own, `relist.<process>.<kind>`, with how far it is; it is removed when the re-list
 ends (and forgotten a minute after a process that died mid-way).
+
+The safety net (the Knative shape's periodic reconcile, lapse/operations/reconcile/
+periodic.py) keeps its last pass under `reconcile.<process>`, written again while the
+process lives. Its body is shaped like a process report with no events waiting, so a
+`lapse status` that predates it shows nothing for it rather than failing.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from lapse.edges.nats import key_value_bucket
 BUCKET: Final = "LAPSE_HEALTH"
 KEEP_SECONDS: Final = 60.0
 RELIST_PREFIX: Final = "relist."
+RECONCILE_PREFIX: Final = "reconcile."
+_NET: Final = "reconcile"
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,7 @@ async def _reports(js: JetStreamContext) -> list[tuple[str, dict[str, dict[str, 
         return []
     found = []
     for key in keys:
-        if key.startswith(RELIST_PREFIX):
+        if key.startswith((RELIST_PREFIX, RECONCILE_PREFIX)):
             continue
         try:
             entry = await kv.get(key)
@@ -186,4 +193,35 @@ async def read_relists(js: JetStreamContext) -> list[Relisting]:
                 process, kind, int(item["listed"]), int(item["published"]), float(item["seconds"])
             )
         )
+    return found
+
+
+def reconcile_key(process: str) -> str:
+    return f"{RECONCILE_PREFIX}{process}"
+
+
+async def report_reconcile(kv: KeyValue, process: str, last_pass: dict[str, Any]) -> None:
+    """Write the safety net's last pass (`PassReport.as_json`) under this process."""
+    body = {_NET: {"seconds": 0, "events": 0, "reason": "", "pass": last_pass}}
+    await kv.put(reconcile_key(process), json.dumps(body).encode())
+
+
+async def read_reconciles(js: JetStreamContext) -> list[tuple[str, dict[str, Any]]]:
+    """Every live safety net's last pass: (process, what `report_reconcile` wrote)."""
+    try:
+        kv = await js.key_value(BUCKET)
+        keys = await kv.keys()
+    except (BucketNotFoundError, NoKeysError):
+        return []
+    found = []
+    for key in keys:
+        if not key.startswith(RECONCILE_PREFIX):
+            continue
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:  # ended meanwhile
+            continue
+        item = json.loads(entry.value or b"{}").get(_NET) or {}
+        if isinstance(item.get("pass"), dict):
+            found.append((key.removeprefix(RECONCILE_PREFIX), item["pass"]))
     return found

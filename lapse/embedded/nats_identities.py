@@ -71,6 +71,9 @@ KV_BUCKETS: Final = ("LAPSE_LIMITS", "LAPSE_HEALTH")
 KV: Final = tuple(f"$KV.{bucket}.>" for bucket in KV_BUCKETS)
 LIMITS_KV: Final = "$KV.LAPSE_LIMITS.>"
 HEALTH_KV: Final = "$KV.LAPSE_HEALTH.>"
+# The safety net's last pass only (lapse/edges/health.py, `reconcile.<process>`): written by
+# the Deployment lapse-policy-watcher as the planner, for `lapse status`.
+RECONCILE_HEALTH_KV: Final = "$KV.LAPSE_HEALTH.reconcile.>"
 # The watcher's positions (lapse/edges/watch_positions.py): only `lapse up` watches.
 WATCH_BUCKET: Final = "LAPSE_WATCH"
 WATCH_KV: Final = f"$KV.{WATCH_BUCKET}.>"
@@ -224,8 +227,9 @@ _WORKER_DENY: Final = (DUE, *JS_DESTRUCTIVE, *BUCKET_PURGES)
 _WORKER_JS: Final = (*JS_READ, *JS_KV_READ, *JS_STREAM_CHANGES, JS_PURGE)
 PLANNER: Final = Identity(
     user="lapse-planner",
-    role="ttl-planner function: puts, replaces and cancels schedules, artifact captures",
-    publish=(SCHEDULES, AUDIT, DLQ, CAPTURES_KV, *_WORKER_JS),
+    role="ttl-planner function and the policy watcher: puts, replaces and cancels "
+    "schedules, artifact captures, the safety net's last pass",
+    publish=(SCHEDULES, AUDIT, DLQ, CAPTURES_KV, RECONCILE_HEALTH_KV, *_WORKER_JS),
     publish_deny=_WORKER_DENY,
 )
 OBJECT_REAPER: Final = Identity(

@@ -42,7 +42,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
@@ -72,6 +72,7 @@ from lapse.events.models import RunFinished
 from lapse.events.types import EventType
 from lapse.functions.policy import Policy
 from lapse.functions.policy_objects import LAPSE_POLICY, PolicyBook, Verdict, effective
+from lapse.functions.ports import Handler
 from lapse.runtime import shutdown
 from lapse.runtime.outages import Backoff
 from lapse.runtime.registry import build_handler
@@ -470,13 +471,23 @@ async def follow(resources: Resources, stop: asyncio.Event) -> asyncio.Task[None
     return task
 
 
+# Work started beside the watcher once the policy objects are read, with this process's
+# resources and ttl-planner (the safety net: lapse/operations/reconcile/periodic.py).
+Beside = Callable[[Resources, Handler], Coroutine[Any, Any, None]]
+
+
 async def serve(
-    config: LapseConfig, stop: asyncio.Event, *, ready_file: Path | None = None
+    config: LapseConfig,
+    stop: asyncio.Event,
+    *,
+    ready_file: Path | None = None,
+    beside: Beside | None = None,
 ) -> PolicyWatcher:
     """The Knative path's policy watcher: statuses written, and each change's runs
     re-planned by a ttl-planner in this process, which reads this watcher's own book (so a
     re-plan never sees an older policy than the change it follows). Its NATS identity is
-    the planner's (it does the planner's work, no more); runs until `stop`."""
+    the planner's (it does the planner's work, no more); runs until `stop`. `beside` runs
+    with the same resources and planner from when the objects are read until `stop`."""
     async with Resources(config) as resources:
         planner = await build_handler("ttl-planner", resources)
         assert planner is not None  # the ttl-planner always has work
@@ -499,12 +510,30 @@ async def serve(
         if ready_file is not None:
             await asyncio.to_thread(ready_file.touch)  # the pod's readiness probe
         log.info("policy watcher running")
-        await task
+        if beside is None:
+            await task
+            return watcher
+        work = asyncio.create_task(beside(resources, planner), name="beside the policy watcher")
+        try:
+            done, _ = await asyncio.wait([task, work], return_when=asyncio.FIRST_COMPLETED)
+            for finished in done:
+                finished.result()  # a fatal failure of either ends the process
+            await task  # otherwise only `stop` ends them; what `beside` is doing is cancelled
+        finally:
+            for running in (task, work):
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
         return watcher
 
 
-def main() -> None:
-    """`python -m lapse.runtime.policy_watcher`: the Deployment lapse-policy-watcher."""
+Serve = Callable[..., Awaitable[object]]
+
+
+def main(serving: Serve = serve) -> None:
+    """`python -m lapse.runtime.policy_watcher`: the policy watcher alone. The Deployment
+    lapse-policy-watcher runs it with the safety net beside it (`python -m
+    lapse.operations.reconcile.periodic`, which calls this with its own `serving`)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactingFilter())  # a URL in a log line, never its secret
@@ -518,7 +547,7 @@ def main() -> None:
             loop.add_signal_handler(sig, stop.set)
         exporting = telemetry.configure("lapse-policy-watcher")
         try:
-            await serve(config, stop, ready_file=Path(ready) if ready else None)
+            await serving(config, stop, ready_file=Path(ready) if ready else None)
         finally:
             exporting.shutdown()
             shutdown.guard(loop)  # asyncio.run then waits for what is left

@@ -18,7 +18,7 @@ from lapse.telemetry.handling import (
     record_dead_letter,
     record_retry,
 )
-from lapse.telemetry.instruments import observe_backlog, observe_waiting
+from lapse.telemetry.instruments import observe_backlog, observe_reconciled, observe_waiting
 from lapse.telemetry.names import METRICS, MetricSpec
 from lapse.telemetry.providers import (
     InMemoryTelemetry,
@@ -68,6 +68,7 @@ __all__ = [
     "install_in_memory",
     "metrics_enabled",
     "observe_backlog",
+    "observe_reconciled",
     "observe_waiting",
     "process_span",
     "record_dead_letter",

@@ -21,6 +21,9 @@ from lapse.telemetry.names import (
     LATENESS_SECONDS,
     OUTAGE_SECONDS,
     PENDING,
+    RECONCILE_DURATION,
+    RECONCILE_LAST_SUCCESS,
+    RECONCILE_RUNS,
     RETRIES,
     SCHEDULE_CHANGES,
     TARGET,
@@ -38,6 +41,8 @@ class _Backlog:
     dlq: int | None = None
     # function -> (events waiting out a transient failure, seconds it has lasted)
     waiting: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # When the safety net's last pass without an error ended (Unix time).
+    reconciled: float | None = None
 
 
 _backlog = _Backlog()
@@ -52,6 +57,15 @@ def observe_backlog(pending: Mapping[str, int], dlq: int) -> None:
 def observe_waiting(function: str, count: int, seconds: float) -> None:
     """Record how many events `function` waits to retry, and for how long it has."""
     _backlog.waiting[function] = (count, seconds)
+
+
+def observe_reconciled(when: float) -> None:
+    """Record when the safety net's last pass without an error ended."""
+    _backlog.reconciled = when
+
+
+def _reconciled(_: CallbackOptions) -> Iterable[Observation]:
+    return [] if _backlog.reconciled is None else [Observation(_backlog.reconciled)]
 
 
 def _waiting(_: CallbackOptions) -> Iterable[Observation]:
@@ -94,9 +108,17 @@ class Instruments:
         self.artifacts_freed = counter(ARTIFACTS_FREED)
         self.handler_duration = histogram(HANDLER_DURATION)
         self.ingress_rejections = counter(INGRESS_REJECTIONS)
+        self.reconcile_runs = counter(RECONCILE_RUNS)
+        self.reconcile_duration = histogram(RECONCILE_DURATION)
         meter.create_observable_gauge(PENDING.name, [_pending], PENDING.unit, PENDING.description)
         meter.create_observable_gauge(DLQ_DEPTH.name, [_dlq], DLQ_DEPTH.unit, DLQ_DEPTH.description)
         meter.create_observable_gauge(WAITING.name, [_waiting], WAITING.unit, WAITING.description)
         meter.create_observable_gauge(
             OUTAGE_SECONDS.name, [_outage], OUTAGE_SECONDS.unit, OUTAGE_SECONDS.description
+        )
+        meter.create_observable_gauge(
+            RECONCILE_LAST_SUCCESS.name,
+            [_reconciled],
+            RECONCILE_LAST_SUCCESS.unit,
+            RECONCILE_LAST_SUCCESS.description,
         )

@@ -81,6 +81,8 @@ HANDLER_RESULT: Final = "lapse.handler.result"  # ok | retry | error
 # too_large | not_cloudevent | invalid | unrouted | unauthorized
 INGRESS_REJECTION: Final = "lapse.ingress.rejection"
 INGRESS_RECORDED: Final = "lapse.ingress.recorded"  # false: beyond max_records_per_minute
+# listed | planned | repaired | failed | error (the safety net's runs, per pass)
+RECONCILE_OUTCOME: Final = "lapse.reconcile.outcome"
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,24 @@ OUTAGE_SECONDS: Final = MetricSpec(
     "watcher), has been waiting out a transient failure (0 when it is not)",
     (FUNCTION,),
 )  # fmt: skip
+RECONCILE_RUNS: Final = MetricSpec(
+    "lapse.reconcile.runs", "counter", "{run}",
+    "The safety net's finished runs (the Knative shape's periodic reconcile): listed, planned "
+    "(they had no schedule: an event was lost), repaired (a stale deadline moved or "
+    "withdrawn), failed (the planner refused) and error (could not be planned)",
+    (RECONCILE_OUTCOME,),
+)  # fmt: skip
+RECONCILE_DURATION: Final = MetricSpec(
+    "lapse.reconcile.duration", "histogram", "s",
+    "Time one safety-net pass took, by result (ok, error)",
+    (HANDLER_RESULT,),
+    (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0),
+)  # fmt: skip
+RECONCILE_LAST_SUCCESS: Final = MetricSpec(
+    "lapse.reconcile.last_success", "gauge", "s",
+    "When the last safety-net pass without an error ended (Unix time)",
+    (),
+)  # fmt: skip
 
 METRICS: Final[tuple[MetricSpec, ...]] = (
     DELETIONS,
@@ -193,4 +213,7 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     WAITING,
     OUTAGE_SECONDS,
     INGRESS_REJECTIONS,
+    RECONCILE_RUNS,
+    RECONCILE_DURATION,
+    RECONCILE_LAST_SUCCESS,
 )

@@ -89,6 +89,9 @@ def actions(identity: Identity) -> list[Action]:
                _consumer_request(None, deliver_subject=f"{inbox_prefix(other.user)}.x")),
         Action("put the brake key", "pub", "$KV.LAPSE_LIMITS.brake.engaged", b"x"),
         Action("purge the brake's bucket", "pub", "$JS.API.STREAM.PURGE.KV_LAPSE_LIMITS"),
+        Action("put a process's health report", "pub", "$KV.LAPSE_HEALTH.pod-1", b"x"),
+        Action("put the safety net's last pass", "pub", "$KV.LAPSE_HEALTH.reconcile.pod-1",
+               b"x"),
         Action("publish lapse.due.>", "pub", "lapse.due.kubernetes.matrix"),
         Action("publish lapse.sched.>", "pub", "lapse.sched.kubernetes.matrix"),
         Action("publish an outcome (audit)", "pub",
@@ -124,6 +127,12 @@ def expected(identity: Identity, action: Action) -> bool:
         return identity in REAPERS
     if name == "purge the brake's bucket":
         return False
+    if name == "put a process's health report":
+        return identity in REAPERS
+    if name == "put the safety net's last pass":
+        # The planner's identity runs the safety net (the Deployment lapse-policy-watcher):
+        # its last pass for `lapse status`, and no other key of the bucket.
+        return identity in REAPERS | {PLANNER}
     if name == "publish lapse.due.>":
         return False
     if name in ("publish lapse.sched.>", "publish an outcome (audit)"):

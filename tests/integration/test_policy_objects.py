@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -452,46 +449,6 @@ async def test_the_knative_policy_watcher_writes_status_and_replans_into_the_sch
             GROUP, VERSION, "clusterlapsepolicies", f"allow-{tag}"
         )
     assert watcher.replanned >= 1
-
-
-async def test_the_watcher_deployments_command_turns_ready_and_stops_on_sigterm(
-    kube: KubeStack, nats_server: EmbeddedNats, lapse_streams: JetStreamContext, tmp_path: Path
-) -> None:
-    """The container command of lapse-policy-watcher, as the pod runs it: the ready file
-    its readiness probe tests appears once the policy objects are read; SIGTERM ends it."""
-    ready = tmp_path / "ready"
-    env = {
-        **os.environ,
-        "LAPSE_NATS__URL": nats_server.url,
-        "LAPSE_KUBERNETES__KUBECONFIG": str(kube.kubeconfig),
-        "LAPSE_READY_FILE": str(ready),
-    }
-    with (tmp_path / "watcher.log").open("wb") as log:
-        # Popen returns at once; the waits below are bounded polls.
-        process = subprocess.Popen(  # noqa: ASYNC220
-            [sys.executable, "-m", "lapse.runtime.policy_watcher"],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-
-        async def started() -> bool:
-            assert process.poll() is None, (tmp_path / "watcher.log").read_text()
-            return ready.exists()
-
-        await wait_for(started, timeout=60)
-        process.send_signal(signal.SIGTERM)
-
-        async def ended() -> bool:
-            return process.poll() is not None
-
-        await wait_for(ended, timeout=30)
-        output = (tmp_path / "watcher.log").read_text()
-        assert process.returncode == 0, output
-        assert "policy watcher running" in output, output
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 async def test_the_knative_object_reaper_function_deletes_on_a_lapse_policys_deadline(

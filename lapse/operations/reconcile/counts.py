@@ -15,6 +15,7 @@ from lapse.edges.kubernetes import (
 from lapse.errors import LapseError
 from lapse.events.run import Target
 from lapse.events.types import EventType
+from lapse.functions.safety import NamespaceFilter
 
 # Whole objects are listed (the planner needs status and spec, which a metadata-only list
 # lacks), so pages are kept small: a page is what reconcile holds, twice with the prefetch.
@@ -59,6 +60,8 @@ class Options:
     concurrency: int = DEFAULT_CONCURRENCY
     label_selector: str | None = None  # only the finished runs it selects (server-side)
     kinds: tuple[str, ...] = ()  # only these configured kinds (by name); empty: every one
+    # Only runs of the namespaces this filter admits (the safety net: safety.namespaces).
+    within: NamespaceFilter | None = None
 
 
 @dataclass
@@ -67,6 +70,7 @@ class RunCounts:
 
     listed: int = 0
     scheduled: int = 0  # at least one deadline set or moved
+    replaced: int = 0  # of those, at least one deadline that stood was moved
     unchanged: int = 0  # every deadline already pending (or already fired)
     cancelled: int = 0  # a pending deadline withdrawn (keep, never)
     failed: int = 0  # the planner refused the run (e.g. a malformed annotation): dead-lettered
@@ -81,6 +85,7 @@ class RunCounts:
             self.failed += 1
         elif outcome == "scheduled":
             self.scheduled += 1
+            self.replaced += int(any_replaced(emitted))
         elif outcome == "cancelled":
             self.cancelled += 1
         else:
@@ -172,6 +177,19 @@ def plan_outcome(emitted: Sequence[BaseCloudEvent]) -> PlanOutcome:
     if EventType.CLEANUP_CANCELLED in types:
         return "cancelled"
     return "unchanged"
+
+
+def any_replaced(emitted: Sequence[BaseCloudEvent]) -> bool:
+    """Whether a deadline that stood was moved (a `cleanup.scheduled` with `replaced`)."""
+    for event in emitted:
+        data = event.get_data()
+        if (
+            event.get_type() == EventType.CLEANUP_SCHEDULED
+            and isinstance(data, dict)
+            and data.get("replaced") is True
+        ):
+            return True
+    return False
 
 
 def scheduled_targets(emitted: Sequence[BaseCloudEvent]) -> list[str]:

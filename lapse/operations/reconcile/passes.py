@@ -28,6 +28,7 @@ from lapse.events.models import RunFinished
 from lapse.events.run import KFP_RUN_ID_LABEL, RunRef, Target
 from lapse.events.types import EventType
 from lapse.functions.policy import Action, Decision, Policy, decide
+from lapse.functions.safety import out_of_scope
 from lapse.functions.trust import Provenance
 from lapse.functions.ttl_planner import Planner
 from lapse.operations.reconcile.counts import (
@@ -146,8 +147,9 @@ class Reconciler:
 
     # runs ---------------------------------------------------------------------------------
 
-    async def reconcile_runs(self) -> RunCounts:
-        counts = RunCounts()
+    async def reconcile_runs(self, counts: RunCounts | None = None) -> RunCounts:
+        """Plan every finished run in scope, counted into `counts` (a new tally if None)."""
+        counts = RunCounts() if counts is None else counts
         self.progress.start("runs", None)
         try:
             for kind in self.resources.config.kinds:
@@ -177,8 +179,9 @@ class Reconciler:
             if exc.status == 404:  # the kind's CRD is not installed: nothing of it exists
                 log.warning("%s is not served by this API server: skipped", kind.describe())
                 return
+            where = f" in {self.options.namespace}" if self.options.namespace else ""
             raise ReconcileError(
-                f"listing finished {kind.describe()} failed: {one_line(exc)}"
+                f"listing finished {kind.describe()}{where} failed: {one_line(exc)}"
             ) from exc
 
     async def _plan_pages(
@@ -196,8 +199,11 @@ class Reconciler:
                 )
 
     def _in_scope(self, obj: dict[str, Any]) -> bool:
-        namespace = obj.get("metadata", {}).get("namespace", "")
-        return namespace_matches(str(namespace), self.options.namespace)
+        namespace = str(obj.get("metadata", {}).get("namespace", ""))
+        within = self.options.within
+        if within is not None and out_of_scope(namespace, within) is not None:
+            return False
+        return namespace_matches(namespace, self.options.namespace)
 
     async def _plan(self, kind: KindSpec, obj: dict[str, Any], counts: RunCounts) -> None:
         counts.listed += 1
