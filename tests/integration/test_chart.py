@@ -552,9 +552,17 @@ def assert_everything_landed(docs: list[dict[str, Any]], shape: str) -> None:
     for name, key in names.items():
         meta, spec = pods[name]
         own = everything["nats"]["server"] if key is None else components[key]
-        for field in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints",
-                      "priorityClassName"):  # fmt: skip
+        for field in ("nodeSelector", "tolerations", "affinity", "priorityClassName"):
             assert spec[field] == (own.get(field) or everything[field]), (name, field)
+        # A spread constraint without a selector spreads the pod's own kind.
+        selector = {"matchLabels": {"app.kubernetes.io/name": name}}
+        if name in ("lapse-ttl-planner", "lapse-object-reaper", "lapse-row-reaper",
+                    "lapse-artifact-reaper"):  # fmt: skip
+            selector = {"matchLabels": {"serving.knative.dev/service": name}}
+        spread = own.get("topologySpreadConstraints") or everything["topologySpreadConstraints"]
+        assert spec["topologySpreadConstraints"] == [
+            {"labelSelector": selector, **constraint} for constraint in spread
+        ], name
         assert everything["podLabels"].items() | own.get("podLabels", {}).items() <= (
             meta["labels"].items()
         ), name

@@ -104,13 +104,26 @@ extraVolumeMounts: the chart-wide ones, then the component's. Each takes (dict "
 {{- if or (not (hasKey $account "create")) $account.create }}true{{ end -}}
 {{- end }}
 
-{{/* The scheduling fields of a pod spec, at .indent (nothing when none is set). */}}
+{{/*
+The scheduling fields of a pod spec, at .indent (nothing when none is set). A topology
+spread constraint without a labelSelector gets the pod's own selector labels (.selector):
+a chart-wide constraint cannot name each component's, and a null selector matches no pod.
+*/}}
 {{- define "lapse.placement" -}}
 {{- $c := include "lapse.componentValues" . | fromYaml -}}
 {{- $v := .ctx.Values -}}
 {{- $fields := dict -}}
-{{- range $name := list "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "priorityClassName" }}
+{{- range $name := list "nodeSelector" "tolerations" "affinity" "priorityClassName" }}
 {{- with index $c $name | default (index $v $name) }}{{ $_ := set $fields $name . }}{{ end }}
+{{- end }}
+{{- with $c.topologySpreadConstraints | default $v.topologySpreadConstraints }}
+{{- $constraints := list }}
+{{- range . }}
+{{- $constraint := deepCopy . }}
+{{- if not (hasKey $constraint "labelSelector") }}{{ $_ := set $constraint "labelSelector" (dict "matchLabels" $.selector) }}{{ end }}
+{{- $constraints = append $constraints $constraint }}
+{{- end }}
+{{- $_ := set $fields "topologySpreadConstraints" $constraints }}
 {{- end }}
 {{- with $fields }}{{ toYaml . | nindent $.indent }}{{ end -}}
 {{- end }}
