@@ -74,6 +74,8 @@ CHART_OWNED = {
 }  # fmt: skip
 
 Key = tuple[str, str, str, str]
+# Every placement, identity, resources and extras value set (no overlay's settings).
+EVERYTHING = CHART / "ci" / "everything-values.yaml"
 
 # The Knative path's identities, which infra/base carries into the single-process overlay
 # though nothing there uses them; the chart makes only what its shape runs.
@@ -213,7 +215,9 @@ def test_the_comparison_sees_a_difference() -> None:
     assert actual[bridge]["spec"]["replicas"] == 3
 
 
-@pytest.mark.parametrize("values", [None, *CI_VALUES.values()], ids=["defaults", *CI_VALUES])
+@pytest.mark.parametrize(
+    "values", [None, *CI_VALUES.values(), EVERYTHING], ids=["defaults", *CI_VALUES, "everything"]
+)
 def test_helm_lint_strict_passes(values: Any) -> None:
     args = ["--values", str(values)] if values else []
     out = run_helm("lint", "--strict", str(CHART), *args)
@@ -489,9 +493,6 @@ def test_the_rendered_text_names_no_other_namespace() -> None:
     assert "lapse-system" not in template_text(namespace="lapse-helm")
     assert "lapse-system" not in template_text("--set", "shape=singleProcess",
                                                namespace="lapse-helm")  # fmt: skip
-
-
-EVERYTHING = CHART / "ci" / "everything-values.yaml"
 
 
 def full_render(tmp_path: Path, shape: str = "knative") -> str:
