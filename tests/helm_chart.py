@@ -52,3 +52,27 @@ def template_text(*args: str, namespace: str = "lapse-system") -> str:
 def template(*args: str, namespace: str = "lapse-system") -> list[dict[str, Any]]:
     text = template_text(*args, namespace=namespace)
     return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+@functools.cache
+def helm_docs() -> Path:
+    """helm-docs v1.14.2, built once (scripts/build-helm-docs.sh, cached after)."""
+    try:
+        out = subprocess.run(
+            ["bash", str(ROOT / "scripts/build-helm-docs.sh")],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+    except subprocess.CalledProcessError as exc:
+        pytest.fail(f"could not build helm-docs: {exc.stderr[-2000:]}")
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def generated_readme() -> str:
+    """The chart's README.md as helm-docs generates it from values.yaml (printed, not written)."""
+    out = subprocess.run(
+        [str(helm_docs()), "--chart-search-root", str(CHART.parent), "--sort-values-order",
+         "file", "--log-level", "warning", "--dry-run"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout

@@ -26,10 +26,19 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 
 from lapse.config.schema import LapseConfig
 from tests.conftest import KubeStack
-from tests.helm_chart import ARGO_SERVED, CHART, CI_VALUES, run_helm, template, template_text
+from tests.helm_chart import (
+    ARGO_SERVED,
+    CHART,
+    CI_VALUES,
+    generated_readme,
+    run_helm,
+    template,
+    template_text,
+)
 from tests.infra_package import (
     OVERLAYS,
     install_crds,
@@ -65,6 +74,8 @@ CHART_OWNED = {
 }  # fmt: skip
 
 Key = tuple[str, str, str, str]
+# Every placement, identity, resources and extras value set (no overlay's settings).
+EVERYTHING = CHART / "ci" / "everything-values.yaml"
 
 # The Knative path's identities, which infra/base carries into the single-process overlay
 # though nothing there uses them; the chart makes only what its shape runs.
@@ -172,9 +183,9 @@ def assert_same_objects(
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_chart_renders_what_the_overlay_renders(overlay: str) -> None:
     expected = overlay_objects(overlay)
-    # lapse's CRDs are in the chart's crds/ (Helm installs them once, never deletes them);
-    # every overlay carries them: both shapes watch the policy objects.
-    actual = chart_objects("--values", str(CI_VALUES[overlay]), *ARGO_SERVED, "--include-crds")
+    # lapse's CRDs are templates of the chart (crds.install, from files/crds: links to
+    # infra/crds) and every overlay carries them: both shapes watch the policy objects.
+    actual = chart_objects("--values", str(CI_VALUES[overlay]), *ARGO_SERVED)
     assert_same_objects(expected, actual)
 
 
@@ -188,7 +199,6 @@ def test_artifacts_enabled_renders_what_the_artifacts_component_adds(tmp_path: P
         *ARGO_SERVED,
         "--set",
         "artifacts.enabled=true",
-        "--include-crds",
     )
     assert ("serving.knative.dev/v1", "Service", "lapse-system", "lapse-artifact-reaper") in actual
     assert_same_objects(expected, actual)
@@ -205,7 +215,9 @@ def test_the_comparison_sees_a_difference() -> None:
     assert actual[bridge]["spec"]["replicas"] == 3
 
 
-@pytest.mark.parametrize("values", [None, *CI_VALUES.values()], ids=["defaults", *CI_VALUES])
+@pytest.mark.parametrize(
+    "values", [None, *CI_VALUES.values(), EVERYTHING], ids=["defaults", *CI_VALUES, "everything"]
+)
 def test_helm_lint_strict_passes(values: Any) -> None:
     args = ["--values", str(values)] if values else []
     out = run_helm("lint", "--strict", str(CHART), *args)
@@ -363,6 +375,72 @@ def test_the_schema_refuses(values: list[str], refusal: str) -> None:
     assert refusal in out.stderr, out.stderr
 
 
+# A typo in each block of placement, identity, resources and extras, and in the CRD switches:
+# helm reports every schema error of one run, so one run shows each is refused.
+TYPOS = {
+    "nodeSelectr": "additional properties 'nodeSelectr' not allowed",
+    "affinity.nodeAfinity": "at '/affinity': additional properties 'nodeAfinity' not allowed",
+    "crds.instal": "at '/crds': additional properties 'instal' not allowed",
+    "defaultResources.brige": "at '/defaultResources': additional properties 'brige' not allowed",
+    "nats.server.tolerationz": "at '/nats/server': additional properties 'tolerationz' not allowed",
+    "components.reaper": "at '/components': additional properties 'reaper' not allowed",
+    "components.bridge.podLabel": "at '/components/bridge': additional properties 'podLabel'",
+    "components.artifactReaper.serviceAccount.annotation": (
+        "at '/components/artifactReaper/serviceAccount': additional properties 'annotation'"
+    ),
+    "components.lapseUp.resources.request": (
+        "at '/components/lapseUp/resources': additional properties 'request' not allowed"
+    ),
+}
+
+
+def test_the_schema_refuses_a_typo_in_each_new_block() -> None:
+    typos = [f"{path}=x" for path in TYPOS]
+    wrong_type = ["extraEnv[0].value=no-name", "components.streams.priorityClassName=1"]
+    args = [arg for typo in typos + wrong_type for arg in ("--set", typo)]
+    out = run_helm("template", "lapse", str(CHART), *args, check=False)
+    assert out.returncode != 0
+    for refusal in TYPOS.values():
+        assert refusal in out.stderr, out.stderr
+    assert "at '/extraEnv/0': missing property 'name'" in out.stderr, out.stderr
+    assert "at '/components/streams/priorityClassName'" in out.stderr, out.stderr
+    lint = run_helm("lint", "--strict", str(CHART), "--set", typos[0], check=False)
+    assert lint.returncode != 0
+    assert TYPOS["nodeSelectr"] in lint.stdout + lint.stderr
+
+
+def test_crds_are_templates_installed_and_kept_by_switches() -> None:
+    """crds.install renders lapse's CRDs (infra/crds, byte for byte but Helm's labels and
+    annotations: the overlay comparison checks that) with `helm.sh/resource-policy: keep`
+    unless crds.keep is false; crds.install false renders none. Nothing is left in crds/,
+    which Helm would install once and never upgrade."""
+    assert not (CHART / "crds").exists()
+    for link in (CHART / "files" / "crds").iterdir():
+        assert link.resolve().parent == (CHART.parents[1] / "infra" / "crds").resolve(), link
+
+    def crds(*args: str) -> list[dict[str, Any]]:
+        return [d for d in template(*args) if d["kind"] == "CustomResourceDefinition"]
+
+    kept = crds()
+    assert sorted(c["metadata"]["name"] for c in kept) == [
+        "clusterlapsepolicies.lapse.dev", "lapsepolicies.lapse.dev"
+    ]  # fmt: skip
+    assert {c["metadata"]["annotations"]["helm.sh/resource-policy"] for c in kept} == {"keep"}
+    unkept = crds("--set", "crds.keep=false,shape=singleProcess")
+    assert len(unkept) == 2
+    assert not [c for c in unkept if "annotations" in c["metadata"]]
+    assert crds("--set", "crds.install=false") == []
+
+
+def test_the_charts_readme_is_what_helm_docs_generates_from_the_values() -> None:
+    """charts/lapse/README.md: regenerate with `"$(bash scripts/build-helm-docs.sh)" -c
+    charts -s file` after changing values.yaml or README.md.gotmpl."""
+    readme = (CHART / "README.md").read_text()
+    assert readme == generated_readme(), "charts/lapse/README.md is stale: regenerate it"
+    assert "| components.artifactReaper | object | `{}` |" in readme
+    assert "| crds.keep | bool | `true` |" in readme
+
+
 def test_nats_url_is_required_without_the_charts_nats() -> None:
     out = run_helm("template", "lapse", str(CHART), "--set", "nats.server.enabled=false",
                    check=False)  # fmt: skip
@@ -418,7 +496,8 @@ def test_the_rendered_text_names_no_other_namespace() -> None:
 
 
 def full_render(tmp_path: Path, shape: str = "knative") -> str:
-    """A shape with most values away from their defaults, in another namespace."""
+    """A shape with most values away from their defaults (and every placement, identity,
+    resources and extras value: ci/everything-values.yaml), in another namespace."""
     values = tmp_path / "full.yaml"
     values.write_text(
         yaml.safe_dump(
@@ -443,7 +522,104 @@ def full_render(tmp_path: Path, shape: str = "knative") -> str:
             }
         )
     )  # fmt: skip
-    return template_text("--values", str(values), namespace="lapse-helm")
+    return template_text("--values", str(EVERYTHING), "--values", str(values),
+                         namespace="lapse-helm")  # fmt: skip
+
+
+def pod_specs(docs: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Each workload's pod template: (metadata, spec), by the workload's name."""
+    return {
+        d["metadata"]["name"]: (d["spec"]["template"]["metadata"], d["spec"]["template"]["spec"])
+        for d in docs
+        if d["kind"] in ("Deployment", "Service", "Job") and "template" in d.get("spec", {})
+    }
+
+
+def assert_everything_landed(docs: list[dict[str, Any]], shape: str) -> None:
+    """Each value of ci/everything-values.yaml where it belongs: a component's own value
+    replaces the chart-wide one, pod labels and annotations merge, extras add up."""
+    everything = yaml.safe_load(EVERYTHING.read_text())
+    components = everything["components"]
+    names = {
+        "knative": {"lapse-ttl-planner": "ttlPlanner", "lapse-object-reaper": "objectReaper",
+                    "lapse-row-reaper": "rowReaper", "lapse-artifact-reaper": "artifactReaper",
+                    "lapse-bridge": "bridge", "lapse-dlq-sink": "dlqSink",
+                    "lapse-policy-watcher": "policyWatcher", "lapse-streams": "streams"},
+        "singleProcess": {"lapse": "lapseUp", "lapse-streams": "streams",
+                          "lapse-nats-users": "natsUsers", "nats": None},
+    }[shape]  # fmt: skip
+    pods = pod_specs(docs)
+    assert set(pods) == set(names)
+    for name, key in names.items():
+        meta, spec = pods[name]
+        own = everything["nats"]["server"] if key is None else components[key]
+        for field in ("nodeSelector", "tolerations", "affinity", "priorityClassName"):
+            assert spec[field] == (own.get(field) or everything[field]), (name, field)
+        # A spread constraint without a selector spreads the pod's own kind.
+        selector = {"matchLabels": {"app.kubernetes.io/name": name}}
+        if name in ("lapse-ttl-planner", "lapse-object-reaper", "lapse-row-reaper",
+                    "lapse-artifact-reaper"):  # fmt: skip
+            selector = {"matchLabels": {"serving.knative.dev/service": name}}
+        spread = own.get("topologySpreadConstraints") or everything["topologySpreadConstraints"]
+        assert spec["topologySpreadConstraints"] == [
+            {"labelSelector": selector, **constraint} for constraint in spread
+        ], name
+        assert everything["podLabels"].items() | own.get("podLabels", {}).items() <= (
+            meta["labels"].items()
+        ), name
+        annotations = {**everything["podAnnotations"], **own.get("podAnnotations", {})}
+        assert annotations.items() <= meta["annotations"].items(), name
+        if key is None:
+            continue
+        (container,) = spec["containers"]
+        env = [e for e in container["env"] if e["name"] in ("HTTPS_PROXY", "AWS_REGION",
+                                                             "STORE_TOKEN")]  # fmt: skip
+        assert env == everything["extraEnv"] + own.get("extraEnv", []), name
+        assert everything["extraVolumes"][0] in spec["volumes"], name
+        for volume in own.get("extraVolumes", []):
+            assert volume in spec["volumes"], name
+        for mount in everything["extraVolumeMounts"] + own.get("extraVolumeMounts", []):
+            assert mount in container["volumeMounts"], name
+        # Own resources, else the chart-wide ones the full render sets.
+        assert container["resources"] == own.get("resources", {"requests": {"cpu": "100m",
+                                                  "memory": "128Mi"}}), name  # fmt: skip
+    accounts = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceAccount"}
+    if shape == "knative":
+        identity = components["artifactReaper"]["serviceAccount"]["annotations"]
+        assert accounts["lapse-artifact-reaper"]["metadata"]["annotations"] == identity
+        assert pods["lapse-row-reaper"][1]["serviceAccountName"] == "platform-row-reaper"
+        assert "platform-row-reaper" not in accounts and "lapse-row-reaper" not in accounts
+        assert pods["lapse-bridge"][1]["serviceAccountName"] == "lapse-bridge-irsa"
+        assert "lapse-bridge-irsa" in accounts
+        (policy,) = [d for d in docs if d["kind"] == "EventPolicy"]
+        bridge = {"sub": "system:serviceaccount:lapse-helm:lapse-bridge-irsa"}
+        assert bridge in policy["spec"]["from"]
+        subjects = [s["name"] for d in docs if d["kind"].endswith("RoleBinding")
+                    for s in d.get("subjects", [])]  # fmt: skip
+        assert "platform-row-reaper" in subjects and "lapse-row-reaper" not in subjects
+    else:
+        identity = components["lapseUp"]["serviceAccount"]["annotations"]
+        assert accounts["lapse"]["metadata"]["annotations"] == identity
+        assert accounts["lapse-nats-users"]["metadata"]["annotations"][
+            "example.com/purpose"] == "nats-passwords"  # fmt: skip
+
+
+def label_restricted(kube: KubeStack, namespace: str) -> None:
+    """Pod Security `restricted`, enforced and warned about (a workload's pod template is
+    only warned about: enforcement applies to pods)."""
+    core = client.CoreV1Api(kube.api_client)
+    labels = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn")}
+    core.patch_namespace(namespace, {"metadata": {"labels": labels}})
+
+
+def server_dry_run(kube: KubeStack, text: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            str(kubectl()), "--kubeconfig", str(kube.kubeconfig), "apply", "--server-side",
+            "--field-manager=lapse-test", "--dry-run=server", "--validate=strict", "-f", "-",
+        ],
+        input=text, capture_output=True, text=True,
+    )  # fmt: skip
 
 
 @pytest.mark.kube
@@ -451,21 +627,25 @@ def full_render(tmp_path: Path, shape: str = "knative") -> str:
 def test_a_full_render_passes_a_strict_server_side_dry_run(
     kube: KubeStack, tmp_path: Path, shape: str
 ) -> None:
+    """Every value set (ci/everything-values.yaml and more), into namespaces that enforce
+    Pod Security `restricted`: the API server takes every object, without a warning."""
     install_crds(kube.api_client, knative_crds() + prometheus_operator_crds())
     text = full_render(tmp_path, shape)
     docs = [d for d in yaml.safe_load_all(text) if d]
+    assert_everything_landed(docs, shape)
     for namespace in {d["metadata"].get("namespace") for d in docs} - {None}:
-        kube.namespace(namespace)
-    out = subprocess.run(
-        [
-            str(kubectl()), "--kubeconfig", str(kube.kubeconfig), "apply", "--server-side",
-            "--field-manager=lapse-test", "--dry-run=server", "--validate=strict", "-f", "-",
-        ],
-        input=text, capture_output=True, text=True,
-    )  # fmt: skip
+        label_restricted(kube, kube.namespace(namespace))
+    out = server_dry_run(kube, text)
     assert out.returncode == 0, out.stderr
+    assert "Warning" not in out.stderr, out.stderr
     accepted = [line for line in out.stdout.splitlines() if line.endswith("(server dry run)")]
     assert len(accepted) == len(docs), out.stdout
+    if shape == "singleProcess":
+        # The namespace's label bites: the same Deployment as root is warned about.
+        (up,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "lapse"]
+        up["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsNonRoot"] = False
+        out = server_dry_run(kube, yaml.safe_dump(up))
+        assert 'would violate PodSecurity "restricted:latest"' in out.stderr, out.stderr
 
 
 def test_knative_objects_of_a_full_render_declare_only_schema_fields(tmp_path: Path) -> None:

@@ -50,13 +50,16 @@ imagePullPolicy: {{ . }}
 {{- end }}
 {{- end }}
 
-{{/* What every lapse container shares: resources and securityContext. */}}
+{{/*
+What every lapse container shares: resources and securityContext. Takes (dict "ctx" $
+"component" <key of components>).
+*/}}
 {{- define "lapse.containerCommon" -}}
-{{- with .Values.resources }}
+{{- with include "lapse.resources" . | fromYaml }}
 resources:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.securityContext }}
+{{- with .ctx.Values.securityContext }}
 securityContext:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -72,6 +75,84 @@ securityContext:
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end }}
+
+{{/*
+Per component (docs/helm.md, "Placement, identity, resources"): `components.<key>`, each
+key falling back to the chart-wide value of the same name. nodeSelector, tolerations,
+affinity, topologySpreadConstraints, priorityClassName and resources: the component's
+when set, else the chart-wide one (resources then the measured `defaultResources.<key>`).
+podAnnotations and podLabels: merged, the component's winning. extraEnv, extraVolumes,
+extraVolumeMounts: the chart-wide ones, then the component's. Each takes (dict "ctx" $
+"component" <key>); the chart's NATS server takes its values from nats.server
+("values" instead of "component").
+*/}}
+{{- define "lapse.componentValues" -}}
+{{- if hasKey . "values" }}{{ toYaml .values }}{{ else }}{{ toYaml (index (.ctx.Values.components | default dict) .component | default dict) }}{{ end -}}
+{{- end }}
+
+{{/* The component's ServiceAccount: serviceAccount.name, else the chart's name for it. */}}
+{{- define "lapse.serviceAccountName" -}}
+{{- $c := include "lapse.componentValues" . | fromYaml -}}
+{{- (($c.serviceAccount | default dict).name) | default .default -}}
+{{- end }}
+
+{{/* Whether the chart makes the component's ServiceAccount (serviceAccount.create, default true). */}}
+{{- define "lapse.serviceAccountCreate" -}}
+{{- $c := include "lapse.componentValues" . | fromYaml -}}
+{{- $account := $c.serviceAccount | default dict -}}
+{{- if or (not (hasKey $account "create")) $account.create }}true{{ end -}}
+{{- end }}
+
+{{/*
+The scheduling fields of a pod spec, at .indent (nothing when none is set). A topology
+spread constraint without a labelSelector gets the pod's own selector labels (.selector):
+a chart-wide constraint cannot name each component's, and a null selector matches no pod.
+*/}}
+{{- define "lapse.placement" -}}
+{{- $c := include "lapse.componentValues" . | fromYaml -}}
+{{- $v := .ctx.Values -}}
+{{- $fields := dict -}}
+{{- range $name := list "nodeSelector" "tolerations" "affinity" "priorityClassName" }}
+{{- with index $c $name | default (index $v $name) }}{{ $_ := set $fields $name . }}{{ end }}
+{{- end }}
+{{- with $c.topologySpreadConstraints | default $v.topologySpreadConstraints }}
+{{- $constraints := list }}
+{{- range . }}
+{{- $constraint := deepCopy . }}
+{{- if not (hasKey $constraint "labelSelector") }}{{ $_ := set $constraint "labelSelector" (dict "matchLabels" $.selector) }}{{ end }}
+{{- $constraints = append $constraints $constraint }}
+{{- end }}
+{{- $_ := set $fields "topologySpreadConstraints" $constraints }}
+{{- end }}
+{{- with $fields }}{{ toYaml . | nindent $.indent }}{{ end -}}
+{{- end }}
+
+{{/* More labels of a pod, at .indent (the chart's own selector labels cannot be replaced). */}}
+{{- define "lapse.podLabels.extra" -}}
+{{- $c := include "lapse.componentValues" . | fromYaml -}}
+{{- $labels := merge (deepCopy ($c.podLabels | default dict)) (.ctx.Values.podLabels | default dict) -}}
+{{- with omit $labels "app.kubernetes.io/name" "app.kubernetes.io/part-of" "app.kubernetes.io/instance" }}{{ toYaml . | nindent $.indent }}{{ end -}}
+{{- end }}
+
+{{/* More annotations of a pod, at .indent (not the chart's checksums). */}}
+{{- define "lapse.podAnnotations.extra" -}}
+{{- $c := include "lapse.componentValues" . | fromYaml -}}
+{{- $annotations := merge (deepCopy ($c.podAnnotations | default dict)) (.ctx.Values.podAnnotations | default dict) -}}
+{{- with omit $annotations "checksum/config" "checksum/telemetry" "checksum/nats-conf" }}{{ toYaml . | nindent $.indent }}{{ end -}}
+{{- end }}
+
+{{/* A container's resources: the component's, else the chart-wide, else the measured default. */}}
+{{- define "lapse.resources" -}}
+{{- $c := include "lapse.componentValues" . | fromYaml -}}
+{{- $measured := index (.ctx.Values.defaultResources | default dict) (.component | default "") | default dict -}}
+{{- toYaml ($c.resources | default .ctx.Values.resources | default $measured) -}}
+{{- end }}
+
+{{/* extraEnv, extraVolumeMounts, extraVolumes (.field), at .indent: the chart-wide ones, then the component's. */}}
+{{- define "lapse.extra" -}}
+{{- $c := include "lapse.componentValues" . | fromYaml -}}
+{{- with concat (index .ctx.Values .field | default list) (index $c .field | default list) }}{{ toYaml . | nindent $.indent }}{{ end -}}
 {{- end }}
 
 {{/*
