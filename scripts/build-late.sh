@@ -8,7 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 status=0
-for target in helm mlmd-venv images seaweedfs observability; do
+for target in helm helm-docs mlmd-venv images seaweedfs observability; do
   start=$SECONDS
   make -s "$target" || status=1
   echo "build-late: $target $((SECONDS - start)) s"
