@@ -27,6 +27,8 @@ from lapse.functions.row_reaper.verdict import (
     RunFacts,
     Unbacked,
     judge_facts,
+    meets,
+    precondition,
     prove,
 )
 
@@ -139,3 +141,44 @@ def test_judge_facts_refuses_rows_another_namespace_records_whatever_else_they_s
         assert "nothing was deleted" in verdict.reason
     else:
         assert verdict == judge_facts(due, account, now)
+
+
+# Around the bounds `precondition` draws: a finish tolerance, a microsecond either side.
+NEAR = st.one_of(
+    OFFSETS,
+    st.sampled_from([FINISH_TOLERANCE, EARLY_TOLERANCE]).flatmap(
+        lambda bound: st.sampled_from([bound, bound + timedelta(microseconds=1), -bound])
+    ),
+)
+
+
+@settings(max_examples=500, derandomize=True, database=None)
+@given(
+    due=dues(),
+    account=facts(),
+    now=MOMENTS,
+    late=NEAR,
+    early=NEAR,
+    near=st.booleans(),
+    recorded=st.sampled_from([None, "team-a"]),
+)
+def test_the_precondition_the_store_checks_is_judge_facts_as_data(
+    due: CleanupDue,
+    account: RunFacts,
+    now: datetime,
+    late: timedelta,
+    early: timedelta,
+    near: bool,
+    recorded: str | None,
+) -> None:
+    """The row store checks `meets` on the data the port hands it (no callable crosses into
+    the edge): it lets a run's rows go exactly when `judge_facts` agrees, for the run's own
+    namespace (another namespace's the store refuses apart), at every bound."""
+    if near and due.run.finished_at is not None:
+        # A finish and a clock near the bounds: later than planned by about the tolerance,
+        # or by about as much as leaves the moved deadline due now.
+        account = dataclasses.replace(account, finished_at=due.run.finished_at + late)
+        now = due.deadline + early
+    account = dataclasses.replace(account, namespace=recorded)
+
+    assert meets(precondition(due, now), account) == (judge_facts(due, account, now) is None)
