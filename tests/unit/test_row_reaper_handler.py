@@ -81,7 +81,6 @@ class FakeRows:
                 results.append(self.answer(run.keys))
         return results
 
-
     @staticmethod
     def _stands(run: RunRows, facts: RunFacts) -> bool:
         """As the real store judges: whose run first, then the precondition."""
