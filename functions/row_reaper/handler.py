@@ -108,7 +108,7 @@ class RowsPort:
         due = proof.due
         if not found.keys:
             return self._counted(due, Counted(()))
-        return Removal(due, self._run_rows(due, found), Provenance.CLAIMED)
+        return Removal(due, self._run_rows(due, found, now), Provenance.CLAIMED)
 
     async def dry_run(self, removal: Removal[RunRows]) -> End:
         return await self._delete(removal, dry_run=True)
@@ -119,20 +119,17 @@ class RowsPort:
     async def removed(self, removal: Removal[RunRows], done: int) -> End:
         raise AssertionError("remove ends every removal of rows")  # one part, always ended
 
-    def _run_rows(self, due: CleanupDue, keys: RunKeys) -> RunRows:
-        """The run's keys and its precondition: the namespace lapse stored, and the
-        database's account of the run agreeing with the plan (`verdict.judge_facts`)."""
-
-        def accepts(facts: verdict.RunFacts) -> bool:
-            return verdict.judge_facts(due, facts, self.reaper.clock()) is None
-
+    def _run_rows(self, due: CleanupDue, keys: RunKeys, now: datetime) -> RunRows:
+        """The run's keys and its precondition, as data the store checks with the rows
+        locked: the namespace lapse stored, and the database's account of the run agreeing
+        with the plan (`verdict.precondition`, `verdict.judge_facts` as a bound)."""
         metadata = self.reaper.metadata
         record = None
         if metadata is not None and ML_METADATA in keys.keys:
             record = functools.partial(metadata.record, due.run.uid)
         return RunRows(
             keys.keys,
-            accepts,
+            verdict.precondition(due, now),
             record=record,
             namespace=due.run.namespace,
             uids=(due.run.uid,),

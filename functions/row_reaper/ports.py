@@ -8,7 +8,7 @@ from typing import Protocol, TypeAlias
 
 from lapse.functions.row_reaper.mlmd import ArtifactAccount
 from lapse.functions.row_reaper.targets import TargetSpec
-from lapse.functions.row_reaper.verdict import RunFacts
+from lapse.functions.row_reaper.verdict import Precondition, RunFacts
 
 
 @dataclass(frozen=True)
@@ -55,15 +55,15 @@ RunResult: TypeAlias = Counted | Rejected | Unavailable | Contradicted
 @dataclass(frozen=True)
 class RunRows:
     """One run's rows to delete: its key per target name, and the precondition the
-    database's account of the run must meet, checked with the run's rows locked in the
-    deleting transaction (None: no precondition). A target that keeps no such account, or
-    a run it has no row for, is not checked."""
+    database's account of the run must meet (`verdict.Precondition`, data the store checks
+    with the run's rows locked in the deleting transaction; None: no precondition). A
+    target that keeps no such account, or a run it has no row for, is not checked."""
 
     keys: Mapping[str, str]
-    accepts: Callable[[RunFacts], bool] | None = None
+    precondition: Precondition | None = None
     # The run's namespace as lapse stored it (from the API server's object). A target whose
     # parent table records a namespace deletes the run's rows only when its parent row is
-    # there and names this one (None: never), whatever `accepts` says; a row of another
+    # there and names this one (None: never), whatever the precondition; a row of another
     # namespace makes the run `Contradicted` (functions/row_reaper/targets.py: Step).
     namespace: str | None = None
     # Called with ML Metadata's account of the run's artifacts inside the deleting

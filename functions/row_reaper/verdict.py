@@ -9,7 +9,10 @@ due), so it never takes a due event's word for the deadline or for which rows it
 - `judge_facts`: inside the deleting transaction the database says whose run the rows are
   (the namespace the engine recorded), whether the run is still running, and when it
   finished; rows of another namespace's run are refused, a run that is running is kept, a
-  run that finished later than lapse planned from has its deadline moved by the difference.
+  run that finished later than lapse planned from has its deadline moved by the difference;
+- `precondition` and `meets`: the same judgement as data the row store checks with the
+  run's rows locked (no callable crosses into the edge): `meets(precondition(due, now),
+  facts)` is `judge_facts(due, facts, now) is None` for the run's own namespace.
 """
 
 from __future__ import annotations
@@ -36,11 +39,14 @@ __all__ = [
     "MoveTo",
     "NotOwned",
     "NotYet",
+    "Precondition",
     "Proof",
     "Proven",
     "RunFacts",
     "Unbacked",
     "judge_facts",
+    "meets",
+    "precondition",
     "prove",
 ]
 
@@ -113,3 +119,32 @@ def judge_facts(due: CleanupDue, facts: RunFacts, now: datetime) -> Contradictio
         f"the database says {due.run.subject} finished at {facts.finished_at.isoformat()}, "
         f"{later.total_seconds():.0f}s after lapse planned from; due {deadline.isoformat()}",
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Precondition:
+    """What the database's own account of a run must say for its rows to be deleted, as
+    data: the row store checks it (`meets`) on the run's parent rows, read locked in the
+    deleting transaction. The run is finished (a finish time, a state that is not running),
+    no later than `finished_by` (None: lapse planned from no finish time, any will do).
+    Whose run it is (the namespace) the store holds apart, with or without a
+    precondition (functions/row_reaper/ports.py: `RunRows.namespace`)."""
+
+    finished_by: datetime | None
+
+
+def precondition(due: CleanupDue, now: datetime) -> Precondition:
+    """`judge_facts`'s agreement as a bound: a finish within `FINISH_TOLERANCE` of the
+    planned one, or later by no more than leaves the moved deadline due at `now`."""
+    planned = due.run.finished_at
+    if planned is None:
+        return Precondition(None)
+    due_anyway = now + EARLY_TOLERANCE - due.deadline
+    return Precondition(planned + max(FINISH_TOLERANCE, due_anyway))
+
+
+def meets(precondition: Precondition, facts: RunFacts) -> bool:
+    """Whether the database's account of the run (its namespace aside) lets its rows go."""
+    if facts.running or facts.finished_at is None:
+        return False
+    return precondition.finished_by is None or facts.finished_at <= precondition.finished_by

@@ -73,15 +73,13 @@ class _ReferencedObjects:
         label_selector: str,
         request_timeout: float | None = None,
     ) -> list[dict[str, Any]]:
-        try:
-            return await self._resources.objects().list_items(
-                kind, namespace, label_selector=label_selector, request_timeout=request_timeout
-            )
-        except Exception as exc:
-            waited = _waited_out(exc, f"list {kind.kind} {label_selector} in {namespace!r}")
-            if waited is None:
-                raise
-            raise waited from exc
+        # The object reaper's lister (edges/kubernetes/reaping.py): an outage is an
+        # `Unavailable` (a RetryLater, waited out), anything else a `TargetFailure` naming
+        # what to check (a 403: the RBAC verb), which the planner reports as it is.
+        lister = ReapedObjects(self._resources.objects())
+        return await lister.list_items(
+            kind, namespace, label_selector=label_selector, request_timeout=request_timeout
+        )
 
 
 def _waited_out(exc: Exception, what: str) -> RetryLater | None:

@@ -13,6 +13,7 @@ import yaml
 from lapse.config import LapseConfig
 from lapse.config.schema import KubernetesConfig
 from lapse.embedded.process import free_port
+from lapse.events.kinds import ARGO_WORKFLOW
 from lapse.functions.ports import RetryLater
 from lapse.runtime.registry import _ReferencedObjects
 from lapse.runtime.resources import Resources
@@ -39,10 +40,16 @@ def _refused_kubeconfig(folder: Path) -> Path:
 async def test_a_claimed_object_read_during_an_outage_is_delivered_again(
     tmp_path: Path,
 ) -> None:
+    """The claimed object's read and a keep_last group's list (the object reaper's lister,
+    lapse/edges/kubernetes/reaping.py) both wait an outage out."""
     config = LapseConfig(kubernetes=KubernetesConfig(kubeconfig=_refused_kubeconfig(tmp_path)))
     async with Resources(config) as resources:
         objects = _ReferencedObjects(resources)
         with pytest.raises(RetryLater) as waited:
             await objects.fetch("argoproj.io/v1alpha1", "Workflow", "team-a", "wf-1")
+        with pytest.raises(RetryLater) as listed:
+            await objects.list_items(ARGO_WORKFLOW, "team-a", label_selector="team=a")
     assert "cannot read Workflow team-a/wf-1 yet" in waited.value.reason
     assert waited.value.delay > 0
+    assert "cannot list Workflow team-a/team=a yet" in listed.value.reason
+    assert listed.value.delay > 0

@@ -34,7 +34,7 @@ from lapse.functions.row_reaper import (
 )
 from lapse.functions.row_reaper.handler import describe
 from lapse.functions.row_reaper.targets import kfp_target
-from lapse.functions.row_reaper.verdict import RunFacts
+from lapse.functions.row_reaper.verdict import RunFacts, meets
 from lapse.functions.safety import SafetyConfig
 from tests.fakes import FakeSchedules
 
@@ -75,11 +75,18 @@ class FakeRows:
         self.calls.append(([dict(r.keys) for r in runs], dry_run))
         results: list[RunResult] = []
         for run in runs:
-            if self.facts is not None and run.accepts is not None and not run.accepts(self.facts):
+            if self.facts is not None and not self._stands(run, self.facts):
                 results.append(Contradicted(self.facts))
             else:
                 results.append(self.answer(run.keys))
         return results
+
+    @staticmethod
+    def _stands(run: RunRows, facts: RunFacts) -> bool:
+        """As the real store judges: whose run first, then the precondition."""
+        if facts.namespace is not None and facts.namespace != run.namespace:
+            return False
+        return run.precondition is None or meets(run.precondition, facts)
 
 
 class ListEmitter:

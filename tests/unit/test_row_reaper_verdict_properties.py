@@ -27,6 +27,8 @@ from lapse.functions.row_reaper.verdict import (
     RunFacts,
     Unbacked,
     judge_facts,
+    meets,
+    precondition,
     prove,
 )
 
@@ -92,6 +94,15 @@ def test_prove_never_proves_what_lapse_did_not_store_or_has_not_fired(
         assert stored.deadline - now <= EARLY_TOLERANCE
 
 
+# Around the bounds `precondition` draws: a finish tolerance, a microsecond either side.
+NEAR = st.one_of(
+    OFFSETS,
+    st.sampled_from([FINISH_TOLERANCE, EARLY_TOLERANCE]).flatmap(
+        lambda bound: st.sampled_from([bound, bound + timedelta(microseconds=1), -bound])
+    ),
+)
+
+
 @st.composite
 def facts(draw: st.DrawFn) -> RunFacts:
     return RunFacts(
@@ -102,10 +113,23 @@ def facts(draw: st.DrawFn) -> RunFacts:
 
 
 @settings(max_examples=300, derandomize=True, database=None)
-@given(due=dues(), account=facts(), now=MOMENTS)
+@given(due=dues(), account=facts(), now=MOMENTS, late=NEAR, early=NEAR, near=st.booleans())
 def test_judge_facts_never_lets_a_running_run_or_an_unknown_finish_through(
-    due: CleanupDue, account: RunFacts, now: datetime
+    due: CleanupDue,
+    account: RunFacts,
+    now: datetime,
+    late: timedelta,
+    early: timedelta,
+    near: bool,
 ) -> None:
+    """...and the precondition the row store checks with the rows locked (`meets`, on the
+    data the port hands it: no callable crosses into the edge) lets the rows go exactly
+    when `judge_facts` agrees, at every bound (the namespace the store holds apart)."""
+    if near and due.run.finished_at is not None:
+        # A finish and a clock near the bounds: later than planned by about the tolerance,
+        # or by about as much as leaves the moved deadline due now.
+        account = dataclasses.replace(account, finished_at=due.run.finished_at + late)
+        now = due.deadline + early
     verdict = judge_facts(due, account, now)
     if account.running or account.finished_at is None:
         assert isinstance(verdict, Keep)
@@ -118,6 +142,32 @@ def test_judge_facts_never_lets_a_running_run_or_an_unknown_finish_through(
             assert moved - now <= EARLY_TOLERANCE
     if isinstance(verdict, MoveTo):
         assert verdict.deadline > due.deadline and verdict.deadline - now > EARLY_TOLERANCE
+    assert meets(precondition(due, now), account) == (verdict is None)
+
+
+def test_the_precondition_holds_to_the_microsecond_at_both_bounds() -> None:
+    """At the bounds themselves (which generated clocks rarely hit): a finish later than
+    planned by the tolerance, or by as much as leaves the moved deadline due now, is
+    agreed; a microsecond more is not, whichever bound is the larger."""
+    planned = datetime(2026, 3, 1, tzinfo=UTC)
+    run = RunRef(
+        engine=Engine.ARGO, api_version="argoproj.io/v1alpha1", kind="Workflow",
+        namespace="team-a", name="wf", uid="uid-1", phase="Succeeded", finished_at=planned,
+    )  # fmt: skip
+    deadline = planned + timedelta(days=1)
+    due = CleanupDue(
+        run=run, target=Target.DATABASE, deadline=deadline, policy="p", scheduled_at=deadline
+    )
+    micro = timedelta(microseconds=1)
+    for early in (-EARLY_TOLERANCE, timedelta(0), micro, timedelta(seconds=5)):
+        now = deadline + early
+        bound = max(FINISH_TOLERANCE, early + EARLY_TOLERANCE)
+        for late, agreed in ((bound - micro, True), (bound, True), (bound + micro, False)):
+            for running in (False, True):
+                account = RunFacts(running=running, finished_at=planned + late)
+                verdict = judge_facts(due, account, now)
+                assert (verdict is None) is (agreed and not running), (early, late, running)
+                assert meets(precondition(due, now), account) is (verdict is None)
 
 
 @settings(max_examples=300, derandomize=True, database=None)

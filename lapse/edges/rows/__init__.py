@@ -10,6 +10,10 @@ Deleting: one transaction per call, whatever number of runs it carries (`IN (...
 table). Per-run counts come from `DELETE ... RETURNING` where the dialect has it
 (PostgreSQL, MariaDB, SQLite), otherwise from a locking `SELECT ... GROUP BY` before the
 DELETE. A failed batch is retried run by run, so one bad run cannot hold back the others.
+A transaction first locks and judges every run (its parent rows `FOR UPDATE`, held to the
+run's namespace and to its precondition, data: functions/row_reaper/verdict.py), then
+deletes what stands (store.py: `_transaction`; guard.py, footprints.py, delete.py; the
+ledger they share is batch.py's `Batch`).
 `CoalescingRowStore` (coalesce.py) is the front the row-reaper is given: the deletes of
 runs handled concurrently share transactions, no two runs naming one uid or row key.
 Database trouble is classified here, because only this module knows the drivers' errors:

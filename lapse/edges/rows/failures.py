@@ -48,12 +48,22 @@ def classify_failure(exc: BaseException) -> Unavailable | Rejected:
         return Unavailable(f"database connection lost: {reason}")
     sqlstate = getattr(original, "sqlstate", None)
     if isinstance(sqlstate, str) and len(sqlstate) == 5:
-        if sqlstate[:2] in _PG_PERMANENT:
-            return Rejected(f"the database refused the delete: {reason} (SQLSTATE {sqlstate})")
-        if sqlstate.startswith("08"):
-            return Unavailable(f"database unreachable: {reason} (SQLSTATE {sqlstate})")
-        return Unavailable(f"database error, will retry: {reason} (SQLSTATE {sqlstate})")
+        return _of_sqlstate(sqlstate, reason)
     errno = original.args[0] if original.args and isinstance(original.args[0], int) else None
+    return _of_errno(exc, errno, reason)
+
+
+def _of_sqlstate(sqlstate: str, reason: str) -> Unavailable | Rejected:
+    """PostgreSQL's answer, by its SQLSTATE class."""
+    if sqlstate[:2] in _PG_PERMANENT:
+        return Rejected(f"the database refused the delete: {reason} (SQLSTATE {sqlstate})")
+    if sqlstate.startswith("08"):
+        return Unavailable(f"database unreachable: {reason} (SQLSTATE {sqlstate})")
+    return Unavailable(f"database error, will retry: {reason} (SQLSTATE {sqlstate})")
+
+
+def _of_errno(exc: sa_exc.DBAPIError, errno: int | None, reason: str) -> Unavailable | Rejected:
+    """MySQL's and MariaDB's answer, by its error number (and SQLAlchemy's class)."""
     if errno is not None and 2000 <= errno < 3000:  # the client's own: connection errors
         return Unavailable(f"database unreachable: {reason}")
     if errno in _MYSQL_TRANSIENT:

@@ -12,7 +12,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from lapse.edges.rows.mlmd import MlmdTables
 from lapse.functions.row_reaper.mlmd import ArtifactAccount
 from lapse.functions.row_reaper.targets import TargetSpec
-from lapse.functions.row_reaper.verdict import RunFacts
+from lapse.functions.row_reaper.verdict import Precondition
 
 
 class BadKey(Exception):
@@ -80,7 +80,7 @@ class BoundTarget:
 class PendingRun:
     index: int
     keys: Mapping[str, str]
-    accepts: Callable[[RunFacts], bool] | None = None
+    precondition: Precondition | None = None
     values: dict[Bound, object] = field(default_factory=dict)
     record: Callable[[ArtifactAccount], Awaitable[None]] | None = None
     namespace: str | None = None

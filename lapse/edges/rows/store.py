@@ -7,32 +7,20 @@ import random
 from collections.abc import Sequence
 from typing import Final
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from lapse.config.schema import DATABASE_STATEMENT_TIMEOUT
-from lapse.edges.rows.delete import Normalize, delete_target, normalizer
+from lapse.edges.rows.batch import Batch
+from lapse.edges.rows.delete import delete_target, normalizer
 from lapse.edges.rows.failures import DATABASE_ERRORS, classify_failure, is_conflict
-from lapse.edges.rows.guard import read_facts
-from lapse.edges.rows.mlmd import delete_footprint, read_run
+from lapse.edges.rows.footprints import delete_footprints, lock_and_judge_graphs
+from lapse.edges.rows.guard import lock_and_judge
+from lapse.edges.rows.mlmd import read_run
 from lapse.edges.rows.model import BadKey, BoundTarget, PendingRun
 from lapse.edges.rows.reflect import SchemaMismatch, reflect_targets
 from lapse.errors import LapseError
-from lapse.functions.row_reaper.mlmd import (
-    DELETE_ORDER,
-    ArtifactAccount,
-    MlmdRun,
-    artifact_account,
-    facts,
-    footprint,
-)
-from lapse.functions.row_reaper.ports import (
-    Contradicted,
-    Counted,
-    Rejected,
-    RunResult,
-    RunRows,
-    Unavailable,
-)
+from lapse.functions.row_reaper.mlmd import MlmdRun
+from lapse.functions.row_reaper.ports import Rejected, RunResult, RunRows, Unavailable
 from lapse.functions.row_reaper.targets import KFP, TargetSpec
 
 # lapse.yaml's database.statement_timeout: how long one call (a read, or one batch's
@@ -108,7 +96,11 @@ class SqlRowStore:
         prepared: list[PendingRun] = []
         for index, rows in enumerate(runs):
             run = PendingRun(
-                index, rows.keys, rows.accepts, record=rows.record, namespace=rows.namespace
+                index,
+                rows.keys,
+                rows.precondition,
+                record=rows.record,
+                namespace=rows.namespace,
             )
             try:
                 self._coerce(run)
@@ -162,166 +154,44 @@ class SqlRowStore:
         return results
 
     async def _transaction(self, runs: list[PendingRun], dry_run: bool) -> list[RunResult]:
-        tallies: list[dict[tuple[str, str], int]] = [{} for _ in runs]
-        refused: dict[int, Contradicted] = {}
-        skipped: list[dict[str, str]] = [{} for _ in runs]
+        """One transaction for `runs`: every precondition judged with the rows locked,
+        then what stands deleted (rolled back in a dry run)."""
         async with asyncio.timeout(self.timeout), self.engine.connect() as conn:
-            normalize = normalizer(conn)
+            batch = Batch(conn, runs, dry_run, normalizer(conn))
             async with conn.begin() as tx:
-                # The preconditions first, every run's rows locked while they are judged:
-                # a run the database contradicts keeps all its rows, in every target.
-                owned = await self._judge(conn, runs, refused, dry_run, normalize)
-                graphs: dict[tuple[str, int], MlmdRun] = {}
-                vouched: dict[str, list[int]] = {}
-                for target in self._bound or ():
-                    if target.mlmd is None:
-                        continue
-                    name = target.spec.name
-                    vouched[name] = []
-                    for i, run in enumerate(runs):
-                        if name not in run.keys or i in refused:
-                            continue
-                        reason = self._unvouched(i, run, name, owned)
-                        if reason is None:
-                            vouched[name].append(i)
-                        else:
-                            skipped[i][name] = reason
-                    await _read_graphs(conn, target, runs, vouched[name], graphs, refused, dry_run)
-                for target in self._bound or ():
-                    name = target.spec.name
-                    members = [i for i, run in enumerate(runs) if name in run.keys]
-                    if target.mlmd is not None:
-                        members = vouched[name]
-                    elif target.parent.namespace is not None:
-                        # Only runs whose parent row names their namespace (locked above):
-                        # without that row nothing says whose the other tables' rows are.
-                        for i in members:
-                            tallies[i] |= {(name, step.name): 0 for step in target.steps}
-                        members = [i for i in members if i in owned.get(name, ())]
-                    members = [i for i in members if i not in refused]
-                    if target.mlmd is not None:
-                        together = [g for (n, i), g in graphs.items() if n == name and i in members]
-                        for i in members:
-                            graph = graphs.get((name, i))
-                            record = runs[i].record
-                            if record is not None and not dry_run:
-                                # Before the rows go: afterwards nothing says which URIs
-                                # were the run's (a failure here commits nothing).
-                                await record(
-                                    artifact_account(graph, together)
-                                    if graph is not None
-                                    else ArtifactAccount(runs[i].keys[name])
-                                )
-                            counts = (
-                                await delete_footprint(
-                                    conn, target.mlmd, footprint(graph, together)
-                                )
-                                if graph is not None
-                                else [(table, 0) for table in DELETE_ORDER]
-                            )
-                            for table, rows in counts:
-                                tallies[i][(name, table)] = rows
-                    elif members:
-                        await delete_target(
-                            conn,
-                            target,
-                            [runs[i] for i in members],
-                            [tallies[i] for i in members],
-                            dry_run=dry_run,
-                            normalize=normalize,
-                        )
+                await self._lock_and_judge(batch)
+                await self._delete_standing(batch)
                 if dry_run:
                     await tx.rollback()
-        return [
-            refused.get(i)
-            or Counted(
-                tuple((t, table, n) for (t, table), n in tally.items()),
-                tuple(skipped[i].items()),
-            )
-            for i, tally in enumerate(tallies)
-        ]
+        return batch.results()
 
-    async def _judge(
-        self,
-        conn: AsyncConnection,
-        runs: list[PendingRun],
-        refused: dict[int, Contradicted],
-        dry_run: bool,
-        normalize: Normalize,
-    ) -> dict[str, set[int]]:
-        """Each target's account of each run, its parent rows locked: a row of another
-        namespace (whatever the run's precondition) or a failed precondition refuses the
-        run. Returns, per target that records namespaces, the runs whose parent row names
-        theirs."""
-        owned: dict[str, set[int]] = {}
+    async def _lock_and_judge(self, batch: Batch) -> None:
+        """The preconditions first, every run's rows locked while they are judged: a run
+        the database contradicts keeps all its rows, in every target. ML Metadata last:
+        KFP's locked record vouches for its run ids."""
+        bound = self._bound or ()
+        for target in bound:
+            if target.mlmd is None:
+                await lock_and_judge(batch, target)
+        kfp = next((b for b in bound if b.spec.name == KFP), None)
+        for target in bound:
+            if target.mlmd is not None:
+                await lock_and_judge_graphs(batch, target, kfp)
+
+    async def _delete_standing(self, batch: Batch) -> None:
+        """Each target's rows of the runs still standing, counted per run."""
         for target in self._bound or ():
             if target.mlmd is not None:
-                continue
-            checks_owner = target.parent.namespace is not None
-            members = [
-                i
-                for i, run in enumerate(runs)
-                if target.spec.name in run.keys and (checks_owner or run.accepts is not None)
-            ]
-            if (target.guard is None and not checks_owner) or not members:
-                continue
-            facts_of = await read_facts(
-                conn, target, [runs[i] for i in members], dry_run=dry_run, normalize=normalize
-            )
-            for position, fact in facts_of.items():
-                index = members[position]
-                accepts = runs[index].accepts
-                foreign = checks_owner and fact.namespace != runs[index].namespace
-                judged = target.guard is not None and accepts is not None
-                if foreign or (judged and accepts is not None and not accepts(fact)):
-                    refused.setdefault(index, Contradicted(fact))
-                elif checks_owner:
-                    owned.setdefault(target.spec.name, set()).add(index)
-        return owned
-
-    def _unvouched(
-        self, position: int, run: PendingRun, name: str, owned: dict[str, set[int]]
-    ) -> str | None:
-        """Why ML Metadata's rows of `run` may not be deleted: MLMD holds nothing a tenant
-        cannot write (KFP's pods write it), so its run id counts only where KFP's own
-        record (run_details, in this transaction) names it a run of the run's namespace."""
-        kfp = next((b for b in self._bound or () if b.spec.name == KFP), None)
-        if kfp is None or kfp.parent.namespace is None:
-            return (
-                "not deleted: nothing but KFP's own record says whose run an ML Metadata "
-                "run id is (enable database.targets.kfp)"
-            )
-        key = run.keys[name]
-        if run.keys.get(KFP) != key or position not in owned.get(KFP, ()):
-            return (
-                f"not deleted: KFP's database has no run {key[:64]!r} of namespace "
-                f"{run.namespace!r} to vouch for it"
-            )
-        return None
-
-
-async def _read_graphs(
-    conn: AsyncConnection,
-    target: BoundTarget,
-    runs: list[PendingRun],
-    members: list[int],
-    graphs: dict[tuple[str, int], MlmdRun],
-    refused: dict[int, Contradicted],
-    dry_run: bool,
-) -> None:
-    """Each member run's ML Metadata graph, its context row locked, and MLMD's own account
-    of the run judged: an execution still NEW or RUNNING keeps every row of the run."""
-    assert target.mlmd is not None
-    name = target.spec.name
-    for index in members:
-        run = runs[index]
-        graph = await read_run(conn, target.mlmd, run.keys[name], lock=not dry_run)
-        if graph is None:
-            continue
-        graphs[(name, index)] = graph
-        fact = facts(graph)
-        if run.accepts is not None and not run.accepts(fact):
-            refused.setdefault(index, Contradicted(fact))
+                await delete_footprints(batch, target)
+            elif members := batch.members(target):
+                await delete_target(
+                    batch.conn,
+                    target,
+                    [batch.runs[i] for i in members],
+                    [batch.tallies[i] for i in members],
+                    dry_run=batch.dry_run,
+                    normalize=batch.normalize,
+                )
 
 
 async def open_row_store(
