@@ -24,13 +24,13 @@ long as one outage, not five):
 Before N, NATS is up: `lapse status` (read directly, not through the lines) shows every
 other wait - the watchers and the policy watcher on the API server, the object-, row- and
 artifact-reapers with events waiting - and, the API server refused, a second `lapse up`
-started in the outage (a pod rescheduled) waits for the policy objects instead of exiting. From N on, only the process
-itself can say that NATS is away: its `lapse.outage.duration` gauge (scraped from its own
-/metrics) does. Nothing can be deleted before N + 60 s (before N the others are cut; from
-N no event reaches a reaper), so every deletion is after every outage. Runs fall due in
-both parts of the window: before N (the reapers wait them out), and while NATS is away (the
-NATS scheduler fires them when it can); one finishes after the API server is back while
-NATS is still away (its watcher holds it).
+started in the outage (a pod rescheduled) waits for the policy objects instead of exiting.
+From N on, only the process itself can say that NATS is away: its `lapse.outage.duration`
+gauge (scraped from its own /metrics) does. Nothing can be deleted before N + 60 s (before
+N the others are cut; from N no event reaches a reaper), so every deletion is after every
+outage. Runs fall due in both parts of the window: before N (the reapers wait them out),
+and while NATS is away (the NATS scheduler fires them when it can); one finishes after the
+API server is back while NATS is still away (its watcher holds it).
 
 The clients' timeouts are set short (seconds instead of the production minute, and
 `kubernetes.request_timeout` 3 s, `watch_timeout` 4 s), so a black-holed call gives up and
