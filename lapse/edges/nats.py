@@ -31,6 +31,17 @@ from lapse.embedded.nats_identities import inbox_prefix
 
 log = logging.getLogger(__name__)
 
+# How soon a connection that went silent (black-holed: a firewall or NAT that dropped its
+# state, a node gone without a reset) is known dead and replaced: a PING every
+# PING_INTERVAL seconds, and the connection given up when MAX_OUTSTANDING_PINGS of them
+# are unanswered, 20-30 s after it went silent. nats-py's defaults (120 s, 2) took 4-6
+# minutes, in which `lapse up` fetched, acked and published into the void, and kept doing
+# so after the network had mended, since only new connections pass then.
+PING_INTERVAL = 10
+MAX_OUTSTANDING_PINGS = 2
+# A reconnect that is accepted and never answered (black-holed) gives up after this.
+CONNECT_TIMEOUT = 5
+
 
 class NatsRefused(ConfigError):
     """The NATS server refused lapse's credentials or TLS, or a secret file is unreadable:
@@ -84,7 +95,9 @@ async def connect(url: str, *, name: str = "lapse", config: NatsConfig | None = 
         "name": name,
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": 0.5,
-        "connect_timeout": 5,
+        "connect_timeout": CONNECT_TIMEOUT,
+        "ping_interval": PING_INTERVAL,
+        "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
         "error_cb": on_error,
         **options,
     }
@@ -215,6 +228,17 @@ def max_payload(js: JetStreamContext) -> int | None:
     client = getattr(js, "_nc", None)
     limit = getattr(client, "max_payload", None)
     return limit if isinstance(limit, int) and limit > 0 else None
+
+
+def unreachable(js: JetStreamContext) -> str | None:
+    """Why the connection behind `js` is down now (nats-py reconnecting, with the last error
+    it met), or None while it is up (or closed, on the way out)."""
+    client = getattr(js, "_nc", None)
+    if not isinstance(client, NATS) or client.is_connected or client.is_closed:
+        return None
+    last = client.last_error
+    because = _one_line(last) if last is not None else "connection lost"
+    return f"NATS unreachable, reconnecting ({because})"
 
 
 async def key_value_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:

@@ -30,12 +30,13 @@ from lapse import telemetry
 from lapse.config import LapseConfig, Streams
 from lapse.edges import health
 from lapse.edges.kubernetes.policies import namespace_names
+from lapse.edges.nats import unreachable
 from lapse.edges.publishing import NatsPublisher
 from lapse.edges.streams import configured_streams, count_messages, ensure_streams
 from lapse.edges.watch_positions import WatchPositions
 from lapse.events.run import Target
 from lapse.events.subjects import SCHEDULE_PREFIX
-from lapse.functions.ports import Handler
+from lapse.functions.ports import Handler, RetryLater
 from lapse.functions.trust import Provenance
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.ingress import Ingress, nats_ingress
@@ -43,7 +44,7 @@ from lapse.runtime.policy_watcher import PolicyWatcher
 from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
 from lapse.runtime.routing import Route, load_routes, pushed_types, relist_lane
-from lapse.runtime.supervisor import Supervisor, drain
+from lapse.runtime.supervisor import Retrying, Supervisor, drain
 from lapse.runtime.watcher import KindWatcher, report_relists
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ log = logging.getLogger(__name__)
 SHUTDOWN_GRACE = 20.0
 # How often a process that waits out an outage reports it (lapse.edges.health).
 HEALTH_INTERVAL = 5.0
+# How often the NATS connection's state is looked at.
+NATS_CHECK_INTERVAL = 0.5
 
 
 class Pipeline:
@@ -116,6 +119,7 @@ class Pipeline:
             replicas = self.config.nats.replicas
             report = partial(_report_health, js, lambda: self.dispatcher, supervisor, replicas)
             supervisor.start("health", report)
+            supervisor.start("nats connection", partial(_watch_nats, js))
             # Policy objects are read before any run is planned (docs/policies.md).
             if self._watch:
                 await self._watch_policies(resources, js, stop, supervisor)
@@ -269,6 +273,26 @@ async def _report_health(
             was_waiting = bool(waiting or tasks)
         except Exception as exc:  # NATS reconnecting: the next round tries again
             log.debug("health report failed: %s", exc)
+
+
+async def _watch_nats(js: JetStreamContext) -> None:
+    """The NATS connection as a task of its own, so its outage is shown like any other.
+    nats-py reconnects by itself (forever); meanwhile no loop of lapse fails loudly (a fetch
+    only finds nothing), so without this a NATS away was seen only in the log's warnings.
+    The wait is in the `lapse.outage.duration` gauge at once, and in `lapse status` when
+    NATS is reachable by the process again but the wait is not over yet."""
+    retrying = Retrying("reconnect")
+    loop = asyncio.get_running_loop()
+    next_report = 0.0
+    while True:
+        reason = unreachable(js)
+        if reason is None:
+            retrying.succeeded()
+            next_report = 0.0
+        elif loop.time() >= next_report:
+            # nats-py tries every half second; this says so at the back-off's pace.
+            next_report = loop.time() + retrying.delay(RetryLater(reason, delay=0.0))
+        await asyncio.sleep(NATS_CHECK_INTERVAL)
 
 
 async def _poll_backlog(

@@ -1,38 +1,56 @@
-"""The fault matrix for the row and artifact targets, through `lapse up` (a subprocess):
-PostgreSQL, MariaDB and SeaweedFS S3 each (1) refusing, then (2) black-holed, while runs
-fall due. The rule (issue 37): an outage is waited out, never dead-lettered, and never
-ends the process; each due event ends in exactly one outcome, after the outage; 0 lost,
-0 early.
+"""The fault matrix through `lapse up` (a subprocess) with every component on: the run
+watcher and the policy watcher on a kube-apiserver with the policy CRDs, the object-reaper,
+the row-reaper on a real database (KFP tables), the artifact-reaper on a real S3 server
+(SeaweedFS), all on NATS JetStream. Each dependency is (1) refused, then (2) black-holed,
+for 60 s while runs fall due. The rule (issue 37): an outage is waited out, never
+dead-lettered, and never ends the process; it is shown while it lasts; each due event ends
+in exactly one outcome, after the outage; 0 lost, 0 early.
 
-Each test runs two `lapse up`s side by side, one per database kind, each with its own
-NATS, the row-reaper on its real database (KFP tables) and the artifact-reaper on the real
-SeaweedFS: the targets are independent, so the outages of one fault share one window.
+Two `lapse up`s run side by side, one per database kind (PostgreSQL, MariaDB: one process
+has one database), each with its own NATS. Each reaches every dependency through a
+`Blackhole` (tests/e2e/test_outages.py), a loopback TCP relay the test switches between
+passing, refusing and black-holing, with the real server behind it: it stands in for the
+network, and is the only way to provoke a black hole here (no real server accepts a
+connection and then never answers; the shared servers keep serving the other tests).
+Refused NATS is more: its server is stopped, and started again on the same port with its
+JetStream store, as a restarted NATS pod is.
 
-Every dependency is reached through `Blackhole` (tests/e2e/test_outages.py), a loopback
-TCP relay the test switches between passing, refusing and black-holing, with the real
-server behind it. It stands in for the network, not for the server, and it is the only
-way to provoke a black hole here: no real server can be made to accept a connection and
-then never answer, and the shared servers must keep serving the other tests.
+The outages of the dependencies overlap, so one window serves them all (the test is as
+long as one outage, not five):
 
-The window is measured in the clients' own timeouts, which the test sets short (lapse.yaml
-`database.*_timeout`, `artifacts.*timeout`: seconds instead of the production minute): the
-lines are cut before the runs finish, so every deadline falls inside the outage, and they
-stay cut for at least `AFTER_DUE` (several timeouts) past the last deadline, and until
-`lapse status` has shown both reapers waiting (it reports every 5 s, and a CLI process
-takes seconds on the loaded machine: the window stretches to it, never the other way), so
-a black-holed call gives up, is waited out and meets the outage again long before the
-line is mended. No timer races another. Each test prints what it measured (`pytest -s`
-shows it).
+    API server, database, S3:  cut at 0 ........................ mended at 60 s
+    NATS:                          cut at N (<= 52 s) ........................ mended at N + 60 s
+
+Before N, NATS is up: `lapse status` (read directly, not through the lines) shows every
+other wait - the watchers and the policy watcher on the API server, the object-, row- and
+artifact-reapers with events waiting - and, the API server refused, a second `lapse up`
+started in the outage (a pod rescheduled) waits for the policy objects instead of exiting.
+From N on, only the process itself can say that NATS is away: its `lapse.outage.duration`
+gauge (scraped from its own /metrics) does. Nothing can be deleted before N + 60 s (before
+N the others are cut; from N no event reaches a reaper), so every deletion is after every
+outage. Runs fall due in both parts of the window: before N (the reapers wait them out),
+and while NATS is away (the NATS scheduler fires them when it can); one finishes after the
+API server is back while NATS is still away (its watcher holds it).
+
+The clients' timeouts are set short (seconds instead of the production minute, and
+`kubernetes.request_timeout` 3 s, `watch_timeout` 4 s), so a black-holed call gives up and
+meets the outage many times over inside the window: no timer races another. NATS's are
+the production ones (a PING every 10 s, dead after 2 unanswered: lapse/edges/nats.py).
+Each test prints what it measured (`pytest -s` shows it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import re
 import signal
 import time
+import urllib.request
 import uuid
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -42,6 +60,7 @@ from urllib.parse import urlsplit
 
 import nats
 import pytest
+import yaml
 from obstore.store import S3Store
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -49,52 +68,55 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from lapse.config import Streams
 from lapse.edges.database import create_engine
 from lapse.embedded.nats import EmbeddedNats
+from lapse.embedded.process import free_port
 from lapse.embedded.seaweedfs import REGION, EmbeddedSeaweedFS
+from lapse.events.run import Target
 from lapse.events.timeutil import parse_rfc3339
-from lapse.operations.audit import OUTCOME_TYPES, audit_events, history_row
+from lapse.operations.audit import OUTCOME_TYPES, audit_events, history_row, pending_schedules
 from lapse.operations.dlq import dead_letters
 from tests.conftest import ARTIFACT_BUCKET, KubeStack
 from tests.e2e.test_artifacts_up import workflow_with_outputs
 from tests.e2e.test_lapse_up import LapseUp, finished_workflow, lapse_json
-from tests.e2e.test_outages import Blackhole, outcomes_by_name
+from tests.e2e.test_outages import Blackhole
+from tests.e2e.test_supervision import spawn
 from tests.integration.test_artifact_reaper import client, plant, present
 from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_counts
 from tests.stack import Database, scratch_database, wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.nats, pytest.mark.db]
 
-# The clients' timeouts in this test (production: 10 s / 60 s / 30 s, 60 s / 3 s).
+OUTAGE = 60.0  # each dependency's, as the issue asks
+# The clients' timeouts in this test (production: 10 s / 60 s / 30 s, 60 s / 3 s, 30 s / 300 s).
 TIMEOUTS = {
     "database": {"connect_timeout": "2s", "statement_timeout": "3s", "pool_timeout": "2s"},
     "artifacts": {"timeout": "3s", "connect_timeout": "1s"},
 }
-LONGEST_TIMEOUT = 3.0
-# The rows and artifacts fall due this long after the runs finish (their clocks below).
-ROWS_TTL, ARTIFACTS_TTL = 3, 4
-# How long the lines stay cut after the last deadline, at least: four of the longest
-# timeout. A due event reaches its reaper up to ~4 s late on the loaded machine (measured),
-# a black-holed try then waits out one timeout, and the back-off's next try (1 s, then 2 s)
-# meets the outage too.
-AFTER_DUE = 4 * LONGEST_TIMEOUT
-KFP_RUNS = 6
-ARTIFACT_RUNS = 3
+# Due this long after the runs finish: after the cut (planning takes a few seconds), early
+# enough in the window that `lapse status` shows the reapers waiting before NATS goes.
+ROWS_TTL, ARTIFACTS_TTL, OBJECTS_TTL = 16, 17, 18
+# Due while NATS is away: after N (at most LATEST_NATS_CUT s after the cut), before N + 60 s.
+LATE_TTL = 76
+LATEST_NATS_CUT = 52.0
+KFP_RUNS, ARTIFACT_RUNS, OBJECT_RUNS, LATE_RUNS = 4, 2, 3, 3
 KINDS = {"postgresql": "PostgreSQL", "mysql": "MariaDB"}
+NATS_TASK = "nats connection"
 
 
 @dataclass
 class Rig:
-    """One `lapse up` with its own NATS, its database and the S3 store behind two lines."""
+    """One `lapse up` with its own NATS, and every dependency behind its line."""
 
     kind: str
     db: Database
     nats: EmbeddedNats
-    db_line: Blackhole
-    s3_line: Blackhole
+    lines: dict[str, Blackhole]  # "api", "nats", "db", "s3"
     tmp: Path
     ns: str
     engine: AsyncEngine = field(init=False)
     up: LapseUp = field(init=False)
-    config: Path = field(init=False)
+    config: Path = field(init=False)  # lapse up's: through the lines
+    direct: Path = field(init=False)  # the CLI's: straight to the servers
+    metrics_port: int = field(default_factory=free_port)
     run_ids: list[str] = field(default_factory=list)
     rows: int = 0  # the runs' rows, all tables
     outputs: list[str] = field(default_factory=list)
@@ -102,19 +124,38 @@ class Rig:
     def __post_init__(self) -> None:
         self.engine = create_engine(self.db.url)
         self.config = self.tmp / "lapse.yaml"
-        self.up = LapseUp(self.config, self.tmp / "state", self.tmp / "up.log")
+        self.direct = self.tmp / "direct.yaml"
+        env = {**os.environ, "LAPSE_PROMETHEUS_PORT": str(self.metrics_port),
+               "LAPSE_PROMETHEUS_HOST": "127.0.0.1"}  # fmt: skip
+        self.up = LapseUp(self.config, self.tmp / "state", self.tmp / "up.log", env)
 
-    def write_config(self, kube: KubeStack, seaweedfs: EmbeddedSeaweedFS) -> None:
-        db_url = make_url(self.db.url).set(host="127.0.0.1", port=self.db_line.port)
+    def write_configs(self, kube: KubeStack, seaweedfs: EmbeddedSeaweedFS) -> None:
+        through = kube.server.kubeconfig()
+        through["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{self.lines['api'].port}"  # type: ignore[index]
+        (self.tmp / "through.kubeconfig").write_text(yaml.safe_dump(through))
+        db_line = make_url(self.db.url).set(host="127.0.0.1", port=self.lines["db"].port)
         endpoint = urlsplit(seaweedfs.endpoint)
-        s3_endpoint = f"{endpoint.scheme}://127.0.0.1:{self.s3_line.port}"
+        s3_line = f"{endpoint.scheme}://127.0.0.1:{self.lines['s3'].port}"
+        self.config.write_text(
+            self._config(
+                f"nats://127.0.0.1:{self.lines['nats'].port}",
+                self.tmp / "through.kubeconfig",
+                db_line.render_as_string(hide_password=False),
+                s3_line,
+            )
+        )
+        self.direct.write_text(
+            self._config(self.nats.url, kube.kubeconfig, self.db.url, seaweedfs.endpoint)
+        )
+
+    def _config(self, nats_url: str, kubeconfig: Path, db_url: str, s3: str) -> str:
         db_timeouts = "".join(f"  {k}: {v}\n" for k, v in TIMEOUTS["database"].items())
         s3_timeouts = "".join(f"  {k}: {v}\n" for k, v in TIMEOUTS["artifacts"].items())
-        self.config.write_text(
-            f"nats: {{url: '{self.nats.url}'}}\n"
-            f"kubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n"
+        return (
+            f"nats: {{url: '{nats_url}'}}\n"
+            f"kubernetes: {{kubeconfig: '{kubeconfig}', request_timeout: 3, watch_timeout: 4}}\n"
             "database:\n"
-            f"  url: '{db_url.render_as_string(hide_password=False)}'\n"
+            f"  url: '{db_url}'\n"
             "  targets: {kfp: {enabled: true}}\n"
             f"{db_timeouts}"
             "policies:\n"
@@ -131,19 +172,26 @@ class Rig:
             f"{s3_timeouts}"
             "  stores:\n"
             f"    - {{name: argo, url: 's3://{ARTIFACT_BUCKET}/fault/', endpoint: "
-            f"'{s3_endpoint}', region: {REGION}, min_prefix_depth: 3}}\n"
+            f"'{s3}', region: {REGION}, min_prefix_depth: 3}}\n"
         )
 
-    def fault(self, drop: bool) -> str:
-        return f"{KINDS[self.kind]} and S3 {'black-holed' if drop else 'refusing'}"
+    def cut(self, names: tuple[str, ...], drop: bool) -> None:
+        for name in names:
+            self.lines[name].sever(drop=drop)
+        if "nats" in names and not drop:
+            self.nats.stop()  # refused: the server itself is away
 
-    def sever(self, drop: bool) -> None:
-        self.db_line.sever(drop=drop)
-        self.s3_line.sever(drop=drop)
+    def mend(self, names: tuple[str, ...]) -> None:
+        if "nats" in names and self.nats.process is None:
+            self.nats.start(healthy=True)  # the same port and JetStream store
+        for name in names:
+            self.lines[name].mend()
 
-    def mend(self) -> None:
-        self.db_line.mend()
-        self.s3_line.mend()
+    def alive(self, when: str) -> None:
+        assert self.up.process is not None
+        assert self.up.process.poll() is None, (
+            f"lapse up ({KINDS[self.kind]}) exited {when}:\n{self.up.log.read_text()[-3000:]}"
+        )
 
     async def rows_left(self) -> int:
         async with self.engine.connect() as conn:
@@ -160,7 +208,8 @@ async def rigs(
 ) -> AsyncIterator[list[Rig]]:
     for key, value in seaweedfs.env().items():  # `lapse up` finds them where S3 users keep them
         monkeypatch.setenv(key, value)
-    s3_real = urlsplit(seaweedfs.endpoint)
+    s3 = urlsplit(seaweedfs.endpoint)
+    api = urlsplit(kube.server.url)
     async with AsyncExitStack() as stack:
         built: list[Rig] = []
         for kind in KINDS:
@@ -168,22 +217,23 @@ async def rigs(
             engine = create_engine(db.url)
             await create_kfp_tables(engine)
             await engine.dispose()
-            nats = own_nats if not built else EmbeddedNats(tmp_path / f"nats-{kind}").start()
-            if nats is not own_nats:
-                stack.callback(nats.stop)
-            real = make_url(db.url)
-            lines = (
-                Blackhole(real.host or "127.0.0.1", real.port or 0),
-                Blackhole(s3_real.hostname or "127.0.0.1", s3_real.port or 0),
-            )
-            for line in lines:
+            server = own_nats if not built else EmbeddedNats(tmp_path / f"nats-{kind}").start()
+            stack.callback(server.stop)  # once more is harmless (own_nats stops it too)
+            real_db = make_url(db.url)
+            lines = {
+                "api": Blackhole(api.hostname or "127.0.0.1", api.port or 0),
+                "nats": Blackhole("127.0.0.1", server.port),
+                "db": Blackhole(real_db.host or "127.0.0.1", real_db.port or 0),
+                "s3": Blackhole(s3.hostname or "127.0.0.1", s3.port or 0),
+            }
+            for line in lines.values():
                 await line.start()
                 stack.push_async_callback(line.stop)
             ns = kube.namespace(f"fault-{kind[:5]}-{uuid.uuid4().hex[:6]}")
             (tmp_path / kind).mkdir()
-            rig = Rig(kind, db, nats, *lines, tmp_path / kind, ns)
+            rig = Rig(kind, db, server, lines, tmp_path / kind, ns)
             stack.push_async_callback(rig.engine.dispose)
-            rig.write_config(kube, seaweedfs)
+            rig.write_configs(kube, seaweedfs)
             built.append(rig)
         yield built
 
@@ -195,13 +245,13 @@ async def prepare(rig: Rig, s3: S3Store) -> None:
         await insert_kfp_runs(conn, rig.run_ids, namespace=rig.ns)
     rig.rows = await rig.rows_left()
     for i in range(ARTIFACT_RUNS):
-        keys = [f"fault/{rig.ns}/art-{i}/{f}" for f in ("main.log", "model.tgz")]
-        rig.outputs += keys
+        rig.outputs += [f"fault/{rig.ns}/art-{i}/{f}" for f in ("main.log", "model.tgz")]
     await plant(s3, *rig.outputs)
 
 
 async def finish_runs(rig: Rig, kube: KubeStack) -> None:
-    """The runs, finished now: lapse plans them (planning needs neither line)."""
+    """The runs, finished now: rows, artifacts and objects due early in the window, and
+    objects due while NATS is away."""
     for i, run_id in enumerate(rig.run_ids):
         labels = {"pipeline/runid": run_id, "pipeline/persistedFinalState": "true"}
         await kube.workflows.create(rig.ns, finished_workflow(f"kfp-{i}", labels=labels))
@@ -209,6 +259,26 @@ async def finish_runs(rig: Rig, kube: KubeStack) -> None:
         body = workflow_with_outputs(f"art-{i}", rig.outputs[2 * i : 2 * i + 2])
         body["metadata"]["labels"]["fault/outputs"] = "true"
         await kube.workflows.create(rig.ns, body)
+    for prefix, ttl, count in (("obj", OBJECTS_TTL, OBJECT_RUNS), ("late", LATE_TTL, LATE_RUNS)):
+        for i in range(count):
+            body = finished_workflow(f"{prefix}-{i}", annotations={"lapse.dev/ttl": f"{ttl}s"})
+            await kube.workflows.create(rig.ns, body)
+
+
+async def planned(rig: Rig) -> bool:
+    """Every run's schedules are in NATS (what the outage must not lose)."""
+    nc = await nats.connect(rig.nats.url)
+    try:
+        js = nc.jetstream()
+        schedules = Streams().schedule
+        counts = {t: (await pending_schedules(js, schedules, t)).count for t in Target}
+    finally:
+        await nc.close()
+    return (
+        counts[Target.KUBERNETES] >= OBJECT_RUNS + LATE_RUNS
+        and counts[Target.DATABASE] >= KFP_RUNS
+        and counts[Target.ARTIFACTS] >= ARTIFACT_RUNS
+    )
 
 
 async def audit_rows(rig: Rig) -> list[dict[str, Any]]:
@@ -216,10 +286,9 @@ async def audit_rows(rig: Rig) -> list[dict[str, Any]]:
     audit stream here: a CLI process costs seconds on the loaded machine)."""
     nc = await nats.connect(rig.nats.url)
     try:
-        js = nc.jetstream()
         rows = [
             history_row(event)
-            async for event in audit_events(js, Streams().audit)
+            async for event in audit_events(nc.jetstream(), Streams().audit)
             if event.get_type() in OUTCOME_TYPES  # `lapse history`'s rows: the outcomes
         ]
     finally:
@@ -235,70 +304,171 @@ async def dead_letter_count(rig: Rig) -> int:
         await nc.close()
 
 
-async def waiting_on(rig: Rig, functions: set[str]) -> dict[str, Any] | None:
-    status: dict[str, Any] = await asyncio.to_thread(lapse_json, "status", config=rig.config)
-    waiting = {w["function"] for w in status["waiting"] if w["events"] > 0}
-    return status if functions <= waiting else None
+def shown_waiting(
+    rig: Rig, functions: set[str], tasks: set[str]
+) -> Callable[[], Awaitable[dict[str, Any] | None]]:
+    """`lapse status` (read directly) once it shows `functions` waiting with events and
+    `tasks` waiting, each by any process (the replacement's too)."""
+
+    async def check() -> dict[str, Any] | None:
+        rig.alive("during the outage")
+        status: dict[str, Any] = await asyncio.to_thread(lapse_json, "status", "--recent", "0",
+                                                         config=rig.direct)  # fmt: skip
+        waiting = {w["function"] for w in status["waiting"] if w["events"] > 0}
+        waiting_tasks = {t["task"] for t in status["tasks"] if t["state"] == "waiting"}
+        return status if functions <= waiting and tasks <= waiting_tasks else None
+
+    return check
+
+
+def nats_outage_seconds(rig: Rig) -> float:
+    """What the process's own /metrics says of its NATS connection's outage (0: none)."""
+    url = f"http://127.0.0.1:{rig.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    pattern = rf'^lapse_outage_duration_seconds{{[^}}]*function="{NATS_TASK}"[^}}]*}} (\S+)$'
+    found = re.search(pattern, text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+async def replaced_in_the_outage(rig: Rig) -> float:
+    """A second `lapse up` started while the API server is away (a pod rescheduled): it
+    waits for the policy objects, saying so, instead of exiting (the issue's finding: it
+    exited with 1, "policy watcher crashed: ... Connection refused"); then it is stopped,
+    and exits 0. Returns how long it took to be shown waiting."""
+    replacement = LapseUp(rig.config, rig.tmp / "state-2", rig.tmp / "replacement.log")
+    spawn(replacement)
+    assert replacement.process is not None
+    began = time.monotonic()
+    pid = replacement.process.pid
+    try:
+
+        async def waits() -> bool:
+            assert replacement.process is not None and replacement.process.poll() is None, (
+                replacement.log.read_text()[-3000:]
+            )
+            status = await asyncio.to_thread(lapse_json, "status", "--recent", "0",
+                                             config=rig.direct)  # fmt: skip
+            return any(
+                t["task"] == "policy watcher" and t["process"].endswith(f"-{pid}")
+                and t["reason"].startswith("API server unreachable")
+                for t in status["tasks"]
+            )  # fmt: skip
+
+        await wait_for(waits, timeout=40, interval=1.0)
+        assert "lapse is running" not in replacement.log.read_text()
+        return time.monotonic() - began
+    finally:
+        assert replacement.stop(signal.SIGTERM) == 0, replacement.log.read_text()[-3000:]
+
+
+def one_outcome_each(history: list[dict[str, Any]]) -> Counter[tuple[str, str]]:
+    """(name, target) -> how many outcomes: each due event must have exactly one."""
+    return Counter((row["name"], row["target"]) for row in history)
 
 
 @pytest.mark.parametrize("drop", [False, True], ids=["refused", "black-holed"])
-async def test_database_and_s3_outages_are_waited_out_with_one_outcome_per_due_event(
+async def test_every_dependency_out_for_a_minute_ends_nothing_and_loses_nothing(
     kube: KubeStack, seaweedfs: EmbeddedSeaweedFS, rigs: list[Rig], drop: bool
 ) -> None:
+    fault = "black-holed" if drop else "refused"
     s3 = client(seaweedfs)
     began = time.monotonic()
-    # Running: each row store has checked its schema through its line.
     await asyncio.gather(*(rig.up.start() for rig in rigs), *(prepare(rig, s3) for rig in rigs))
-    started = time.monotonic() - began
+    others = ("api", "db", "s3")
     try:
+        created = time.monotonic()
+        await asyncio.gather(*(finish_runs(rig, kube) for rig in rigs))
         for rig in rigs:
-            rig.sever(drop)
+            await wait_for(functools.partial(planned, rig), timeout=15, interval=0.3)
+        for rig in rigs:
+            rig.cut(others, drop)
         down = datetime.now(UTC)
         cut = time.monotonic()
-        # Finished after the cut (finishedAt is whole seconds: at most 1 s before `down`,
-        # and every clock is longer), so every deadline falls inside the outage.
-        await asyncio.gather(*(finish_runs(rig, kube) for rig in rigs))
-        due_by = time.monotonic() + max(ROWS_TTL, ARTIFACTS_TTL)
 
-        # Meanwhile `lapse status` says both reapers are waiting, nothing dead-lettered.
-        # (It shows what each process last reported, every 5 s: the wait for it is not
-        # bounded by the window, the window is stretched to it if need be.)
-        reapers = {"row-reaper", "artifact-reaper"}
-        waits = [
-            wait_for(functools.partial(waiting_on, rig, reapers), timeout=60, interval=1.0)
+        # NATS up: `lapse status` shows every other wait, and a process started now waits.
+        reapers = {"object-reaper", "row-reaper", "artifact-reaper"}
+        watchers = {"watcher argo-workflow", "policy watcher"}
+        shown = [
+            wait_for(shown_waiting(rig, reapers, watchers), timeout=LATEST_NATS_CUT, interval=1.0)
             for rig in rigs
         ]
-        for during in await asyncio.gather(*waits):
-            assert during is not None and during["deadLetters"] == 0, during
-        waited = time.monotonic() - cut
-        # The rest of the outage itself: several timeouts past the last deadline.
-        await asyncio.sleep(max(0.0, due_by + AFTER_DUE - time.monotonic()))
-        # Nothing went while the lines were cut (nothing could), and lapse is still up.
+        # A replacement started in the outage: the issue's finding, the API server refused.
+        replacing = [] if drop else [asyncio.ensure_future(replaced_in_the_outage(rigs[0]))]
+        statuses = await asyncio.gather(*shown)
+        replaced: list[float] = list(await asyncio.gather(*replacing))
+        for status in statuses:
+            assert status is not None and status["deadLetters"] == 0, status
+            for task in status["tasks"]:
+                if task["task"] in watchers:
+                    assert task["reason"].startswith("API server unreachable"), task
+        shown_in = time.monotonic() - cut
+        # finishedAt is whole seconds: the earliest late deadline is LATE_TTL - 1 s after
+        # `created`, the latest (plus the time to create them) well before NATS is back.
+        assert time.monotonic() < created + LATE_TTL - 2, "NATS goes before the late runs fall due"
+
         for rig in rigs:
-            assert rig.up.process is not None and rig.up.process.poll() is None
+            rig.cut(("nats",), drop)
+        nats_down = datetime.now(UTC)
+        nats_cut = time.monotonic()
+
+        # NATS away: only the process itself can say so, and its gauge does.
+        async def nats_wait_shown() -> float:
+            for rig in rigs:
+                rig.alive("while NATS was away")
+            seconds = [await asyncio.to_thread(nats_outage_seconds, rig) for rig in rigs]
+            return min(seconds)
+
+        gauge = await wait_for(nats_wait_shown, timeout=OUTAGE - 5, interval=1.0)
+        gauge_in = time.monotonic() - nats_cut
+
+        async def until(moment: float, when: str) -> None:
+            while time.monotonic() < moment:
+                for rig in rigs:
+                    rig.alive(when)
+                await asyncio.sleep(1.0)
+
+        await until(cut + OUTAGE, "during the outage")
+        for rig in rigs:  # nothing went (nothing could), and lapse is still up
             assert await rig.rows_left() == rig.rows > 0
             assert set(rig.outputs) <= await present(s3, f"fault/{rig.ns}/")
-        up_again = datetime.now(UTC)
+            rig.mend(others)
+        others_up = datetime.now(UTC)
+        # A run that finishes now, with NATS still away: its watcher holds it.
         for rig in rigs:
-            rig.mend()
+            held = finished_workflow("held", annotations={"lapse.dev/ttl": "2s"})
+            await kube.workflows.create(rig.ns, held)
+
+        await until(nats_cut + OUTAGE, "while NATS was away")
+        for rig in rigs:
+            left = {w["metadata"]["name"] for w in (await kube.workflows.list(rig.ns))["items"]}
+            assert {"obj-0", "late-0", "held"} <= left, left
+            rig.mend(("nats",))
+        nats_up = datetime.now(UTC)
         mended = time.monotonic()
+
+        expected_objects = {
+            *(f"obj-{i}" for i in range(OBJECT_RUNS)),
+            *(f"late-{i}" for i in range(LATE_RUNS)),
+            "held",
+        }
 
         async def drained(rig: Rig) -> float:
             async def gone() -> bool:
-                return not (await rig.rows_left() or await present(s3, f"fault/{rig.ns}/"))
+                rig.alive("after the outage")
+                items = (await kube.workflows.list(rig.ns))["items"]
+                left = {w["metadata"]["name"] for w in items} & expected_objects
+                return not (left or await rig.rows_left() or await present(s3, f"fault/{rig.ns}/"))
 
-            # The next try comes within one back-off (16 s x 1.2 this far in; 32 s x 1.2
-            # had `lapse status` been slow to show the wait) plus, black-holed, one timeout
-            # of a call sent just before the mend.
-            await wait_for(gone, timeout=60, interval=0.5)
+            await wait_for(gone, timeout=90, interval=0.5)
             return time.monotonic() - mended
 
         took = await asyncio.gather(*(drained(rig) for rig in rigs))
 
         async def recorded(rig: Rig) -> list[dict[str, Any]]:
             rows = await audit_rows(rig)
-            done = [r for r in rows if r["target"] in ("database", "artifacts")]
-            return rows if len(done) >= 2 * KFP_RUNS + ARTIFACT_RUNS else []
+            deleted = {(r["name"], r["target"]) for r in rows if r["outcome"] == "deleted"}
+            return rows if len(deleted) >= len(expected_objects) + KFP_RUNS + ARTIFACT_RUNS else []
 
         histories = await asyncio.gather(
             *(wait_for(functools.partial(recorded, rig), timeout=30, interval=0.5) for rig in rigs)
@@ -306,43 +476,49 @@ async def test_database_and_s3_outages_are_waited_out_with_one_outcome_per_due_e
         dead = await asyncio.gather(*(dead_letter_count(rig) for rig in rigs))
         report = []
         for rig, drain, history, dlq in zip(rigs, took, histories, dead, strict=True):
-            rows = outcomes_by_name(history, "database")
-            files = outcomes_by_name(history, "artifacts")
-            # Each due event ended in exactly one outcome, `deleted`: none lost, none twice,
-            # no `failed` (and no `rescheduled`: waiting out an outage is not an outcome).
-            # The KFP runs' artifacts clock finds nothing captured: `already_gone`, once.
-            assert rows == {(f"kfp-{i}", "deleted"): 1 for i in range(KFP_RUNS)}, history
-            assert files == {
-                **{(f"art-{i}", "deleted"): 1 for i in range(ARTIFACT_RUNS)},
-                **{(f"kfp-{i}", "already_gone"): 1 for i in range(KFP_RUNS)},
+            counts = one_outcome_each(history)
+            assert set(counts.values()) == {1}, f"one outcome per due event: {counts}"
+            deleted = {(r["name"], r["target"]) for r in history if r["outcome"] == "deleted"}
+            assert deleted == {
+                *((name, "kubernetes") for name in expected_objects),
+                *((f"kfp-{i}", "database") for i in range(KFP_RUNS)),
+                *((f"art-{i}", "artifacts") for i in range(ARTIFACT_RUNS)),
             }, history
-            due = [
-                r
-                for r in history
-                if (r["target"], r["outcome"])
-                in {("database", "deleted"), ("artifacts", "deleted")}
-            ]
-            for row in due:
-                # The outage covered each deadline, and none went before the lines mended.
-                assert down < parse_rfc3339(row["deadline"]) < up_again, row
-                assert parse_rfc3339(row["time"]) > up_again, row
-                assert row["latencySeconds"] >= 0, row
+            # Anything else: a clock that found nothing of its target (a KFP run's artifacts).
+            assert {r["outcome"] for r in history} <= {"deleted", "already_gone"}, history
+            for row in history:
+                assert row["latencySeconds"] >= 0, row  # none before its deadline
+                if row["outcome"] != "deleted":
+                    continue
+                deadline = parse_rfc3339(row["deadline"])
+                if row["name"] != "held":
+                    # Every deadline fell inside the outage (the late ones while NATS was away).
+                    assert down < deadline < nats_up, row
+                if row["name"].startswith("late-"):
+                    assert nats_down < deadline, row
+                # Nothing went before every outage had ended.
+                assert parse_rfc3339(row["time"]) > nats_up, row
             assert dlq == 0, dlq
-            assert rig.up.process is not None and rig.up.process.poll() is None
+            rig.alive("after the outage")
             report.append(
-                f"{rig.fault(drop)}: {sum(rows.values())} row and {sum(files.values())} "
-                f"artifact outcomes, one per due event, all deleted {drain:.1f} s after the mend"
+                f"{KINDS[rig.kind]}: {len(history)} outcomes, one per due event, all after "
+                f"the mends; drained {drain:.1f} s after NATS was back"
             )
         print(
-            f"\nlapse ups running {started:.1f} s after the start; lines cut {mended - cut:.1f} s"
-            f" (every deadline inside, the last {mended - due_by:.1f} s before the mend), both"
-            f" reapers waiting in `lapse status` {waited:.1f} s after the cut; 0 lost, 0 early,"
-            " DLQ 0, lapse up never exited;"
-            f" {time.monotonic() - began:.1f} s in all:\n  " + "\n  ".join(report)
+            f"\n{fault}: API server, database and S3 out {OUTAGE:.0f} s from {down:%H:%M:%S}, "
+            f"NATS out {OUTAGE:.0f} s from {shown_in:.1f} s in (others back at "
+            f"{others_up:%H:%M:%S}); lapse status showed the watchers and the three reapers "
+            f"waiting {shown_in:.1f} s in"
+            + "".join(
+                f", a replacement lapse up waiting {r:.1f} s after its start" for r in replaced
+            )
+            + f"; the NATS outage in lapse's gauge {gauge_in:.1f} s in "
+            f"({gauge:.0f} s); 0 exits, 0 lost, 0 early, DLQ 0; "
+            f"{time.monotonic() - began:.1f} s in all:\n  " + "\n  ".join(report)
         )
     finally:
         for rig in rigs:
-            rig.mend()
+            rig.mend(("api", "nats", "db", "s3"))
         stopping = time.monotonic()
         for rig in rigs:  # all at once, then each waited for
             if rig.up.process is not None and rig.up.process.poll() is None:

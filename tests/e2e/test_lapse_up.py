@@ -47,8 +47,11 @@ async def kfp_database() -> AsyncIterator[Database]:
 class LapseUp:
     """One `lapse up` process; its log is kept for the failure message."""
 
-    def __init__(self, config: Path, state_dir: Path, log: Path) -> None:
+    def __init__(
+        self, config: Path, state_dir: Path, log: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.ingress_port = free_port()
+        self.env = env  # None: this process's environment
         self.args = [sys.executable, "-m", "lapse.cli", "--config", str(config), "up",
                      "--state-dir", str(state_dir),
                      "--listen", f"127.0.0.1:{self.ingress_port}"]  # fmt: skip
@@ -58,7 +61,9 @@ class LapseUp:
     async def start(self) -> None:
         with self.log.open("ab") as out:
             # Popen returns at once; the wait for readiness below is async.
-            self.process = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT)  # noqa: ASYNC220
+            self.process = subprocess.Popen(  # noqa: ASYNC220
+                self.args, stdout=out, stderr=subprocess.STDOUT, env=self.env
+            )
         await wait_for(self._running, timeout=60)
 
     async def _running(self) -> bool:
