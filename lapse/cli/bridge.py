@@ -40,6 +40,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="HOST:PORT",
         help="health endpoints (default: %(default)s; '' turns them off)",
     )
+    parser.add_argument(
+        "--metrics-host",
+        metavar="HOST",
+        help="where LAPSE_PROMETHEUS_PORT serves /metrics (default: $LAPSE_PROMETHEUS_HOST, "
+        "else the host of --listen: no further than the HTTP endpoint; 127.0.0.1 with "
+        "--listen '')",
+    )
     parser.set_defaults(run=run_bridge)
 
 
@@ -47,7 +54,7 @@ def run_bridge(args: argparse.Namespace) -> int:
     if not args.sink:
         raise UsageError("no sink: set K_SINK or pass --sink URL")
     config = config_from(args, identity=PROCESS)
-    bridge = Bridge(config, args.sink, listen=args.listen or None)
+    bridge = Bridge(config, args.sink, listen=args.listen or None, metrics_host=args.metrics_host)
 
     async def serve() -> None:
         stop = asyncio.Event()

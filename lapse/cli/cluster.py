@@ -8,8 +8,11 @@ A first `lapse up` must never touch a real cluster by surprise (docs/architectur
   `in_cluster` (file or `LAPSE_KUBERNETES__*`), or the pod they run in. An ambient
   `$KUBECONFIG` or `~/.kube/config` is not a choice: `lapse up` starts its embedded
   kube-apiserver instead, `lapse reconcile` uses the one `lapse up` started.
-- The read-only commands (`plan`, `status`, `history`, ...) follow `$KUBECONFIG` and
-  `~/.kube/config` as kubectl does: reading cannot harm.
+- The read-only commands (`plan`, `status`, `history`, ...) ask the cluster a running
+  `lapse up` started, so `lapse plan` previews what `lapse up` deletes; with an ambient
+  `$KUBECONFIG` or `~/.kube/config` they say on stderr, in one line, which cluster they ask
+  and why. With no `lapse up` running they follow the ambient kubeconfig as kubectl does:
+  reading cannot harm.
 - On a real cluster, `lapse up` deletes only in the namespaces `safety.namespaces.include`
   names (`["*"]` for every one); with none named it runs in dry-run and says so.
 """
@@ -20,11 +23,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from lapse.cli.common import UsageError
+from lapse.cli.common import UsageError, ambient_kubeconfig
 from lapse.config import LapseConfig
-
-# The kubeconfig lookup kubectl and the Kubernetes client make when nothing is given.
-DEFAULT_KUBECONFIG = Path("~/.kube/config")
 
 
 def in_a_pod() -> bool:
@@ -40,15 +40,6 @@ def chosen_explicitly(config: LapseConfig) -> bool:
     already), not one found lying around."""
     k = config.kubernetes
     return k.in_cluster or k.kubeconfig is not None or k.context is not None
-
-
-def ambient_kubeconfig() -> str | None:
-    """What kubectl would read with no flags: $KUBECONFIG, else ~/.kube/config if it exists."""
-    env = os.environ.get("KUBECONFIG")
-    if env:
-        return env
-    default = DEFAULT_KUBECONFIG.expanduser()
-    return str(default) if default.exists() else None
 
 
 def check_kubeconfig_files(config: LapseConfig) -> None:

@@ -25,6 +25,9 @@ from lapse.runtime.resources import Resources
 
 T = TypeVar("T")
 
+# The kubeconfig lookup kubectl and the Kubernetes client make when nothing is given.
+DEFAULT_KUBECONFIG = Path("~/.kube/config")
+
 # How long a command waits for NATS to answer before it says so.
 NATS_TIMEOUT = 10.0
 
@@ -110,12 +113,21 @@ def _found_by_up(
     if config.database.url is None and (found := state.read(where, state.DATABASE_URL)):
         config = _with(config, "database", url=found[0])
         origins["database"] = f"{found[1]} (written by lapse up)"
-    if not _cluster_configured(config, ambient_cluster) and (
-        found := state.read(where, state.KUBECONFIG)
-    ):
-        config = _with(config, "kubernetes", kubeconfig=Path(found[0]))
-        origins["kubernetes"] = f"{found[1]} (written by lapse up)"
-    if not ambient_cluster and not _cluster_configured(config, False):
+    found = state.read(where, state.KUBECONFIG)
+    if found and not _cluster_configured(config):
+        # A running `lapse up`'s cluster is the one a read-only command previews, even with
+        # an ambient kubeconfig that kubectl would follow (lapse up never does): said.
+        ambient = ambient_kubeconfig() if ambient_cluster else None
+        if ambient is None or state.running_up(where) is not None:
+            config = _with(config, "kubernetes", kubeconfig=Path(found[0]))
+            origins["kubernetes"] = f"{found[1]} (written by lapse up)"
+        if ambient is not None and "kubernetes" in origins:
+            what = "$KUBECONFIG" if os.environ.get("KUBECONFIG") else "~/.kube/config"
+            warn(
+                f"asking the cluster `lapse up` started ({found[0]}), not {what} ({ambient}), "
+                "which lapse up never uses; --kubeconfig or --context chooses another"
+            )
+    if not ambient_cluster and not _cluster_configured(config):
         if _in_a_pod():
             return _with(config, "kubernetes", in_cluster=True)
         ambient = os.environ.get("KUBECONFIG") or "~/.kube/config"
@@ -128,13 +140,18 @@ def _found_by_up(
     return config
 
 
-def _cluster_configured(config: LapseConfig, ambient: bool = True) -> bool:
+def _cluster_configured(config: LapseConfig) -> bool:
+    """A cluster named by flag or configuration."""
     k = config.kubernetes
-    if k.in_cluster or k.kubeconfig is not None or k.context is not None:
-        return True
-    if not ambient:
-        return False
-    return bool(os.environ.get("KUBECONFIG")) or (Path.home() / ".kube" / "config").exists()
+    return k.in_cluster or k.kubeconfig is not None or k.context is not None
+
+
+def ambient_kubeconfig() -> str | None:
+    """What kubectl reads with no flags: $KUBECONFIG, else ~/.kube/config if it exists."""
+    if env := os.environ.get("KUBECONFIG"):
+        return env
+    default = DEFAULT_KUBECONFIG.expanduser()
+    return str(default) if default.exists() else None
 
 
 def _in_a_pod() -> bool:

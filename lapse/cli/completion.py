@@ -16,6 +16,8 @@ from typing import Any
 
 from argcomplete.shell_integration import shellcode
 
+from lapse.cli.parsing import offered
+
 SHELLS = ("bash", "zsh", "fish")
 
 INSTALL = {
@@ -52,7 +54,7 @@ def run_completion(args: argparse.Namespace) -> int:
 # or an edit in a checkout is never answered from a stale one. A parser whose arguments
 # have argcomplete completers of their own (code) is not cached.
 
-_CACHE_FORMAT = "1"  # part of the key: bump it when the shape's layout changes
+_CACHE_FORMAT = "2"  # part of the key: bump it when the shape's layout changes
 
 
 def parser_for_completion(words: list[str]) -> argparse.ArgumentParser:
@@ -73,8 +75,12 @@ def parser_for_completion(words: list[str]) -> argparse.ArgumentParser:
         return parser
     parser = build_parser(command, full=False)
     shape = _shape(_subparsers(parser).choices[command])
-    if shape is not None:
-        _write(cache, {**shapes, command: shape})
+    if shape is None:
+        return parser
+    _write(cache, {**shapes, command: shape})
+    # Completed from the shape, as later completions are: the values it offers as choices.
+    commands = _subparsers(parser)
+    commands.choices[command] = _rebuild(shape, commands.choices[command].prog)
     return parser
 
 
@@ -101,7 +107,10 @@ def _shape(parser: argparse.ArgumentParser) -> dict[str, Any] | None:
                 subcommands[name] = {"help": helps.get(name), "shape": sub_shape}
             actions.append({"dest": action.dest, "subcommands": subcommands})
             continue
-        choices = None if action.choices is None else [str(c) for c in action.choices]
+        # A closed set checked by `type` (`--outcome`), or known values (`--kind`, `-o`):
+        # offered as choices, never file names.
+        values = action.choices if action.choices is not None else offered(action)
+        choices = None if values is None else [str(c) for c in values]
         metavar = list(action.metavar) if isinstance(action.metavar, tuple) else action.metavar
         actions.append(
             {

@@ -70,6 +70,20 @@ def did_you_mean(given: str, choices: Iterable[str]) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
+def offer(action: argparse.Action, values: Iterable[str]) -> argparse.Action:
+    """Completion offers `values` for `action` (a flag whose values argparse does not check
+    with `choices`: a closed set checked case-insensitively, an open one with known values);
+    lapse/cli/completion.py reads them."""
+    action.offered = tuple(values)  # type: ignore[attr-defined]
+    return action
+
+
+def offered(action: argparse.Action) -> tuple[str, ...] | None:
+    """What completion offers for `action`, when `offer` or `closed_set` said."""
+    found = getattr(action, "offered", None) or getattr(action.type, "values", None)
+    return tuple(found) if found is not None else None
+
+
 def closed_set(name: str, values: Iterable[str]) -> Callable[[str], str]:
     """An argparse `type` for a flag taking one of `values` (case-insensitive): a typo is
     a usage error with a suggestion, not an empty answer."""
@@ -83,6 +97,7 @@ def closed_set(name: str, values: Iterable[str]) -> Callable[[str], str]:
             f"{text!r} is not a {name} (one of {', '.join(allowed)}){did_you_mean(text, allowed)}"
         )
 
+    check.values = allowed  # type: ignore[attr-defined]  # completion offers them (offered)
     return check
 
 
@@ -125,9 +140,10 @@ def global_options(*, after_command: bool) -> argparse.ArgumentParser:
         metavar="FILE",
         type=Path,
         default=default(None),
-        help="kubeconfig file (default: kubernetes.kubeconfig; else, for the read-only "
-        "commands, $KUBECONFIG or ~/.kube/config; else the cluster `lapse up` started. "
-        "`lapse up` and `lapse reconcile` never use $KUBECONFIG or ~/.kube/config unasked)",
+        help="kubeconfig file (default: kubernetes.kubeconfig; else the cluster a running "
+        "`lapse up` started; else, for the read-only commands, $KUBECONFIG or "
+        "~/.kube/config. `lapse up` and `lapse reconcile` never use $KUBECONFIG or "
+        "~/.kube/config unasked)",
     )
     parser.add_argument(
         "--context",

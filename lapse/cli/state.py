@@ -99,6 +99,22 @@ def read(state_dir: Path, name: str) -> tuple[str, Path] | None:
     return (value, path) if value else None
 
 
+def running_up(state_dir: Path) -> tuple[str, int, Path] | None:
+    """(version, pid, file) of the `lapse up` running with this state directory; None when
+    none runs (a file left by a `lapse up` that was killed is not a server)."""
+    found = read(state_dir, UP)
+    if found is None:
+        return None
+    up_version, _, pid = found[0].partition(" ")
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return None
+    except PermissionError:
+        pass  # alive, another user's
+    return up_version, int(pid), found[1]
+
+
 def remove(state_dir: Path, *names: str) -> None:
     for name in names:
         with contextlib.suppress(FileNotFoundError):

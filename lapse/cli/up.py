@@ -79,6 +79,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="do not list and watch the cluster: run events come only through the ingress "
         "(Knative ApiServerSource, Tekton's CloudEvents, run.finished from your tools)",
     )
+    parser.add_argument(
+        "--metrics-host",
+        metavar="HOST",
+        help="where LAPSE_PROMETHEUS_PORT serves /metrics (default: $LAPSE_PROMETHEUS_HOST, "
+        "else the host of --listen: no further than the HTTP endpoint; 127.0.0.1 with "
+        "--listen '')",
+    )
     parser.set_defaults(run=run_up)
 
 
@@ -268,7 +275,13 @@ def run_up(args: argparse.Namespace) -> int:
         nats_url = nats_server.url if nats_server else config.nats.url
         asyncio.run(
             _serve(
-                Pipeline(config, nats_url=nats_url, listen=args.listen or None, watch=args.watch)
+                Pipeline(
+                    config,
+                    nats_url=nats_url,
+                    listen=args.listen or None,
+                    metrics_host=args.metrics_host,
+                    watch=args.watch,
+                )
             )
         )
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from importlib.metadata import version
 
 from lapse.cli import state
@@ -32,17 +31,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def running_up(args: argparse.Namespace) -> dict[str, object] | None:
-    found = state.read(state_dir_of(args), state.UP)
+    found = state.running_up(state_dir_of(args))
     if found is None:
         return None
-    up_version, _, pid = found[0].partition(" ")
-    try:
-        os.kill(int(pid), 0)  # a file left by a lapse up that was killed is not a server
-    except (ValueError, ProcessLookupError):
-        return None
-    except PermissionError:
-        pass  # alive, another user's
-    return {"version": up_version, "pid": int(pid), "stateFile": str(found[1])}
+    up_version, pid, path = found
+    return {"version": up_version, "pid": pid, "stateFile": str(path)}
 
 
 def run_version(args: argparse.Namespace) -> int:

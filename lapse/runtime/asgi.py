@@ -4,8 +4,12 @@ line of text, and the one gate in front of an endpoint that takes POSTed CloudEv
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import hypercorn.config
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -50,3 +54,32 @@ async def posted_headers(scope: Scope, receive: Receive, send: Send) -> dict[str
         await respond(send, 405, "POST a CloudEvent")
         return None
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def server_config(bind: str) -> hypercorn.config.Config:
+    """Hypercorn's settings for an endpoint on `bind` (HOST:PORT): no access log, and its
+    own lines ("Running on ...", errors) through lapse's logging, in lapse's format. With
+    hypercorn's default (`errorlog="-"`) it added a handler of its own: a plain line in
+    `--log-format json`, and every line twice in text (its handler, then lapse's)."""
+    import hypercorn.config
+
+    config = hypercorn.config.Config()
+    config.bind = [bind]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    return config
+
+
+# Where an endpoint with no address of its own listens (metrics beside an ingress turned off).
+LOOPBACK = "127.0.0.1"
+
+
+def host_of(bind: str | None) -> str | None:
+    """The address part of hypercorn's `HOST:PORT` (`[::1]:8080` gives `::1`); None when
+    `bind` is empty or names no host (a unix socket)."""
+    if not bind or bind.startswith(("unix:", "fd://")):
+        return None
+    host, sep, _ = bind.rpartition(":")
+    if not sep or not host:
+        return None
+    return host.removeprefix("[").removesuffix("]")

@@ -39,7 +39,6 @@ from typing import Final
 
 import httpx
 import hypercorn.asyncio
-import hypercorn.config
 from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.bindings.http import to_binary_event
 from opentelemetry import propagate
@@ -50,7 +49,16 @@ from lapse.errors import LapseError
 from lapse.events.types import EventType
 from lapse.functions.ports import RetryLater
 from lapse.functions.trust import Trust
-from lapse.runtime.asgi import Receive, Scope, Send, lifespan, respond
+from lapse.runtime.asgi import (
+    LOOPBACK,
+    Receive,
+    Scope,
+    Send,
+    host_of,
+    lifespan,
+    respond,
+    server_config,
+)
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.resources import Resources
 from lapse.runtime.routing import Route
@@ -113,10 +121,18 @@ def _retry_after(response: httpx.Response) -> float:
 class Bridge:
     """`lapse bridge`: consume due events, deliver them to `sink`; health on `listen`."""
 
-    def __init__(self, config: LapseConfig, sink: str, *, listen: str | None) -> None:
+    def __init__(
+        self,
+        config: LapseConfig,
+        sink: str,
+        *,
+        listen: str | None,
+        metrics_host: str | None = None,
+    ) -> None:
         self.config = config
         self.sink = sink
         self._listen = listen
+        self._metrics_host = metrics_host
         self.ready = asyncio.Event()
         self.supervisor: Supervisor | None = None
 
@@ -124,7 +140,11 @@ class Bridge:
         # From the OTEL_* environment, as `lapse up` and the functions do: without it the
         # CONSUMER span that links a due event back to where it was scheduled, and the
         # traceparent the POST carries on, existed nowhere on Knative.
-        exporting = telemetry.configure("lapse-bridge")
+        exporting = telemetry.configure(
+            "lapse-bridge",
+            metrics_host=self._metrics_host,
+            http_host=host_of(self._listen) or LOOPBACK,
+        )
         try:
             await self._run(stop)
         finally:
@@ -166,9 +186,7 @@ class Bridge:
                 raise fatal
 
     async def _serve_health(self, stop: asyncio.Event) -> None:
-        config = hypercorn.config.Config()
-        config.bind = [self._listen or ""]
-        config.accesslog = None
+        config = server_config(self._listen or "")
         await hypercorn.asyncio.serve(self._health, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:

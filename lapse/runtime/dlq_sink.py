@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 import hypercorn.asyncio
-import hypercorn.config
 from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
@@ -35,7 +34,7 @@ from lapse.events.models import CleanupDue, CleanupFailed
 from lapse.events.original import capture_event
 from lapse.events.types import EventType
 from lapse.runtime import shutdown
-from lapse.runtime.asgi import Receive, Scope, Send, posted_headers, respond
+from lapse.runtime.asgi import Receive, Scope, Send, posted_headers, respond, server_config
 from lapse.runtime.resources import Resources
 
 log = logging.getLogger(__name__)
@@ -104,9 +103,7 @@ async def _body(receive: Receive) -> bytes:
 async def serve(config: LapseConfig, listen: str, stop: asyncio.Event) -> None:
     async with Resources(config) as resources:
         sink = DeadLetterSink((await resources.emitter()).emit)
-        settings = hypercorn.config.Config()
-        settings.bind = [listen]
-        settings.accesslog = None
+        settings = server_config(listen)
         await hypercorn.asyncio.serve(sink, settings, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
 

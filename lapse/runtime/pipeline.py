@@ -23,7 +23,6 @@ from functools import partial
 from typing import Any
 
 import hypercorn.asyncio
-import hypercorn.config
 from nats.js import JetStreamContext
 
 from lapse import telemetry
@@ -38,6 +37,7 @@ from lapse.events.run import Target
 from lapse.events.subjects import SCHEDULE_PREFIX
 from lapse.functions.ports import Handler, RetryLater
 from lapse.functions.trust import Provenance
+from lapse.runtime.asgi import LOOPBACK, host_of, server_config
 from lapse.runtime.dispatcher import Dispatcher, Subscription
 from lapse.runtime.ingress import Ingress, nats_ingress
 from lapse.runtime.policy_watcher import PolicyWatcher
@@ -66,6 +66,7 @@ class Pipeline:
         watch: bool = True,
         routes: list[Route] | None = None,
         listen: str | None = None,
+        metrics_host: str | None = None,
         backlog_interval: float = 15.0,
     ) -> None:
         self.config = config
@@ -73,6 +74,7 @@ class Pipeline:
         self._watch = watch
         self._routes = routes if routes is not None else load_routes()
         self._listen = listen
+        self._metrics_host = metrics_host
         self._backlog_interval = backlog_interval
         self.ready = asyncio.Event()
         self.watchers: list[KindWatcher] = []
@@ -81,7 +83,10 @@ class Pipeline:
         self.dispatcher: Dispatcher | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        exporting = telemetry.configure()
+        # Metrics no further than the ingress (loopback when it is off), unless told.
+        exporting = telemetry.configure(
+            metrics_host=self._metrics_host, http_host=host_of(self._listen) or LOOPBACK
+        )
         try:
             main = asyncio.create_task(self._run(stop), name="pipeline")
             stopped = asyncio.create_task(stop.wait(), name="stop")
@@ -315,8 +320,6 @@ async def _poll_backlog(
 
 
 async def _serve_ingress(ingress: Ingress, listen: str, stop: asyncio.Event) -> None:
-    config = hypercorn.config.Config()
-    config.bind = [listen]
-    config.accesslog = None
+    config = server_config(listen)
     await hypercorn.asyncio.serve(ingress, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
     await ingress.flush()

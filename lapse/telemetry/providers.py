@@ -9,8 +9,9 @@ prometheus, on OTEL_EXPORTER_PROMETHEUS_HOST/PORT). Unlike the SDK's own default
 used only when an endpoint or the exporter is named: with nothing configured no SDK is
 installed, nothing leaves the process, and lapse starts no spans and records no metrics
 (a flag check per hop is all it costs).
-LAPSE_PROMETHEUS_PORT (LAPSE_PROMETHEUS_HOST, default 0.0.0.0) serves the metrics for
-scraping, for clusters without a collector.
+LAPSE_PROMETHEUS_PORT serves the metrics for scraping, for clusters without a collector,
+on LAPSE_PROMETHEUS_HOST; unset, on the address the process's own HTTP endpoint listens on
+(`lapse up --listen`, `lapse bridge --listen`: loopback unless it is opened), else 0.0.0.0.
 """
 
 from __future__ import annotations
@@ -199,13 +200,22 @@ def metrics_enabled() -> bool:
     return _state.meter_provider is not None
 
 
-def configure(service_name: str = "lapse", env: Mapping[str, str] | None = None) -> Telemetry:
+def configure(
+    service_name: str = "lapse",
+    env: Mapping[str, str] | None = None,
+    *,
+    metrics_host: str | None = None,
+    http_host: str | None = None,
+) -> Telemetry:
     """Set up exporting from the standard environment, once per process.
 
     Returns the handle to flush or shut down at exit. With no exporter configured nothing
     is installed (no threads, no sockets). If this process already has an SDK (installed
     by `install`, a test, or OpenTelemetry auto-instrumentation), that one is used as is.
     `service_name` applies when OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES name none.
+    LAPSE_PROMETHEUS_PORT listens on `metrics_host` (a flag), else LAPSE_PROMETHEUS_HOST,
+    else `http_host` (the process's own HTTP address: metrics reachable no further than
+    it), else every address.
     """
     env = os.environ if env is None else env
     if _state.tracer_provider is not None or _state.meter_provider is not None:
@@ -223,7 +233,7 @@ def configure(service_name: str = "lapse", env: Mapping[str, str] | None = None)
         )
 
     span_exporters = _span_exporters(env)
-    readers, closers = _metric_readers(env)
+    readers, closers = _metric_readers(env, metrics_host_of(env, metrics_host, http_host))
     if not span_exporters and not readers:
         return Telemetry()
     resource = Resource.create()
@@ -290,13 +300,25 @@ def _span_exporters(env: Mapping[str, str]) -> list[SpanExporter]:
     return exporters
 
 
+# Where LAPSE_PROMETHEUS_PORT listens when neither LAPSE_PROMETHEUS_HOST nor the process
+# says: a pod's (the policy watcher's), reached by the cluster's Prometheus.
+POD_METRICS_HOST = "0.0.0.0"
+
+
+def metrics_host_of(
+    env: Mapping[str, str], chosen: str | None = None, http_host: str | None = None
+) -> str:
+    """Where LAPSE_PROMETHEUS_PORT listens: `chosen` (a flag), else LAPSE_PROMETHEUS_HOST,
+    else `http_host` (the process's HTTP address), else every address."""
+    return chosen or env.get("LAPSE_PROMETHEUS_HOST") or http_host or POD_METRICS_HOST
+
+
 def _metric_readers(
-    env: Mapping[str, str],
+    env: Mapping[str, str], host: str = POD_METRICS_HOST
 ) -> tuple[list[MetricReader], list[Callable[[], None]]]:
     readers: list[MetricReader] = []
     scrape: tuple[str, int] | None = None
     if port := env.get("LAPSE_PROMETHEUS_PORT"):
-        host = env.get("LAPSE_PROMETHEUS_HOST", "0.0.0.0")
         scrape = (host, _port("LAPSE_PROMETHEUS_PORT", port))
     for name in _exporter_names(env, "OTEL_METRICS_EXPORTER", "METRICS"):
         if name == "otlp" and _grpc(env, "METRICS"):
@@ -313,8 +335,8 @@ def _metric_readers(
             readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter()))
         elif name == "prometheus":
             port = env.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464")
-            host = env.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost")
-            scrape = scrape or (host, _port("OTEL_EXPORTER_PROMETHEUS_PORT", port))
+            otel_host = env.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost")
+            scrape = scrape or (otel_host, _port("OTEL_EXPORTER_PROMETHEUS_PORT", port))
         else:
             raise TelemetryError(f"OTEL_METRICS_EXPORTER: unknown exporter {name!r}")
     if scrape is None:

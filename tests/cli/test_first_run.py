@@ -4,6 +4,7 @@ dry-run. The start-up line says which cluster, namespaces and kinds."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import signal
@@ -22,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from lapse.edges.kubernetes import load_api_client
 from lapse.embedded.kube import cache_root
+from lapse.embedded.process import free_port
 from tests.cli.conftest import LAPSE, Shell
 from tests.conftest import KubeStack
 from tests.stack import expired_workflow
@@ -30,6 +32,41 @@ pytestmark = [pytest.mark.kube, pytest.mark.nats]
 
 STARTUP = "cluster https://"
 KUBE_CACHE = str(cache_root())
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def listening(port: int) -> set[str]:
+    """The local addresses a TCP socket listens on at `port` (from /proc/net/tcp and
+    tcp6): `127.0.0.1`, `0.0.0.0`, `::`."""
+    found: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            local, state = row.split()[1], row.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state != "0A" or int(hex_port, 16) != port:  # 0A: LISTEN
+                continue
+            raw = bytes.fromhex(address)
+            # The kernel writes each 32-bit word in host (little-endian) order.
+            words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            found.add(str(ipaddress.ip_address(words)))
+    return found
+
+
+def first_run_claims() -> tuple[list[str], set[str]]:
+    """What README.md says a first `lapse up` logs before its cluster line (the quoted
+    beginnings of those lines), and what docs/install.md's table says stays in the state
+    directory."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## What the first run touches") :]
+    said = " ".join(section[: section.index("\n## ", 1)].split())
+    listed = re.search(r"one line each \(([^)]*)\)", said)
+    assert listed is not None, "README: the first run's lines are not listed"
+    before = re.findall(r"`([^`]+)`", listed.group(1))
+    install = (ROOT / "docs" / "install.md").read_text()
+    table = install[install.index("### What `make run` leaves") :]
+    table = table[: table.index("### ", 5)]
+    kept = set(re.findall(r"^\| `([^`]+?)/?` \|", table, flags=re.M))
+    return before, kept
 
 
 def poll(what: str, check: Callable[[], Any], timeout: float = 120) -> Any:
@@ -117,10 +154,20 @@ def test_up_ignores_an_ambient_kubeconfig(
     # kubectl points at a "real" cluster; a finished Workflow there is long overdue.
     namespace = f"ambient-{uuid.uuid4().hex[:6]}"
     ambient = _create(kube.api_client, namespace, _workflow("must-stay"))
-    up = Up(shell, tmp_path / "up.log", env={"KUBECONFIG": str(kube.kubeconfig)})
+    listen = f"127.0.0.1:{free_port()}"
+    up = Up(
+        shell, tmp_path / "up.log", "--listen", listen, env={"KUBECONFIG": str(kube.kubeconfig)}
+    )
     up_processes.append(up)
 
     line = up.line(STARTUP)
+    # README's claim: before this line, only the lines about the servers lapse up started.
+    before, kept = first_run_claims()
+    earlier = up.text()[: up.text().index(line)].splitlines()
+    assert earlier and all(ln.split(": ", 1)[1].startswith(tuple(before)) for ln in earlier), (
+        before,
+        earlier,
+    )
     embedded_config = Path((shell.state_dir / "kubeconfig.path").read_text().strip())
     embedded_url = yaml.safe_load(embedded_config.read_text())["clusters"][0]["cluster"]["server"]
     assert embedded_url != kube.server.url
@@ -144,6 +191,16 @@ def test_up_ignores_an_ambient_kubeconfig(
         embedded.close()
     # The operator's log: a timestamp on every line of lapse's, one line per deletion, and
     # no false "CRD is not installed?" (the embedded CRDs are served before the watchers).
+    # hypercorn's line in lapse's format, once (its own handler printed it a second time).
+    served = [ln for ln in up.text().splitlines() if f"Running on http://{listen}" in ln]
+    assert len(served) == 1, served
+    assert re.match(r"\d{4}-\d\d-\d\dT[\d:.]+Z INFO hypercorn.error: Running on", served[0])
+    # A read-only command asks the cluster lapse up uses, not the ambient one, and says so.
+    plan = shell("plan", "-o", "json", env={"KUBECONFIG": str(kube.kubeconfig)})
+    assert plan.returncode == 0, plan.stderr
+    assert "must-stay" not in plan.stdout
+    said = [ln for ln in plan.stderr.splitlines() if str(embedded_config) in ln]
+    assert len(said) == 1 and f"not $KUBECONFIG ({kube.kubeconfig})" in said[0], plan.stderr
     deleted = up.line("deleted Workflow default/goes")
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO lapse.deletions: ", deleted)
     assert "target kubernetes, policy annotation:lapse.dev/ttl, " in deleted
@@ -158,6 +215,10 @@ def test_up_ignores_an_ambient_kubeconfig(
     )
     assert current["metadata"]["uid"] == ambient["metadata"]["uid"]
     assert up.stop() == 0, up.text()[-3000:]
+    # docs/install.md's table of what stays in the state directory is what stayed.
+    built = "started an S3 server" in up.text()
+    expected = kept if built else kept - {"seaweedfs"}
+    assert {p.name for p in shell.state_dir.iterdir()} == expected
 
 
 def test_a_real_cluster_without_namespaces_is_dry_run(
@@ -166,12 +227,15 @@ def test_a_real_cluster_without_namespaces_is_dry_run(
     namespace = f"dry-{uuid.uuid4().hex[:6]}"
     created = _create(kube.api_client, namespace, _workflow("kept-by-dry-run"))
     uid = created["metadata"]["uid"]
+    metrics = free_port()
     up = Up(
         shell,
         tmp_path / "up.log",
         "--kubeconfig",
         str(kube.kubeconfig),
-        env={"LAPSE_LOG_FORMAT": "json"},
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        env={"LAPSE_LOG_FORMAT": "json", "LAPSE_PROMETHEUS_PORT": str(metrics)},
     )
     up_processes.append(up)
 
@@ -194,7 +258,14 @@ def test_a_real_cluster_without_namespaces_is_dry_run(
     assert logged["uid"] == uid and logged["kind"] == "Workflow"
     assert logged["policy"] == "annotation:lapse.dev/ttl" and logged["lateness_seconds"] > 0
     assert _exists(kube.api_client, namespace, "kept-by-dry-run")
+    # Metrics no further than the ingress: loopback, not every address.
+    assert listening(metrics) == {"127.0.0.1"}
     assert up.stop() == 0, up.text()[-3000:]
+    # Every line a JSON object: lapse's, the HTTP server's, the shutdown's.
+    lines = up.text().splitlines()
+    assert any("Running on http://127.0.0.1:" in ln for ln in lines)
+    for ln in lines:
+        assert isinstance(json.loads(ln), dict), ln
 
 
 def test_reconcile_refuses_an_ambient_kubeconfig(shell: Shell, kube: KubeStack) -> None:
