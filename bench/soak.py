@@ -130,10 +130,9 @@ def main() -> int:
             [*LAPSE_CLI, "--config", str(config), "history", "-n", NAMESPACE, "-o", "json"],
             capture_output=True, text=True, timeout=600, check=True,
         )  # fmt: skip
-        outcomes = Counter(row["outcome"] for row in json.loads(history.stdout))
-        per_object = Counter(
-            row["uid"] for row in json.loads(history.stdout) if row["outcome"] == "deleted"
-        )
+        rows = json.loads(history.stdout)["items"]
+        outcomes = Counter(row["outcome"] for row in rows)
+        per_object = Counter(row["uid"] for row in rows if row["outcome"] == "deleted")
     finally:
         if lapse is not None and lapse.poll() is None:
             lapse.send_signal(signal.SIGINT)

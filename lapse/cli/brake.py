@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 from datetime import UTC, datetime
-
-from nats.js.kv import KeyValue
+from typing import TYPE_CHECKING
 
 from lapse.cli.common import config_from, reach_nats
-from lapse.edges.limits import SCOPES, engaged, limits_bucket, release
+from lapse.cli.names import BRAKE_TARGETS
 from lapse.embedded.nats_identities import ADMIN, READER
-from lapse.runtime.resources import Resources
+
+if TYPE_CHECKING:
+    from nats.js.kv import KeyValue
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _target_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target",
-        choices=sorted(SCOPES),
+        choices=BRAKE_TARGETS,
         help="only the brake of this target (default: both; each is reported on its own line)",
     )
 
@@ -57,6 +58,9 @@ def _when(seconds: float) -> str:
 
 
 def run_brake(args: argparse.Namespace) -> int:
+    from lapse.edges.limits import SCOPES, limits_bucket
+    from lapse.runtime.resources import Resources
+
     config = config_from(args, identity=ADMIN if args.release else READER)
     window = config.safety.mass_deletion_brake.window.total_seconds()
 
@@ -79,6 +83,8 @@ def run_brake(args: argparse.Namespace) -> int:
 
 
 async def _release(kv: KeyValue, scope: str, now: float) -> str:
+    from lapse.edges.limits import release
+
     was = await release(kv, scope)
     if was is None or was.until <= now:
         return "brake was not engaged; counts reset"
@@ -86,6 +92,8 @@ async def _release(kv: KeyValue, scope: str, now: float) -> str:
 
 
 async def _status(kv: KeyValue, scope: str, now: float) -> str:
+    from lapse.edges.limits import engaged
+
     current, _ = await engaged(kv, scope)
     if current is None or current.until <= now:
         return "not engaged"

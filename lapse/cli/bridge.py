@@ -9,8 +9,6 @@ import signal
 
 from lapse.cli.common import UsageError, config_from
 from lapse.embedded.nats_identities import PROCESS
-from lapse.runtime import shutdown
-from lapse.runtime.bridge import Bridge
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_bridge(args: argparse.Namespace) -> int:
+    from lapse.runtime import shutdown
+    from lapse.runtime.bridge import Bridge
+
     if not args.sink:
         raise UsageError("no sink: set K_SINK or pass --sink URL")
     config = config_from(args, identity=PROCESS)

@@ -11,17 +11,21 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lapse.cli import state
-from lapse.cli.parsing import did_you_mean
-from lapse.config import ConfigError, LapseConfig, load_config
+from lapse.cli.names import KNOWN_KINDS
+from lapse.cli.parsing import did_you_mean, offer
 from lapse.config.redact import redact_url
 from lapse.embedded.nats_identities import READER, Identity, password_file
 from lapse.errors import LapseError
-from lapse.events.kinds import KindSet, KindSpec
-from lapse.runtime.outages import nats_unavailable
-from lapse.runtime.resources import Resources
+
+# Only for types: a command's flags are defined and its --help printed without the
+# configuration's schema, the Kubernetes client or NATS (docs/cli.md, "Start-up").
+if TYPE_CHECKING:
+    from lapse.config import LapseConfig
+    from lapse.events.kinds import KindSet, KindSpec
+    from lapse.runtime.resources import Resources
 
 T = TypeVar("T")
 
@@ -67,6 +71,8 @@ def settings_from(
     Without `ambient_cluster` (commands that delete or schedule deletions), $KUBECONFIG and
     ~/.kube/config are not a choice of cluster: only flags, configuration, the pod, or the
     cluster `lapse up` started (lapse/cli/cluster.py)."""
+    from lapse.config import ConfigError, load_config
+
     try:
         config = load_config(getattr(args, "config", None))
     except ConfigError as exc:
@@ -236,7 +242,7 @@ def add_selector(parser: argparse.ArgumentParser) -> None:
 
 
 def add_kind(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    kind = parser.add_argument(
         "--kind",
         action="append",
         metavar="KIND",
@@ -245,6 +251,7 @@ def add_kind(parser: argparse.ArgumentParser) -> None:
             "its Kubernetes kind (Job, PipelineRun) or resource (jobs); repeatable"
         ),
     )
+    offer(kind, KNOWN_KINDS)
 
 
 def kinds_of(args: argparse.Namespace, kinds: KindSet) -> tuple[str, ...]:
@@ -305,6 +312,8 @@ async def read_waiting_out_nats(read: Callable[[], Awaitable[T]]) -> T:
         try:
             return await read()
         except Exception as exc:
+            from lapse.runtime.outages import nats_unavailable
+
             reason = nats_unavailable(exc)
             if reason is None or attempt == UNAVAILABLE_TRIES:
                 raise

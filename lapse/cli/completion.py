@@ -14,8 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from argcomplete.shell_integration import shellcode
-
 from lapse.cli.parsing import offered
 
 SHELLS = ("bash", "zsh", "fish")
@@ -40,6 +38,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_completion(args: argparse.Namespace) -> int:
+    from argcomplete.shell_integration import shellcode
+
     sys.stdout.write(shellcode(["lapse"], shell=args.shell))
     return 0
 

@@ -12,28 +12,24 @@ import asyncio
 import json
 import sys
 from datetime import UTC, datetime
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
+from typing import IO, TYPE_CHECKING, Any
 
 from lapse.cli.common import UsageError, config_from
-from lapse.config import LapseConfig
+from lapse.cli.names import TARGETS
+from lapse.cli.output import REPORT_FORMATS, Column, add_output, aligned, emit
 from lapse.embedded.nats_identities import ADMIN
-from lapse.events.run import Target
-from lapse.functions.durations import parse_duration
-from lapse.operations.dlq import (
-    DeadLetterNotFound,
-    Filter,
-    dead_letter,
-    dead_letters,
-    purge,
-    replay,
-    replay_problem,
-)
-from lapse.runtime.resources import Resources
+
+if TYPE_CHECKING:
+    from lapse.config import LapseConfig
+    from lapse.operations.dlq import Filter
 
 COLUMNS = ("id", "time", "namespace", "name", "target", "stage", "reason")
+# `dlq list`: the columns above, and with -o wide the run's uid and the attempts made.
+LIST_COLUMNS = [
+    *(Column(name.upper(), lambda r, name=name: r.get(name)) for name in COLUMNS),
+    Column("UID", lambda r: r.get("uid"), wide_only=True),
+    Column("ATTEMPTS", lambda r: r.get("attempts"), wide_only=True),
+]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     listing = actions.add_parser("list", help="the dead letters that match the filters")
     _filters(listing)
-    _output(listing)
+    add_output(listing, REPORT_FORMATS)
     listing.set_defaults(run=run_list)
 
     show = actions.add_parser("show", help="one dead letter in full, with its original event")
@@ -80,7 +76,7 @@ def _filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="only runs with this name")
     parser.add_argument(
         "--target",
-        choices=[t.value for t in Target],
+        choices=TARGETS,
         help="only this target (kubernetes or database)",
     )
     parser.add_argument("--stage", help="only this stage (object-reaper, ingress, ...)")
@@ -96,6 +92,9 @@ def _output(parser: argparse.ArgumentParser, default: str = "table") -> None:
 
 
 def selection(args: argparse.Namespace) -> Filter:
+    from lapse.functions.durations import parse_duration
+    from lapse.operations.dlq import Filter
+
     since = None
     if args.since:
         try:
@@ -130,6 +129,9 @@ def _explicit(args: argparse.Namespace, chosen: Filter) -> Filter:
 
 
 async def _rows(config: LapseConfig, args: argparse.Namespace, chosen: Filter) -> list[Any]:
+    from lapse.operations.dlq import dead_letters
+    from lapse.runtime.resources import Resources
+
     async with Resources(config, nats_url=args.nats_url) as resources:
         js = await resources.jetstream()
         return [letter async for letter in dead_letters(js, config.nats.streams.dlq, chosen)]
@@ -138,15 +140,14 @@ async def _rows(config: LapseConfig, args: argparse.Namespace, chosen: Filter) -
 def run_list(args: argparse.Namespace) -> int:
     config = config_from(args)
     letters = asyncio.run(_rows(config, args, selection(args)))
-    rows = [letter.row() for letter in letters]
-    if args.output == "json":
-        _json(rows)
-    else:
-        _table(f"{len(rows)} dead letter(s)", rows)
+    emit([letter.row() for letter in letters], LIST_COLUMNS, args, sys.stdout)
     return 0
 
 
 def run_show(args: argparse.Namespace) -> int:
+    from lapse.operations.dlq import DeadLetterNotFound, dead_letter, replay_problem
+    from lapse.runtime.resources import Resources
+
     config = config_from(args)
 
     async def show() -> dict[str, Any]:
@@ -163,15 +164,17 @@ def run_show(args: argparse.Namespace) -> int:
     if args.output == "json":
         _json(document)
         return 0
-    console = _console()
     for key in (*COLUMNS, "uid", "attempts", "originalType", "replayProblem"):
-        console.print(f"{key}: {document.get(key) if document.get(key) is not None else '-'}")
-    console.print("original:")
-    console.print_json(data=document["original"])
+        print(f"{key}: {document.get(key) if document.get(key) is not None else '-'}")
+    print("original:")
+    _json(document["original"])
     return 0
 
 
 def run_replay(args: argparse.Namespace) -> int:
+    from lapse.operations.dlq import dead_letters, replay
+    from lapse.runtime.resources import Resources
+
     config = config_from(args, identity=ADMIN)
     chosen = _explicit(args, selection(args))
 
@@ -201,6 +204,9 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def run_purge(args: argparse.Namespace) -> int:
+    from lapse.operations.dlq import dead_letters, purge
+    from lapse.runtime.resources import Resources
+
     config = config_from(args, identity=ADMIN)
     chosen = _explicit(args, selection(args))
 
@@ -230,15 +236,13 @@ def _json(value: object) -> None:
     print()
 
 
-def _console() -> Console:
-    return Console(width=200 if not sys.stdout.isatty() else None)
-
-
-def _table(title: str, rows: list[dict[str, Any]], extra: tuple[str, ...] = ()) -> None:
-    table = Table(title=title, title_justify="left")
+def _table(
+    title: str, rows: list[dict[str, Any]], extra: tuple[str, ...] = (), out: IO[str] = sys.stdout
+) -> None:
+    """A title line, then plain aligned columns (as every lapse table: no boxes, no colour)."""
     columns = (*COLUMNS, *extra)
-    for column in columns:
-        table.add_column(column.upper(), overflow="fold")
-    for row in rows:
-        table.add_row(*(str(row.get(c) if row.get(c) is not None else "") for c in columns))
-    _console().print(table)
+    cells = [[c.upper() for c in columns]]
+    cells += [[str(row.get(c)) if row.get(c) is not None else "" for c in columns] for row in rows]
+    out.write(title + "\n")
+    for line in aligned(cells):
+        out.write(line + "\n")

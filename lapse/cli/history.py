@@ -9,9 +9,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import IO, Final
-
-from cloudevents.core.base import BaseCloudEvent
+from typing import IO, TYPE_CHECKING, Final
 
 from lapse.cli.common import (
     UsageError,
@@ -23,18 +21,17 @@ from lapse.cli.common import (
     reach_nats,
     read_waiting_out_nats,
 )
+from lapse.cli.names import KNOWN_KINDS, OUTCOMES, TARGETS
 from lapse.cli.output import Column, Row, add_output, emit, human_bytes, resource_name
-from lapse.cli.parsing import closed_set
+from lapse.cli.parsing import closed_set, offer
 from lapse.cli.watch import add_watch, run_watch, watch
-from lapse.config import LapseConfig
-from lapse.events.builder import parse_payload
-from lapse.events.errors import InvalidEvent
-from lapse.events.kinds import DEFAULT_KINDS, KindSpec
-from lapse.events.run import Target
-from lapse.events.types import Outcome
-from lapse.functions.durations import parse_duration
-from lapse.operations.audit import OUTCOME_TYPES, audit_events, history_row
-from lapse.runtime.resources import Resources
+
+if TYPE_CHECKING:
+    from cloudevents.core.base import BaseCloudEvent
+
+    from lapse.config import LapseConfig
+    from lapse.events.kinds import KindSpec
+    from lapse.runtime.resources import Resources
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,25 +62,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     history.set_defaults(run=run_history)
 
 
-# Every outcome a row can have: a completion's, or a failure.
-OUTCOMES = (*(o.value for o in Outcome), "failed")
-
-
 def add_filters(parser: argparse.ArgumentParser) -> None:
     """`--kind` and `--target`, shared with `lapse status`."""
-    parser.add_argument(
+    kind = parser.add_argument(
         "--kind",
         help="only runs of this kind (Workflow, PipelineRun, Job; case-insensitive)",
     )
+    offer(kind, KNOWN_KINDS)
     parser.add_argument(
         "--target",
-        choices=[t.value for t in Target],
+        choices=TARGETS,
         help="only this target: the Kubernetes object or the database rows",
     )
 
 
 def audit_row(event: BaseCloudEvent) -> Row | None:
     """`history_row` plus the run's kind and apiVersion, for `--kind` and `-o name`."""
+    from lapse.events.builder import parse_payload
+    from lapse.events.errors import InvalidEvent
+    from lapse.operations.audit import history_row
+
     row = history_row(event)
     if row is None:
         return None
@@ -106,6 +104,9 @@ _DELETED: Final = re.compile(r"^deleted (\d+) objects, (\d+) bytes(?:;|$)")
 def freed(row: Row) -> tuple[int | None, int | None]:
     """(objects deleted, bytes freed) by an artifacts outcome that deleted; (None, None)
     where nothing says (other targets, dry runs, failures, a detail of another shape)."""
+    from lapse.events.run import Target
+    from lapse.events.types import Outcome
+
     if row.get("target") != Target.ARTIFACTS.value or row.get("outcome") != Outcome.DELETED.value:
         return None, None
     match = _DELETED.match(str(row.get("detail") or ""))
@@ -166,6 +167,8 @@ class Filters:
 def _since(args: argparse.Namespace) -> datetime | None:
     if not args.since:
         return None
+    from lapse.functions.durations import parse_duration
+
     try:
         return datetime.now(UTC) - parse_duration(args.since, what="--since")
     except ValueError as exc:
@@ -175,6 +178,8 @@ def _since(args: argparse.Namespace) -> datetime | None:
 async def read_rows(
     resources: Resources, config: LapseConfig, args: argparse.Namespace, filters: Filters
 ) -> list[Row]:
+    from lapse.operations.audit import OUTCOME_TYPES, audit_events
+
     js = await resources.jetstream()
     rows = []
     async for event in audit_events(js, config.nats.streams.audit, since=_since(args)):
@@ -207,6 +212,9 @@ def _name(row: Row) -> str:
 
 
 def run_history(args: argparse.Namespace) -> int:
+    from lapse.events.kinds import DEFAULT_KINDS
+    from lapse.runtime.resources import Resources
+
     config = config_from(args)
     # Usage problems (and the deprecation warning) first; the audit trail may hold a
     # built-in kind no longer configured.

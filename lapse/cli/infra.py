@@ -6,9 +6,7 @@ import argparse
 import asyncio
 
 from lapse.cli.common import config_from, reach_nats
-from lapse.edges.streams import configured_streams, ensure_streams
 from lapse.embedded.nats_identities import ADMIN
-from lapse.runtime.resources import Resources
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_apply(args: argparse.Namespace) -> int:
+    from lapse.edges.streams import configured_streams, ensure_streams
+    from lapse.runtime.resources import Resources
+
     config = config_from(args, identity=ADMIN)
 
     async def apply() -> list[str]:

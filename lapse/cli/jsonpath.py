@@ -73,11 +73,14 @@ def _nodes(tokens: list[tuple[str, str]], at: int) -> tuple[tuple[Node, ...], in
             body, end = _nodes(tokens, at + 1)
             if end >= len(tokens):
                 raise JsonPathError(f"{{{value}}} without {{end}}")
-            found.append(_Range(value.removeprefix("range ").strip(), body))
+            path = value.removeprefix("range ").strip()
+            find(path, None)  # a path that does not parse fails here, before any data
+            found.append(_Range(path, body))
             at = end
         elif value[:1] in ('"', "'"):
             found.append(_Text(_literal(value)))
         else:
+            find(value, None)
             found.append(_Expr(value))
         at += 1
     return tuple(found), at

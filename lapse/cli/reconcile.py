@@ -4,26 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
-import time
-from typing import IO
-
-import yaml
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    SpinnerColumn,
-    Task,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
-from rich.text import Text
+from typing import IO, TYPE_CHECKING
 
 from lapse.cli.common import (
     UsageError,
@@ -36,22 +18,16 @@ from lapse.cli.common import (
     reach_nats,
     settings_from,
 )
-from lapse.cli.output import REPORT_FORMATS, add_output
+from lapse.cli.output import REPORT_FORMATS, add_output, aligned, document, templated
 from lapse.embedded.nats_identities import ADMIN
-from lapse.operations.reconcile import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_PAGE_SIZE,
-    DEFAULT_ROW_PAGE_SIZE,
-    Options,
-    ReconcileSummary,
-    reconcile,
-)
-from lapse.runtime.resources import Resources
 
-PHASES = {"runs": "finished runs", "rows": "KFP run rows"}
-# How often the plain progress lines appear when nobody watches a terminal (CI logs, a
-# CronJob): often enough to show life, rarely enough to stay readable.
-PLAIN_INTERVAL = 10.0
+if TYPE_CHECKING:
+    from lapse.operations.reconcile import ReconcileSummary
+
+# lapse.operations.reconcile's defaults (tests/unit/test_cli_names.py keeps them equal).
+DEFAULT_PAGE_SIZE = 100
+DEFAULT_ROW_PAGE_SIZE = 1000
+DEFAULT_CONCURRENCY = 64
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -116,6 +92,10 @@ def _positive(text: str) -> int:
 
 
 def run_reconcile(args: argparse.Namespace) -> int:
+    from lapse.cli.progress import progress_for
+    from lapse.operations.reconcile import Options, reconcile
+    from lapse.runtime.resources import Resources
+
     # It schedules deletions: only a cluster chosen explicitly, like `lapse up`.
     config = settings_from(args, ambient_cluster=False, identity=ADMIN).config
     if args.only == "rows" and not config.database.targets.kfp.enabled:
@@ -144,132 +124,38 @@ def run_reconcile(args: argparse.Namespace) -> int:
                 return await reconcile(resources, options, progress)
 
     summary = asyncio.run(work())
-    if args.output == "json":
-        json.dump(summary.as_json(), sys.stdout, indent=2)
-        print()
-    elif args.output == "yaml":
-        yaml.safe_dump(summary.as_json(), sys.stdout, sort_keys=False)
-    else:
-        print_summary(summary, Console(width=200 if not sys.stdout.isatty() else None))
+    if args.output in ("json", "yaml"):
+        document(summary.as_json(), args, sys.stdout)
+    elif not templated(args.output, summary.as_json(), args, sys.stdout):
+        print_summary(summary, sys.stdout)
     return 0 if summary.ok else 1
-
-
-# --- progress -----------------------------------------------------------------------------
-
-
-class _Rate(ProgressColumn):
-    def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text(f"{speed:,.0f}/s" if speed else "", style="progress.data.speed")
-
-
-class BarProgress:
-    """A live bar per pass, for a person at a terminal."""
-
-    def __init__(self, stream: IO[str]) -> None:
-        self._progress = Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            _Rate(),
-            TimeElapsedColumn(),
-            console=Console(file=stream),
-            transient=False,
-        )
-        self._tasks: dict[str, TaskID] = {}
-
-    def __enter__(self) -> BarProgress:
-        self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._progress.stop()
-
-    def start(self, phase: str, total: int | None) -> None:
-        self._tasks[phase] = self._progress.add_task(PHASES.get(phase, phase), total=total)
-
-    def advance(self, phase: str, count: int) -> None:
-        self._progress.advance(self._tasks[phase], count)
-
-    def finish(self, phase: str) -> None:
-        task = self._tasks[phase]
-        done = self._progress.tasks[task].completed
-        # An unknown total becomes the final count, so the finished bar reads full.
-        self._progress.update(task, total=done, completed=done)
-
-
-class LineProgress:
-    """One plain line every PLAIN_INTERVAL seconds and one per finished pass, for logs."""
-
-    def __init__(self, stream: IO[str], interval: float = PLAIN_INTERVAL) -> None:
-        self._stream = stream
-        self._interval = interval
-        self._done: dict[str, int] = {}
-        self._total: dict[str, int | None] = {}
-        self._started: dict[str, float] = {}
-        self._last_line = 0.0
-
-    def __enter__(self) -> LineProgress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def start(self, phase: str, total: int | None) -> None:
-        self._done[phase] = 0
-        self._total[phase] = total
-        self._started[phase] = self._last_line = time.monotonic()
-
-    def advance(self, phase: str, count: int) -> None:
-        self._done[phase] += count
-        if time.monotonic() - self._last_line >= self._interval:
-            self._line(phase, "")
-
-    def finish(self, phase: str) -> None:
-        self._line(phase, " done")
-
-    def _line(self, phase: str, suffix: str) -> None:
-        now = time.monotonic()
-        self._last_line = now
-        done, total = self._done[phase], self._total[phase]
-        elapsed = now - self._started[phase]
-        of = f"/{total:,}" if total is not None else ""
-        rate = f", {done / elapsed:,.0f}/s" if elapsed > 0 else ""
-        print(
-            f"reconcile: {PHASES.get(phase, phase)}: {done:,}{of} in {elapsed:.1f}s{rate}{suffix}",
-            file=self._stream,
-            flush=True,
-        )
-
-
-def progress_for(stream: IO[str]) -> BarProgress | LineProgress:
-    # Progress goes to stderr, so stdout stays clean for `-o json`: what matters is
-    # whether someone watches stderr.
-    return BarProgress(stream) if stream.isatty() else LineProgress(stream)
 
 
 # --- summary ------------------------------------------------------------------------------
 
 
-def print_summary(summary: ReconcileSummary, console: Console) -> None:
+Line = tuple[str, str, str]
+
+
+def print_summary(summary: ReconcileSummary, out: IO[str]) -> None:
+    """A title, then plain aligned columns (what, count, detail), then each problem."""
     title = "reconcile (dry run: nothing written)" if summary.dry_run else "reconcile"
     if summary.namespace:
         title += f", namespace {summary.namespace}"
-    table = Table(title=title, title_justify="left", show_header=False, box=None)
-    table.add_column("what")
-    table.add_column("count", justify="right")
-    table.add_column("detail")
+    lines: list[Line] = []
     if summary.runs is not None:
-        _run_rows(table, summary)
+        lines += _run_rows(summary)
     if summary.rows is not None or summary.rows_skipped is not None:
-        _row_rows(table, summary)
-    console.print(table)
+        lines += _row_rows(summary)
+    out.write(title + "\n")
+    width = max((len(count) for _, count, _ in lines), default=0)
+    for line in aligned([[what, count.rjust(width), detail] for what, count, detail in lines]):
+        out.write(line + "\n")
     for problem in summary.problems:
-        console.print(f"[red]problem:[/red] {problem}", highlight=False)
+        out.write(f"problem: {problem}\n")
 
 
-def _run_rows(table: Table, summary: ReconcileSummary) -> None:
+def _run_rows(summary: ReconcileSummary) -> list[Line]:
     runs = summary.runs
     assert runs is not None
     seconds = summary.seconds.get("runs", 0.0)
@@ -286,13 +172,12 @@ def _run_rows(table: Table, summary: ReconcileSummary) -> None:
     ]
     if runs.errors:
         lines.append(("  errors", runs.errors, "not planned: run reconcile again"))
-    _add(table, lines)
+    return _counted(lines)
 
 
-def _row_rows(table: Table, summary: ReconcileSummary) -> None:
+def _row_rows(summary: ReconcileSummary) -> list[Line]:
     if summary.rows_skipped is not None:
-        table.add_row("KFP run rows", "-", f"skipped: {summary.rows_skipped}")
-        return
+        return [("KFP run rows", "-", f"skipped: {summary.rows_skipped}")]
     rows = summary.rows
     assert rows is not None
     seconds = summary.seconds.get("rows", 0.0)
@@ -311,9 +196,8 @@ def _row_rows(table: Table, summary: ReconcileSummary) -> None:
         lines.append(("    errors", rows.errors, "not scheduled: run reconcile again"))
     if rows.invalid:
         lines.append(("  unreadable", rows.invalid, "not a run lapse can name: left alone"))
-    _add(table, lines)
+    return _counted(lines)
 
 
-def _add(table: Table, lines: list[tuple[str, int, str]]) -> None:
-    for what, count, detail in lines:
-        table.add_row(what, f"{count:,}", detail)
+def _counted(lines: list[tuple[str, int, str]]) -> list[Line]:
+    return [(what, f"{count:,}", detail) for what, count, detail in lines]

@@ -5,10 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from func_python.cloudevent import ASGIApplication
-
-from lapse.runtime.knative import FunctionShell
-from lapse.runtime.registry import FUNCTIONS
+from lapse.cli.names import FUNCTIONS
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "LAPSE_<SECTION>__<KEY>), as in a Knative Service."
         ),
     )
-    parser.add_argument("function", choices=sorted(FUNCTIONS), help="which function")
+    parser.add_argument("function", choices=FUNCTIONS, help="which function")
     parser.add_argument(
         "--listen",
         default=os.environ.get("LISTEN_ADDRESS", "127.0.0.1:8080"),
@@ -33,6 +30,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from func_python.cloudevent import ASGIApplication
+
+    from lapse.runtime.knative import FunctionShell
+
     # func-python reads its bind address from the environment, like Knative sets it.
     os.environ["LISTEN_ADDRESS"] = args.listen
     if getattr(args, "config", None):

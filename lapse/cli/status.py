@@ -4,27 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
-from typing import IO, Any
-
-import yaml
+from typing import IO, TYPE_CHECKING, Any
 
 from lapse.cli.common import Settings, reach_nats, read_waiting_out_nats, settings_from
 from lapse.cli.history import COLUMNS as HISTORY_COLUMNS
 from lapse.cli.history import Filters, add_filters, audit_row
-from lapse.cli.output import REPORT_FORMATS, add_output, table
+from lapse.cli.output import REPORT_FORMATS, add_output, document, table, templated
 from lapse.cli.watch import add_watch, run_watch, watch
-from lapse.config.redact import redact_url
-from lapse.edges import health
-from lapse.events.kinds import DEFAULT_KINDS
-from lapse.events.run import Target
-from lapse.events.timeutil import format_rfc3339
-from lapse.operations.audit import OUTCOME_TYPES, audit_events, pending_schedules
-from lapse.runtime.resources import Resources
+
+if TYPE_CHECKING:
+    from lapse.runtime.resources import Resources
 
 RECENT_COLUMNS = [c for c in HISTORY_COLUMNS if c.header != "LATE (S)"]
 
@@ -58,6 +51,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 async def status_report(
     resources: Resources, settings: Settings, args: argparse.Namespace, filters: Filters
 ) -> dict[str, Any]:
+    from lapse.config.redact import redact_url
+    from lapse.edges import health
+    from lapse.events.run import Target
+    from lapse.events.timeutil import format_rfc3339
+    from lapse.operations.audit import OUTCOME_TYPES, audit_events, pending_schedules
+
     config = settings.config
     js = await resources.jetstream()
     streams = config.nats.streams
@@ -151,12 +150,12 @@ async def status_report(
 
 
 def print_report(report: dict[str, Any], args: argparse.Namespace, out: IO[str]) -> None:
-    if args.output == "json":
-        json.dump(report, out, indent=None if args.watch else 2)
-        out.write("\n")
+    # A report, not a list: json and yaml are the report itself, and custom-columns make
+    # one row of it (as kubectl's of one object).
+    if args.output in ("json", "yaml"):
+        document(report, args, out)
         return
-    if args.output == "yaml":
-        yaml.safe_dump(report, out, sort_keys=False)
+    if templated(args.output, report, args, out):
         return
     nats, db = report["nats"], report["database"]
     out.write(f"nats:          {nats['url']}   (from {nats['from']})\n")
@@ -196,6 +195,9 @@ def print_report(report: dict[str, Any], args: argparse.Namespace, out: IO[str])
 
 
 def run_status(args: argparse.Namespace) -> int:
+    from lapse.events.kinds import DEFAULT_KINDS
+    from lapse.runtime.resources import Resources
+
     settings = settings_from(args)
     filters = Filters.of(args, [*settings.config.kinds, *DEFAULT_KINDS])
 

@@ -23,23 +23,51 @@ Every problem is reported as a `ConfigError` whose text is one line naming where
 `LAPSE_SAFETY__DRY_RUN: 'maybe' is not a boolean (use true or false)`.
 """
 
-from lapse.config.database_url import DatabaseURLError, async_url
-from lapse.config.errors import ConfigError
-from lapse.config.loader import CONFIG_ENV, ENV_PREFIX, ENV_SEPARATOR, load_config
-from lapse.config.schema import (
-    ArgoArchiveTarget,
-    ChildTable,
-    DatabaseConfig,
-    DatabaseTargets,
-    IngressConfig,
-    KfpTarget,
-    KubernetesConfig,
-    LapseConfig,
-    NatsConfig,
-    ReconcileConfig,
-    Streams,
-    TableTarget,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lapse.config.database_url import DatabaseURLError, async_url
+    from lapse.config.errors import ConfigError
+    from lapse.config.loader import CONFIG_ENV, ENV_PREFIX, ENV_SEPARATOR, load_config
+    from lapse.config.schema import (
+        ArgoArchiveTarget,
+        ChildTable,
+        DatabaseConfig,
+        DatabaseTargets,
+        IngressConfig,
+        KfpTarget,
+        KubernetesConfig,
+        LapseConfig,
+        NatsConfig,
+        ReconcileConfig,
+        Streams,
+        TableTarget,
+    )
+
+# Imported on first use (PEP 562): `lapse.config.redact`, which every command's logging
+# uses, must not bring pydantic and SQLAlchemy into `lapse --help` (docs/cli.md, "Start-up").
+_WHERE = {
+    "DatabaseURLError": "database_url",
+    "async_url": "database_url",
+    "ConfigError": "errors",
+    "CONFIG_ENV": "loader",
+    "ENV_PREFIX": "loader",
+    "ENV_SEPARATOR": "loader",
+    "load_config": "loader",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name, "schema" if name in __all__ else None)
+    if module is None:
+        raise AttributeError(f"module 'lapse.config' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"lapse.config.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CONFIG_ENV",

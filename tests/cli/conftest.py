@@ -3,12 +3,14 @@ environment of its own (no LAPSE_* settings, no kubeconfig, a private state dire
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +63,12 @@ def shell(tmp_path: Path) -> Shell:
     # HOME too: ~/.kube/config and ~/.local/state must be this test's, not the machine's.
     env.update(HOME=str(home), XDG_STATE_HOME=str(tmp_path / "state"), COLUMNS="200")
     return Shell(env, home)
+
+
+def items(result: subprocess.CompletedProcess[str]) -> list[Any]:
+    """The items of a listing printed with `-o json`: a kubectl List (docs/cli.md)."""
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found["apiVersion"] == "v1" and found["kind"] == "List", found
+    listed: list[Any] = found["items"]
+    return listed

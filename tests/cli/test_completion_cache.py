@@ -17,6 +17,7 @@ import pytest
 
 from lapse.cli.completion import _rebuild, _shape, _subparsers
 from lapse.cli.main import COMMANDS, build_parser
+from lapse.cli.names import OUTCOMES
 
 # Lines a user completes, grouped by the command whose parser they need.
 LINES = {
@@ -94,3 +95,15 @@ def test_every_commands_shape_survives_the_cache(command: str) -> None:
     assert shape is not None
     stored = json.loads(json.dumps(shape))
     assert _shape(_rebuild(stored, real.prog)) == stored
+
+
+def test_closed_sets_complete_to_their_values_not_file_names(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    outcomes, _ = complete("lapse history --outcome ", cache, tmp_path)
+    assert [o.strip() for o in outcomes] == sorted(OUTCOMES)
+    kinds, _ = complete("lapse plan --kind ", cache, tmp_path)
+    assert {"argo-workflow", "Workflow", "PipelineRun", "job"} <= {k.strip() for k in kinds}
+    formats, _ = complete("lapse dlq list -o ", cache, tmp_path)
+    assert {"json", "yaml", "jsonpath=", "custom-columns="} <= {f.strip() for f in formats}
+    # Answered from the cache as well as from the parser.
+    assert complete("lapse history --outcome ", cache, tmp_path)[0] == outcomes

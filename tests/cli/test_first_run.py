@@ -250,7 +250,8 @@ def test_a_real_cluster_without_namespaces_is_dry_run(
         result = shell("history", "-o", "json", "-n", namespace)
         assert result.returncode == 0, result.stderr
         return any(
-            e.get("uid") == uid and e.get("outcome") == "dry_run" for e in json.loads(result.stdout)
+            e.get("uid") == uid and e.get("outcome") == "dry_run"
+            for e in json.loads(result.stdout)["items"]
         )
 
     poll("a dry_run outcome in history", judged)

@@ -67,7 +67,7 @@ def test_status_right_after_up_needs_no_flags(
 
         history = shell("history", "-o", "json")
         assert history.returncode == 0, history.stderr
-        assert isinstance(json.loads(history.stdout), list)
+        assert isinstance(json.loads(history.stdout)["items"], list)
     finally:
         up.send_signal(signal.SIGINT)
         code = up.wait(timeout=60)

@@ -82,7 +82,9 @@ async def some_history(js: JetStreamContext) -> tuple[str, str]:
 def _json(shell: Shell, nats: EmbeddedNats, *args: str) -> object:
     result = shell(*args, "--nats-url", nats.url, "-o", "json")
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    found = json.loads(result.stdout)
+    # history's is a kubectl List (its items here); status's a report
+    return found["items"] if found.get("kind") == "List" else found
 
 
 async def test_history_filters_and_formats(
@@ -105,7 +107,12 @@ async def test_history_filters_and_formats(
     assert [(r["name"], r["target"]) for r in rows_only] == [("train", "database")]  # type: ignore[union-attr]
 
     as_yaml = shell("history", "-n", a, "--nats-url", nats_server.url, "-o", "yaml")
-    assert yaml.safe_load(as_yaml.stdout) == in_a
+    assert yaml.safe_load(as_yaml.stdout) == {"apiVersion": "v1", "kind": "List", "items": in_a}
+    url = ("--nats-url", nats_server.url)
+    by_path = shell("history", "-n", a, *url, "-o", "jsonpath={.items[*].name}")
+    assert by_path.stdout.split(" ") == [r["name"] for r in in_a]  # type: ignore[index]
+    columns = shell("history", "-n", a, *url, "--no-headers", "-o", "custom-columns=N:.name")
+    assert columns.stdout.split() == [r["name"] for r in in_a]  # type: ignore[index]
     names = shell("history", "-n", a, "--kind", "Job", "--nats-url", nats_server.url, "-o", "name")
     assert names.stdout.split() == ["job.batch/nightly"]
     table = shell("history", "-n", a, "--nats-url", nats_server.url).stdout.splitlines()
@@ -166,6 +173,15 @@ async def test_status_filters_and_formats(
     assert {(r["kind"], r["target"]) for r in report["recent"]} == {("Workflow", "kubernetes")}
     as_yaml = shell("status", "--nats-url", nats_server.url, "-o", "yaml")
     assert yaml.safe_load(as_yaml.stdout)["deadLetters"] == 0
+    url = ("--nats-url", nats_server.url)
+    assert shell("status", *url, "-o", "jsonpath={.deadLetters}").stdout == "0"
+    one_row = shell("status", *url, "-o", "custom-columns=DLQ:.deadLetters,NATS:.nats.url")
+    assert [line.split() for line in one_row.stdout.splitlines()] == [
+        ["DLQ", "NATS"],
+        ["0", nats_server.url],
+    ]
+    bad = shell("status", *url, "-o", "jsonpath={.a")
+    assert bad.returncode == 2 and "jsonpath" in bad.stderr
     text = shell("status", "--nats-url", nats_server.url).stdout
     assert f"nats:          {nats_server.url}   (from --nats-url)" in text
 
@@ -200,11 +216,11 @@ async def test_history_watch_prints_each_change_and_exits_0_on_ctrl_c(
     )
     try:
         first = _read_until(watcher, 1)
-        assert len(json.loads(first[0])) == 3, first
+        assert len(json.loads(first[0])["items"]) == 3, first
         await record(lapse_streams, a, "late", "Workflow", Target.KUBERNETES)
         second = _read_until(watcher, 1)
         assert second, "no redraw after a new outcome"
-        assert "late" in {r["name"] for r in json.loads(second[0])}
+        assert "late" in {r["name"] for r in json.loads(second[0])["items"]}
     finally:
         code, err = _interrupt(watcher)
     assert code == 0, err

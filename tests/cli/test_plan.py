@@ -22,7 +22,7 @@ from lapse.embedded.seaweedfs import REGION, EmbeddedSeaweedFS
 from lapse.events.types import Outcome
 from lapse.functions.row_reaper.mlmd import DELETE_ORDER
 from lapse.functions.row_reaper.targets import kfp_target, mlmd_target
-from tests.cli.conftest import Shell
+from tests.cli.conftest import Shell, items
 from tests.conftest import ARTIFACT_BUCKET, KubeStack
 from tests.integration.test_artifact_reaper import client, present
 from tests.integration.test_cli_plan_infra import finished_workflow
@@ -61,7 +61,7 @@ def _plan(shell: Shell, kube: KubeStack, *args: str) -> Any:
 
 async def test_n_and_A_agree_with_the_api(shell: Shell, kube: KubeStack) -> None:
     a, _ = await _two_namespaces(kube)
-    everything = json.loads(_plan(shell, kube, "-A", "-o", "json").stdout)
+    everything = items(_plan(shell, kube, "-A", "-o", "json"))
     listed = await kube.workflows.list(None, label_selector="workflows.argoproj.io/completed=true")
     api = {(w["metadata"]["namespace"], w["metadata"]["name"]) for w in listed["items"]}
 
@@ -71,15 +71,15 @@ async def test_n_and_A_agree_with_the_api(shell: Shell, kube: KubeStack) -> None
 
     assert workflows(everything) == api
     # Without -n: every namespace, as before (-A only spells it out).
-    default = json.loads(_plan(shell, kube, "-o", "json").stdout)
+    default = items(_plan(shell, kube, "-o", "json"))
     assert workflows(default) == api
 
-    only_a = json.loads(_plan(shell, kube, "-n", a, "-o", "json").stdout)
+    only_a = items(_plan(shell, kube, "-n", a, "-o", "json"))
     in_a = (await kube.workflows.list(a))["items"]
     assert {r["name"] for r in only_a} == {w["metadata"]["name"] for w in in_a}
     assert {r["namespace"] for r in only_a} == {a}
     # -n is exact: a prefix of a namespace is not that namespace.
-    assert json.loads(_plan(shell, kube, "-n", a[:-1], "-o", "json").stdout) == []
+    assert items(_plan(shell, kube, "-n", a[:-1], "-o", "json")) == []
 
 
 async def test_a_glob_in_n_still_works_with_a_deprecation_warning(
@@ -88,7 +88,7 @@ async def test_a_glob_in_n_still_works_with_a_deprecation_warning(
     a, b = await _two_namespaces(kube)
     glob = a.replace("cli-a-", "cli-?-")  # matches a and b
     result = _plan(shell, kube, "-n", glob, "-o", "json")
-    assert {r["namespace"] for r in json.loads(result.stdout)} == {a, b}
+    assert {r["namespace"] for r in items(result)} == {a, b}
     assert "deprecated" in result.stderr and "--namespace-glob" in result.stderr
     new = _plan(shell, kube, "--namespace-glob", glob, "-o", "json")
     assert new.stdout == result.stdout
@@ -97,9 +97,9 @@ async def test_a_glob_in_n_still_works_with_a_deprecation_warning(
 
 async def test_l_selects_on_the_api_server(shell: Shell, kube: KubeStack) -> None:
     a, _ = await _two_namespaces(kube)
-    rows = json.loads(_plan(shell, kube, "-n", a, "-l", "team=blue", "-o", "json").stdout)
+    rows = items(_plan(shell, kube, "-n", a, "-l", "team=blue", "-o", "json"))
     assert [r["name"] for r in rows] == ["wf-blue-1"]
-    rows = json.loads(_plan(shell, kube, "-n", a, "-l", "team!=blue", "-o", "json").stdout)
+    rows = items(_plan(shell, kube, "-n", a, "-l", "team!=blue", "-o", "json"))
     assert [r["name"] for r in rows] == ["wf-red-0"]
     bad = shell("plan", "--kubeconfig", str(kube.kubeconfig), "-l", "team in (", "-o", "json")
     assert bad.returncode == 1  # the API server refuses the selector: a runtime failure
@@ -108,9 +108,28 @@ async def test_l_selects_on_the_api_server(shell: Shell, kube: KubeStack) -> Non
 
 async def test_every_format(shell: Shell, kube: KubeStack) -> None:
     a, _ = await _two_namespaces(kube)
-    as_json = json.loads(_plan(shell, kube, "-n", a, "-o", "json").stdout)
+    as_json = items(_plan(shell, kube, "-n", a, "-o", "json"))
     as_yaml = yaml.safe_load(_plan(shell, kube, "-n", a, "-o", "yaml").stdout)
-    assert as_yaml == as_json and len(as_json) == 2
+    assert as_yaml == {"apiVersion": "v1", "kind": "List", "items": as_json}
+    assert len(as_json) == 2
+    # kubectl's jsonpath (range/end, literals) and custom-columns, on the same List.
+    template = '{range .items[*]}{.name}{"\\t"}{.targets.kubernetes.policy}{"\\n"}{end}'
+    by_path = _plan(shell, kube, "-n", a, "-o", f"jsonpath={template}").stdout
+    assert sorted(by_path.splitlines()) == sorted(
+        f"{r['name']}\t{r['targets']['kubernetes']['policy']}" for r in as_json
+    )
+    names = _plan(shell, kube, "-n", a, "-o", "jsonpath={.items[*].name}").stdout
+    assert sorted(names.split(" ")) == ["wf-blue-1", "wf-red-0"]
+    columns = _plan(shell, kube, "-n", a, "-o", "custom-columns=NAME:.name,UID:.uid,X:.nope")
+    assert [line.split() for line in columns.stdout.splitlines()] == [["NAME", "UID", "X"]] + [
+        [r["name"], r["uid"], "<none>"] for r in as_json
+    ]
+    # The bare array of 0.1, until 0.3: asked for, and said to be deprecated.
+    old = shell(
+        "plan", "--kubeconfig", str(kube.kubeconfig), "-n", a, "-o", "json",
+        env={"LAPSE_BARE_LISTS": "true"},
+    )  # fmt: skip
+    assert json.loads(old.stdout) == as_json and "deprecated" in old.stderr
     names = _plan(shell, kube, "-n", a, "-o", "name").stdout.split()
     assert sorted(names) == ["workflow.argoproj.io/wf-blue-1", "workflow.argoproj.io/wf-red-0"]
 
@@ -124,9 +143,7 @@ async def test_every_format(shell: Shell, kube: KubeStack) -> None:
     uids = {r["uid"] for r in as_json}
     assert all(any(uid in line for uid in uids) for line in wide[1:])
 
-    kube_only = json.loads(
-        _plan(shell, kube, "-n", a, "--target", "kubernetes", "-o", "json").stdout
-    )
+    kube_only = items(_plan(shell, kube, "-n", a, "--target", "kubernetes", "-o", "json"))
     assert all(set(r["targets"]) == {"kubernetes"} for r in kube_only)
 
 
@@ -171,7 +188,7 @@ async def test_plan_previews_rows_whose_workflow_is_gone(
         "    database: {ttl: 30d}\n"
     )
     result = _plan(shell, kube, "--config", str(config), "-n", ns, "-o", "json")
-    rows = json.loads(result.stdout)
+    rows = items(result)
     orphans = [r for r in rows if r["objectGone"]]
     assert [r["uid"] for r in orphans] == [gone]
     assert orphans[0]["targets"] == {
@@ -189,8 +206,8 @@ async def test_plan_previews_rows_whose_workflow_is_gone(
     table = _plan(shell, kube, "--config", str(config), "-n", ns).stdout
     assert "(object gone)" in table
     # Rows carry no labels: with -l only objects are previewed.
-    selected = json.loads(
-        _plan(shell, kube, "--config", str(config), "-n", ns, "-l", "team=x", "-o", "json").stdout
+    selected = items(
+        _plan(shell, kube, "--config", str(config), "-n", ns, "-l", "team=x", "-o", "json")
     )
     assert not any(r["objectGone"] for r in selected)
 
@@ -210,7 +227,7 @@ def test_context_chooses_the_kubeconfig_context(
 
     chosen = shell("plan", "--kubeconfig", str(two), "--context", "lapse", "-o", "json")
     assert chosen.returncode == 0, chosen.stderr
-    assert isinstance(json.loads(chosen.stdout), list)
+    assert isinstance(items(chosen), list)
     current = shell("plan", "--kubeconfig", str(two), "-o", "json")  # elsewhere: nobody there
     assert current.returncode == 1
     assert current.stderr.count("\n") == 1, current.stderr
@@ -231,7 +248,7 @@ async def test_f_previews_a_policy_and_refuses_what_is_not_one(
     file = tmp_path / "red.yaml"
     file.write_text(yaml.safe_dump(policy))
     refused = _plan(shell, kube, "-n", a, "-f", str(file), "--policy", "-o", "json")
-    assert json.loads(refused.stdout) == []
+    assert items(refused) == []
     assert f"lapsepolicy:{a}/red@1 (REFUSED): NotAllowed" in refused.stderr
     # With the bounds in the same file it would be in effect, for the red runs of `a` only.
     allow = {"match": {"namespaces": [a]}, "namespacedPolicies": {"allowed": True}}
@@ -240,8 +257,8 @@ async def test_f_previews_a_policy_and_refuses_what_is_not_one(
     # With -A a LapsePolicy names its namespace (without -n there is none to take).
     policy["metadata"] = {"name": "red", "namespace": a}
     file.write_text(yaml.safe_dump_all([bounds, policy]))
-    rows = json.loads(_plan(shell, kube, "-A", "-f", str(file), "--policy", f"{a}/red",
-                            "-o", "json").stdout)  # fmt: skip
+    rows = items(_plan(shell, kube, "-A", "-f", str(file), "--policy", f"{a}/red",
+                            "-o", "json"))  # fmt: skip
     assert {(r["namespace"], r["name"]) for r in rows} == {(a, "wf-red-0")}
     assert rows[0]["targets"]["kubernetes"]["policy"] == f"lapsepolicy:{a}/red@1"
     assert b not in {r["namespace"] for r in rows}
@@ -269,7 +286,7 @@ async def test_plan_names_keep_last_when_the_count_sets_the_deadline(
         "    kubernetes: {ttl: 3650d}\n"
         "    keep_last: {succeeded: 1}\n"  # group_by auto: the cron-workflow label
     )
-    rows = json.loads(_plan(shell, kube, "--config", str(config), "-n", ns, "-o", "json").stdout)
+    rows = items(_plan(shell, kube, "--config", str(config), "-n", ns, "-o", "json"))
     by_name = {r["name"]: r["targets"]["kubernetes"] for r in rows}
     assert by_name["wf-2"]["policy"] == "policy:nightly"  # the newest: its TTL
     for old in ("wf-0", "wf-1"):
@@ -282,9 +299,7 @@ async def test_plan_names_keep_last_when_the_count_sets_the_deadline(
     assert "keep_last:nightly" in table
     # -l shows part of a group at most: no count is previewed from it, and it says so.
     selected = _plan(shell, kube, "--config", str(config), "-n", ns, "-l", "team!=x", "-o", "json")
-    assert {r["targets"]["kubernetes"]["policy"] for r in json.loads(selected.stdout)} == {
-        "policy:nightly"
-    }
+    assert {r["targets"]["kubernetes"]["policy"] for r in items(selected)} == {"policy:nightly"}
     assert "keep_last is not previewed with -l" in selected.stderr
 
 
@@ -321,7 +336,7 @@ async def test_plan_previews_a_field_groups_surplus_namespace_by_namespace(
     glob = a.replace("plan-fa-", "plan-f?-")  # matches a and b, listed one at a time
     for scope in (["--namespace-glob", glob], ["-A"]):
         result = _plan(shell, kube, "--config", str(config), *scope, "-o", "json")
-        rows = [r for r in json.loads(result.stdout) if r["namespace"] in (a, b)]
+        rows = [r for r in items(result) if r["namespace"] in (a, b)]
         by_name = {(r["namespace"], r["name"]): r["targets"]["kubernetes"] for r in rows}
         assert set(by_name) == {(a, f"train-{i}") for i in range(3)} | {
             (a, "other"),
@@ -393,7 +408,7 @@ async def test_plan_shows_what_the_artifacts_target_deletes_and_lists_sizes_only
         assert result.returncode == 0, result.stderr
         return result
 
-    rows = {r["name"]: r for r in json.loads(plan("-o", "json").stdout)}
+    rows = {r["name"]: r for r in items(plan("-o", "json"))}
     artifacts = rows["wf"]["targets"]["artifacts"]
     # The existing keys stay; the footprint is added beside them.
     assert set(artifacts) == {"action", "deadline", "policy", "reason", "footprint"}
@@ -419,7 +434,7 @@ async def test_plan_shows_what_the_artifacts_target_deletes_and_lists_sizes_only
     )
     assert "left to the engine" in by_name["gc"]
 
-    listed = {r["name"]: r for r in json.loads(plan("--list-artifacts", "-o", "json").stdout)}
+    listed = {r["name"]: r for r in items(plan("--list-artifacts", "-o", "json"))}
     footprint = listed["wf"]["targets"]["artifacts"]["footprint"]
     # Exactly what the reaper would delete: the keys and what lies under the prefix,
     # none of the objects beside them.
@@ -435,7 +450,7 @@ async def test_plan_shows_what_the_artifacts_target_deletes_and_lists_sizes_only
     down = config.read_text().replace(seaweedfs.endpoint, "http://127.0.0.1:1")
     config.write_text(down)
     result = plan("--list-artifacts", "-o", "json")
-    footprint = {r["name"]: r for r in json.loads(result.stdout)}["wf"]["targets"]["artifacts"]
+    footprint = {r["name"]: r for r in items(result)}["wf"]["targets"]["artifacts"]
     assert footprint["footprint"]["bytes"] is None
     assert f"{ns}/wf: artifacts not listed" in result.stderr
 
@@ -483,7 +498,7 @@ async def test_plan_counts_the_rows_each_runs_database_target_will_delete(
 
     result = plan("-o", "json")
     assert result.returncode == 0, result.stderr
-    [row] = json.loads(result.stdout)
+    [row] = items(result)
     database = row["targets"]["database"]
     # Every key it had stays; the rows are added beside them, one count per table, the
     # same as counting the run's rows directly.
@@ -498,7 +513,7 @@ async def test_plan_counts_the_rows_each_runs_database_target_will_delete(
 
     # --no-rows: not counted, not shown.
     skipped = plan("--no-rows", "-o", "json")
-    assert "rows" not in json.loads(skipped.stdout)[0]["targets"]["database"]
+    assert "rows" not in items(skipped)[0]["targets"]["database"]
     assert "ROWS" not in plan("--no-rows").stdout.splitlines()[0].split()
 
     # Counting deleted nothing: the dry run's transaction was rolled back.
@@ -511,7 +526,7 @@ async def test_plan_counts_the_rows_each_runs_database_target_will_delete(
     config.write_text(closed)
     down = plan("-o", "json")
     assert down.returncode == 0, down.stderr
-    [row] = json.loads(down.stdout)
+    [row] = items(down)
     assert row["targets"]["database"]["rows"] is None
     assert row["targets"]["database"]["deadline"] == database["deadline"]
     assert down.stderr.count("database rows not counted") == 1, down.stderr
@@ -567,7 +582,7 @@ async def test_plan_counts_ml_metadata_rows_as_the_reaper_then_deletes_them(
             args = ("plan", "--kubeconfig", str(kube.kubeconfig), "--config", str(config), "-n", ns)
             result = shell(*args, "-o", "json")
             assert result.returncode == 0, result.stderr
-            [row] = json.loads(result.stdout)
+            [row] = items(result)
             planned = row["targets"]["database"]["rows"]
             table = shell(*args).stdout.splitlines()
             mlmd_rows = sum(planned[name] for name in DELETE_ORDER)

@@ -166,7 +166,7 @@ def test_a_lapse_policy_applied_with_kustomize_deletes_the_run_it_shortens(
                 "-n", SYSTEM, "exec", "deploy/lapse-streams", "-c", "streams", "--",
                 "lapse", "history", "-n", RUNS, "--name", name, "--all", "-o", "json",
             )  # fmt: skip
-            rows = [r for r in json.loads(history) if by in (r.get("detail") or "")]
+            rows = [r for r in json.loads(history)["items"] if by in (r.get("detail") or "")]
             done = any(r["outcome"] == "deleted" for r in rows)
             return rows if done else []
 

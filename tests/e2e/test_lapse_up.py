@@ -91,7 +91,12 @@ def lapse_json(*args: str, config: Path) -> Any:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    found = json.loads(result.stdout)
+    # A listing is a kubectl List (docs/cli.md): its items; a report (status) as it is.
+    if isinstance(found, dict) and found.get("kind") == "List":
+        assert found["apiVersion"] == "v1", found
+        return found["items"]
+    return found
 
 
 def finished_workflow(name: str, **meta: Any) -> dict[str, Any]:

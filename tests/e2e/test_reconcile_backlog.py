@@ -113,7 +113,7 @@ async def test_reconcile_schedules_and_lapse_up_drains_a_backlog(
         drain_in = time.monotonic() - drain_started
         history = lapse(config, "history", "-n", ns, "--target", "kubernetes", "-o", "json")
         assert history.returncode == 0, history.stderr
-        rows = json.loads(history.stdout)
+        rows = json.loads(history.stdout)["items"]
     finally:
         assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
 

@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client as kube_client
 from obstore.store import S3Store
 
-from lapse.cli.up import EMBEDDED_BUCKET
+from lapse.cli.up_run import EMBEDDED_BUCKET
 from lapse.edges.kubernetes import Workflows, load_api_client
 from lapse.embedded.seaweedfs import REGION, identities_path, read_keys
 from tests.conftest import KubeStack

@@ -101,7 +101,7 @@ async def test_plan_prints_each_targets_deadline_and_rule(kube: KubeStack, tmp_p
     env = {"LAPSE_KUBERNETES__KUBECONFIG": str(kube.kubeconfig)}
     result = lapse("--config", str(config), "plan", "-n", ns, "-o", "json", env=env)
     assert result.returncode == 0, result.stderr
-    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    rows = {row["name"]: row for row in json.loads(result.stdout)["items"]}
     assert set(rows) == {"ttl-annotated", "argo-failed", "argo-error", "kept", "kfp-run"}
 
     def target(name: str, t: str) -> tuple[str, str | None, str]:

@@ -314,7 +314,7 @@ async def test_dlq_replay_deletes_a_repaired_refusal_once(stack: Stack) -> None:
 
     listed = lapse("--config", str(stack.config_path), "dlq", "list", "-o", "json")
     assert listed.returncode == 0, listed.stderr
-    [row] = json.loads(listed.stdout)
+    [row] = json.loads(listed.stdout)["items"]
     assert row["name"] == "refused-then-replayed" and "cannot delete" in row["reason"]
 
     shown = lapse("--config", str(stack.config_path), "dlq", "show", str(row["id"]))

@@ -103,8 +103,7 @@ async def test_a_dead_lettered_due_event_is_stored_and_replayable(
     env = {**os.environ, "LAPSE_NATS__URL": nats_server.url}
     listed = await lapse(env, "dlq", "list", "-o", "json")
     assert listed.returncode == 0, listed.stderr
-    rows = json.loads(listed.stdout)
-    rows = rows.get("items", rows) if isinstance(rows, dict) else rows
+    rows = json.loads(listed.stdout)["items"]
     assert [row["uid"] for row in rows if row["stage"] == "broker"] == [due.run.uid]
     replay = await lapse(env, "dlq", "replay", "--all", "--dry-run", "-o", "json")
     assert replay.returncode == 0, replay.stderr

@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 from kubernetes.config import incluster_config
 
-from lapse.cli.up import has_cluster
+from lapse.cli.up_run import has_cluster
 from lapse.config import LapseConfig
 from lapse.edges.kubernetes import load_api_client
 from lapse.edges.kubernetes.client import in_a_pod

@@ -180,7 +180,7 @@ async def test_malformed_events_are_400_with_the_reason_and_recorded(
         _lapse, config, tmp_path, "dlq", "list", "--stage", "ingress", "-o", "json"
     )
     assert listed.returncode == 0, listed.stderr
-    assert [row["reason"] for row in json.loads(listed.stdout)] == reasons
+    assert [row["reason"] for row in json.loads(listed.stdout)["items"]] == reasons
 
 
 async def test_a_flood_is_counted_but_recorded_at_the_configured_rate(
