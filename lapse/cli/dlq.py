@@ -24,9 +24,15 @@ if TYPE_CHECKING:
     from lapse.operations.dlq import Filter
 
 COLUMNS = ("id", "time", "namespace", "name", "target", "stage", "reason")
+
+
 # `dlq list`: the columns above, and with -o wide the run's uid and the attempts made.
+def _field(name: str) -> Column:
+    return Column(name.upper(), lambda row: row.get(name))
+
+
 LIST_COLUMNS = [
-    *(Column(name.upper(), lambda r, name=name: r.get(name)) for name in COLUMNS),
+    *(_field(name) for name in COLUMNS),
     Column("UID", lambda r: r.get("uid"), wide_only=True),
     Column("ATTEMPTS", lambda r: r.get("attempts"), wide_only=True),
 ]

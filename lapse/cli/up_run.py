@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes import client
 
 from lapse.cli import cluster, state
-from lapse.cli.common import settings_from, state_dir_of
+from lapse.cli.common import ambient_kubeconfig, settings_from, state_dir_of
 from lapse.config import LapseConfig
 from lapse.config.schema import NATS_AUTH_KEYS, ArtifactsSection
 from lapse.edges.kubernetes import load_api_client
@@ -194,7 +194,7 @@ def run_up(args: argparse.Namespace) -> int:
             state.write(state_dir, state.DATABASE_URL, url)
             log.info("no database.url configured: using %s", url)
         if not has_cluster(config):
-            ambient = cluster.ambient_kubeconfig()
+            ambient = ambient_kubeconfig()
             log.info(
                 "no cluster chosen: starting a local kube-apiserver%s (see lapse up --help)",
                 f" ({ambient} is not used without --kubeconfig)" if ambient else "",

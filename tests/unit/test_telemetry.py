@@ -418,3 +418,20 @@ def test_the_standard_environment_selects_the_exporters() -> None:
     assert run_python(code, env) == "OTLPSpanExporter lapse-x TraceIdRatioBased True False"
     env_named = {**env, "OTEL_SERVICE_NAME": "reaper-7"}
     assert run_python(code, env_named).split()[1] == "reaper-7"
+
+
+def test_metrics_listen_no_further_than_the_process_unless_told() -> None:
+    from lapse.runtime.asgi import host_of
+    from lapse.telemetry.providers import metrics_host_of
+
+    # `lapse up --listen 127.0.0.1:8080` (the default): loopback, not every address.
+    assert metrics_host_of({}, None, host_of("127.0.0.1:8080")) == "127.0.0.1"
+    assert metrics_host_of({}, None, host_of("[::1]:8080")) == "::1"
+    assert metrics_host_of({}, None, host_of("0.0.0.0:8080")) == "0.0.0.0"
+    # LAPSE_PROMETHEUS_HOST still says; the flag says over it.
+    env = {"LAPSE_PROMETHEUS_HOST": "0.0.0.0"}
+    assert metrics_host_of(env, None, "127.0.0.1") == "0.0.0.0"
+    assert metrics_host_of(env, "10.0.0.5", "127.0.0.1") == "10.0.0.5"
+    # A process without an endpoint of its own (the policy watcher's pod): every address.
+    assert metrics_host_of({}, None, None) == "0.0.0.0"
+    assert host_of("") is None and host_of("unix:/run/lapse.sock") is None
