@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Final
 
-from lapse.cli.parsing import offer
+from lapse.cli.parsing import did_you_mean, offer
 
 OBJECT_FORMATS: Final = (
     "table", "wide", "json", "yaml", "name", "jsonpath=", "custom-columns=",
@@ -81,7 +81,9 @@ def output_format(formats: Sequence[str]) -> Callable[[str], str]:
                     raise argparse.ArgumentTypeError(f"-o {text}: {exc}") from None
                 return text
         shown = ", ".join(f"{f}TEMPLATE" if f in TEMPLATED else f for f in formats)
-        raise argparse.ArgumentTypeError(f"{text!r} is not an output format (one of {shown})")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an output format (one of {shown}){did_you_mean(text, plain)}"
+        )
 
     return check
 

@@ -71,7 +71,8 @@ def test_a_usage_error_is_one_line_and_exit_2(shell: Shell) -> None:
     result = shell("plan", "-o", "xml")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1, result.stderr
-    assert "invalid choice: 'xml'" in result.stderr
+    assert "'xml' is not an output format (one of table, wide, json" in result.stderr
+    assert "did you mean 'json'?" in shell("plan", "-o", "jsonn").stderr
     assert "lapse plan --help" in result.stderr
 
 
