@@ -197,6 +197,12 @@ def test_install_delete_upgrade_uninstall(
                 # Warm functions: this checks the chart's wiring, not how fast a pod starts
                 # from zero on a loaded machine (test_pipeline_on_knative.py does that).
                 "knative": {"functions": {"minScale": 1}},
+                # The node is 2 cores, already holding Knative and this session's kustomize
+                # deployment of lapse: the chart's measured requests (defaultResources,
+                # 50-100m of CPU a container) leave the scheduler "Insufficient cpu" for a
+                # second lapse. One small request for every container instead; the
+                # defaults themselves are rendered and dry-run by test_chart.py.
+                "resources": {"requests": {"cpu": "5m", "memory": "32Mi"}},
             }
         )
     )
