@@ -26,7 +26,12 @@ import yaml
 
 from lapse.embedded.kube import run_kind_crds
 from tests.cluster.conftest import Cluster, poll
-from tests.cluster.lapse_on_cluster import DeletionWatch, finished_workflow, push_images
+from tests.cluster.lapse_on_cluster import (
+    DeletionWatch,
+    finished_workflow,
+    kubectl_waiting,
+    push_images,
+)
 from tests.helm_chart import CHART, helm
 
 RELEASE = "lapse"
@@ -87,7 +92,10 @@ class Helm:
 def release(cluster: Cluster) -> Iterator[Helm]:
     run = Helm(cluster)
     run("uninstall", RELEASE, "--wait", check=False)  # a run that failed half-way
-    cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true")
+    # The previous shape's namespace may still be going (Knative's finalizers, on a loaded
+    # node, took over 120 s once): waited for on its own clock, not Cluster.kubectl's.
+    kubectl_waiting(cluster, "delete", "namespace", NAMESPACE, "--ignore-not-found",
+                    "--wait=true", timeout=300)  # fmt: skip
     cluster.kubectl("create", "namespace", NAMESPACE)
     try:
         yield run
