@@ -417,13 +417,9 @@ def otel_env_patch() -> list[dict[str, Any]]:
 
 
 def lapse_yaml() -> str:
-    """The dev overlay's lapse.yaml with the KFP target, the rows' own clock and a short
-    safety-net period."""
+    """The dev overlay's lapse.yaml with the KFP target and the rows' own clock."""
     config = yaml.safe_load((DEV_OVERLAY / "lapse.yaml").read_text())
     config["database"] = {"targets": {"kfp": {"enabled": True}}}
-    # The safety net's pass every 15 s (the default is 10m): test_safety_net_on_cluster.py
-    # waits one period for it. It plans what the planner would, so no test's run is early.
-    config["reconcile"] = {"period": "15s", "jitter": "5s"}
     config["policies"] = [
         {
             "name": "kfp-rows",

@@ -534,7 +534,11 @@ async def test_lapse_through_a_collector_into_jaeger_and_prometheus(
 
     # --- every dashboard panel query (Prometheus) ------------------------------------------
     window = f"{math.ceil(finished - started) + 30}s"
-    queries = panel_queries()
+    # The safety net's panel is the Knative shape's policy watcher's (lapse up runs no
+    # periodic pass): its queries are checked by the dashboard's own tests, not here.
+    everything = panel_queries()
+    queries = [q for q in everything if "lapse_reconcile_" not in q[2]]
+    assert len(everything) - len(queries) == 3
     assert len(queries) == 16
     returned: dict[tuple[str, str, str], dict[tuple[str, ...], float]] = {}
     for job in JOBS:
