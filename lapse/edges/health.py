@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -171,23 +172,28 @@ async def relist_over(kv: KeyValue, process: str, kind: str) -> None:
     await kv.delete(relist_key(process, kind))
 
 
-async def read_relists(js: JetStreamContext) -> list[Relisting]:
-    """Every re-list running now, in any live process."""
+async def _entries(js: JetStreamContext, prefix: str) -> AsyncIterator[tuple[str, Any]]:
+    """(key without `prefix`, its JSON) for every live key under `prefix`."""
     try:
         kv = await js.key_value(BUCKET)
         keys = await kv.keys()
     except (BucketNotFoundError, NoKeysError):
-        return []
-    found = []
+        return
     for key in keys:
-        if not key.startswith(RELIST_PREFIX):
+        if not key.startswith(prefix):
             continue
-        process, _, kind = key.removeprefix(RELIST_PREFIX).partition(".")
         try:
             entry = await kv.get(key)
         except KeyNotFoundError:  # ended meanwhile
             continue
-        item = json.loads(entry.value or b"{}")
+        yield key.removeprefix(prefix), json.loads(entry.value or b"{}")
+
+
+async def read_relists(js: JetStreamContext) -> list[Relisting]:
+    """Every re-list running now, in any live process."""
+    found = []
+    async for name, item in _entries(js, RELIST_PREFIX):
+        process, _, kind = name.partition(".")
         found.append(
             Relisting(
                 process, kind, int(item["listed"]), int(item["published"]), float(item["seconds"])
@@ -208,20 +214,9 @@ async def report_reconcile(kv: KeyValue, process: str, last_pass: dict[str, Any]
 
 async def read_reconciles(js: JetStreamContext) -> list[tuple[str, dict[str, Any]]]:
     """Every live safety net's last pass: (process, what `report_reconcile` wrote)."""
-    try:
-        kv = await js.key_value(BUCKET)
-        keys = await kv.keys()
-    except (BucketNotFoundError, NoKeysError):
-        return []
     found = []
-    for key in keys:
-        if not key.startswith(RECONCILE_PREFIX):
-            continue
-        try:
-            entry = await kv.get(key)
-        except KeyNotFoundError:  # ended meanwhile
-            continue
-        item = json.loads(entry.value or b"{}").get(_NET) or {}
+    async for process, body in _entries(js, RECONCILE_PREFIX):
+        item = body.get(_NET) or {}
         if isinstance(item.get("pass"), dict):
-            found.append((key.removeprefix(RECONCILE_PREFIX), item["pass"]))
+            found.append((process, item["pass"]))
     return found
