@@ -24,17 +24,22 @@ CI_VALUES = {
 ARGO_SERVED = ("--api-versions", "argoproj.io/v1alpha1/Workflow")
 
 
-@functools.cache
-def helm() -> Path:
-    """helm v3.22.0, built once (about 3 minutes cold, cached after)."""
+def built(script: str, what: str) -> Path:
+    """The binary a scripts/build-*.sh builds (cached by version) and names last."""
     try:
         out = subprocess.run(
-            ["bash", str(ROOT / "scripts/build-helm.sh")],
+            ["bash", str(ROOT / "scripts" / script)],
             check=True, capture_output=True, text=True,
         )  # fmt: skip
     except subprocess.CalledProcessError as exc:
-        pytest.fail(f"could not build helm: {exc.stderr[-2000:]}")
+        pytest.fail(f"could not build {what}: {exc.stderr[-2000:]}")
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+@functools.cache
+def helm() -> Path:
+    """helm v3.22.0, built once (about 3 minutes cold, cached after)."""
+    return built("build-helm.sh", "helm")
 
 
 def run_helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -57,14 +62,7 @@ def template(*args: str, namespace: str = "lapse-system") -> list[dict[str, Any]
 @functools.cache
 def helm_docs() -> Path:
     """helm-docs v1.14.2, built once (scripts/build-helm-docs.sh, cached after)."""
-    try:
-        out = subprocess.run(
-            ["bash", str(ROOT / "scripts/build-helm-docs.sh")],
-            check=True, capture_output=True, text=True,
-        )  # fmt: skip
-    except subprocess.CalledProcessError as exc:
-        pytest.fail(f"could not build helm-docs: {exc.stderr[-2000:]}")
-    return Path(out.stdout.strip().splitlines()[-1])
+    return built("build-helm-docs.sh", "helm-docs")
 
 
 def generated_readme() -> str:
