@@ -14,15 +14,18 @@ help: ## Show the targets
 
 install: $(STAMP) ## Create .venv and install lapse (with the embedded NATS server) and its dev tools
 
-# requirements.lock pins what CI and images install; pyproject.toml keeps ranges.
+# requirements.lock pins what CI and images install, with hashes; pyproject.toml keeps ranges.
+# pip takes a lock with hashes as requirements, not as constraints beside an editable
+# install ("no single file to hash"): the lock first, hash-checked, then lapse without deps.
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c requirements.lock -e '.[dev,embedded]'
+	$(BIN)/pip install -q --require-hashes -r requirements.lock
+	$(BIN)/pip install -q --no-deps -e .
 	@touch $@
 
-lock: ## Regenerate requirements.lock from pyproject.toml's ranges (newest versions in range)
-	$(BIN)/uv pip compile -q --universal --python-version 3.11 --extra dev --extra embedded \
+lock: ## Regenerate requirements.lock from pyproject.toml's ranges (newest versions in range), with hashes
+	$(BIN)/uv pip compile -q --universal --python-version 3.11 --extra dev --extra embedded --generate-hashes \
 		pyproject.toml -o requirements.lock
 
 databases: ## Install (Debian packages) and start PostgreSQL and MariaDB on loopback

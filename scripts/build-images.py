@@ -9,7 +9,9 @@ daemon, for the tests, the cluster and releases:
   `mmdebstrap` (Debian bookworm minbase, python3, python-is-python3, python3-pip,
   ca-certificates, tzdata; no docs or locales), imported into buildah's storage as
   `localhost/lapse/base:bookworm-<hash of its recipe>` and passed as `--build-arg BASE`.
-  Cached by recipe.
+  Cached by recipe. The images are built FROM it by digest (`BASE=<name>@sha256:...`):
+  mmdebstrap's base is rebuilt from the Debian mirror of the day, so its name alone does
+  not say which base an image has; the digest does, and it is part of the inputs' hash.
 - the images: `buildah build --target lapse` and `--target function --build-arg
   FUNCTION=<folder>` for each functions/*/func.yaml and examples/*/func.yaml (an example
   is an extension: its own pyproject.toml, nothing of lapse vendored), tagged
@@ -97,7 +99,7 @@ def inputs_hash(base: str) -> str:
     digest = hashlib.sha256(f"{RECIPE} {base}".encode())
     files = [ROOT / name for name in ("pyproject.toml", "requirements.lock", "README.md")]
     files += [CONTAINERFILE, ROOT / ".dockerignore", Path(__file__).resolve()]
-    files += [ROOT / "scripts/package-functions.py"]
+    files += [ROOT / "scripts/package-functions.py", ROOT / "images/locked_requirements.py"]
     for top in SOURCES:
         files += sorted(
             p
@@ -162,6 +164,12 @@ def ensure_base(name: str) -> None:
             buildah("rm", container)
 
 
+def pinned_base(name: str) -> str:
+    """The base as the builds name it: `name@sha256:<its manifest digest>`."""
+    (digest,) = buildah("images", "--digests", "--format", "{{.Digest}}", name).split()
+    return f"{name}@{digest}"
+
+
 # --- images --------------------------------------------------------------------------------
 
 
@@ -220,7 +228,6 @@ def sizes(layout: Path, digest: str) -> tuple[int, int]:
 
 def build(out: Path, version: str, base: str) -> dict[str, Any]:
     started = time.monotonic()
-    ensure_base(base)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     (partial / "archives").mkdir(parents=True)
@@ -254,7 +261,7 @@ def build(out: Path, version: str, base: str) -> dict[str, Any]:
     finally:
         # The layout and archives hold the images; buildah's storage keeps only the base
         # (its intermediate layers, ~1 GB per build, would pile up across source changes).
-        (base_id,) = buildah("images", "--format", "{{.ID}}", base).split()
+        (base_id,) = buildah("images", "--format", "{{.ID}}", base.split("@")[0]).split()
         stale = set(buildah("images", "--all", "--format", "{{.ID}}").split()) - {base_id}
         if stale:
             buildah("rmi", "--force", *sorted(stale), check=False)
@@ -268,10 +275,15 @@ def build(out: Path, version: str, base: str) -> dict[str, Any]:
     (partial / "images.json").write_text(json.dumps(summary, indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
-    # Earlier builds (other inputs) are about 1 GB each: keep only this one. (base-*: the
+    # Earlier builds (other inputs) are about 1 GB each: keep this one and the newest other
+    # (two worktrees building in turn would otherwise rebuild each other's). (base-*: the
     # base as an earlier recipe kept it; it now lives in buildah's storage.)
-    for stale in [*out.parent.glob(f"{version.split('.')[0]}.*-*"), *out.parent.glob("base-*")]:
-        if stale != out and stale.is_dir():
+    builds = sorted(
+        (p for p in out.parent.glob(f"{version.split('.')[0]}.*-*") if p.is_dir() and p != out),
+        key=lambda p: p.stat().st_mtime,
+    )
+    for stale in [*builds[:-1], *out.parent.glob("base-*")]:
+        if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
     return summary
 
@@ -302,7 +314,8 @@ def main() -> int:
             return 2
     version = project_version()
     with locked():
-        base = base_name()
+        ensure_base(base_name())
+        base = pinned_base(base_name())
         out = cache_root() / f"{version}-{inputs_hash(base)}"
         if args.rebuild or not (out / "images.json").exists():
             build(out, version, base)
