@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 .DEFAULT_GOAL := help
 # What `make cluster` installs on Kubernetes after the node: "eventing serving" or "eventing".
 CLUSTER_KNATIVE ?= eventing serving
-.PHONY: help install lock databases mlmd-venv kube crds observability seaweedfs stack test test-unit lint format run demo functions images kubectl helm helm-docs bench bench-quick bench-knative cluster cluster-stop test-cluster clean
+.PHONY: help install lock databases mlmd-venv kube crds observability seaweedfs stack test test-unit lint format run demo functions images kubectl helm helm-docs release bench bench-quick bench-knative cluster cluster-stop test-cluster clean
 
 help: ## Show the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -108,6 +108,12 @@ functions: install ## Prepare functions/*/ for `func build` (vendors lapse, writ
 images: install ## Build every image from the Containerfile with buildah, no daemon (cached by inputs)
 	bash scripts/debian-packages.sh mmdebstrap buildah skopeo umoci docker-registry
 	nice -n 19 $(BIN)/python scripts/build-images.py >/dev/null
+
+# A release of this tree's version (pyproject.toml's: the images and the wheel carry it),
+# into dist/release/<version>/ (git-ignored): docs/releasing.md. Tags and pushes nothing.
+VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+release: install helm images ## Wheel, sdist, images (OCI archives), SBOMs, the chart pinned by digest, SHA256SUMS, notes
+	$(BIN)/python scripts/release.py --version $(VERSION) --helm "$$(bash scripts/build-helm.sh | tail -n 1)"
 
 kubectl: ## Build kubectl (for `kubectl kustomize` of infra/) from the Go module proxy (cached by version)
 	bash scripts/build-kubectl.sh >/dev/null

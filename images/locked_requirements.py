@@ -28,7 +28,7 @@ from pathlib import Path
 try:
     from packaging.markers import Marker
 except ImportError:  # the build stages have pip's copy only
-    from pip._vendor.packaging.markers import Marker  # type: ignore[no-redef]
+    from pip._vendor.packaging.markers import Marker  # type: ignore[assignment]
 
 _NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)")
 _VIA_ROOT = " (pyproject.toml)"
@@ -83,7 +83,7 @@ def parse_lock(text: str) -> dict[str, Locked]:
     return locked
 
 
-def roots(pyproject: Path, extras: list[str], dependencies: bool) -> set[str]:
+def roots(pyproject: Path, extras: tuple[str, ...], dependencies: bool) -> set[str]:
     """The names a project asks for: its dependencies and/or the named extras."""
     project = tomllib.loads(pyproject.read_text())["project"]
     wanted: list[str] = list(project.get("dependencies", [])) if dependencies else []
@@ -114,11 +114,11 @@ def closure(locked: dict[str, Locked], names: set[str]) -> list[Locked]:
 
 
 def requirements(
-    lock: Path, pyproject: Path, extras: list[str] = [], without_dependencies: bool = False
+    lock: Path, pyproject: Path, extras: tuple[str, ...] = (), without_dependencies: bool = False
 ) -> list[Locked]:
     """What an image installs for `pyproject`'s dependencies and `extras`, from `lock`."""
     locked = parse_lock(lock.read_text())
-    chosen = closure(locked, roots(pyproject, [], dependencies=True))
+    chosen = closure(locked, roots(pyproject, (), dependencies=True))
     if extras:
         extra = closure(locked, roots(pyproject, extras, dependencies=False))
         if without_dependencies:
@@ -140,7 +140,7 @@ def main() -> int:
         help="only what the extras add to the project's dependencies",
     )
     args = parser.parse_args()
-    chosen = requirements(args.lock, args.pyproject, args.extra, args.without_dependencies)
+    chosen = requirements(args.lock, args.pyproject, tuple(args.extra), args.without_dependencies)
     print("\n".join(package.requirement for package in chosen))
     return 0
 

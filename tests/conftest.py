@@ -39,6 +39,7 @@ LATE_BUILD_MODULES: frozenset[str] = frozenset(
         "tests.integration.test_chart",  # helm
         "tests.integration.test_ml_metadata",  # the MLMD venv
         "tests.integration.test_images",  # the images
+        "tests.integration.test_release",  # the images, helm
         "tests.integration.test_alert_rules",  # Prometheus' promtool
         "tests.integration.test_otel_collector",  # the Collector
         "tests.e2e.test_real_backends",  # the Collector, Prometheus, Jaeger
