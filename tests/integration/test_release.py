@@ -27,7 +27,7 @@ from cyclonedx.model.bom import Bom
 from tests.helm_chart import helm, run_helm
 
 ROOT = Path(__file__).resolve().parents[2]
-VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+VERSION: str = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 CHART_KEYS = {
     "lapse": "lapse",
     "ttl-planner": "ttlPlanner",
@@ -35,6 +35,10 @@ CHART_KEYS = {
     "row-reaper": "rowReaper",
     "artifact-reaper": "artifactReaper",
 }
+
+
+def sha256_of(data: bytes) -> str:
+    return f"sha256:{hashlib.sha256(data).hexdigest()}"
 
 
 def normalize(name: str) -> str:
@@ -158,14 +162,12 @@ def test_each_image_archive_holds_the_manifest_of_its_digest_and_the_chart_pins_
             assert descriptor["digest"] == digest
             assert descriptor["annotations"]["org.opencontainers.image.ref.name"] == VERSION
             raw = tar.extractfile(f"blobs/{digest.replace(':', '/')}").read()  # type: ignore[union-attr]
-            assert f"sha256:{hashlib.sha256(raw).hexdigest()}" == digest
+            assert sha256_of(raw) == digest
             assert len(raw) == descriptor["size"]
             image = json.loads(raw)
             config = tar.extractfile(f"blobs/{image['config']['digest'].replace(':', '/')}")
             assert config is not None
-            assert (
-                f"sha256:{hashlib.sha256(config.read()).hexdigest()}" == image["config"]["digest"]
-            )
+            assert sha256_of(config.read()) == image["config"]["digest"]
             names = set(tar.getnames())
             for layer in image["layers"]:
                 assert f"blobs/{layer['digest'].replace(':', '/')}" in names
