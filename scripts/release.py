@@ -26,7 +26,8 @@ OUT (dist/release/<version>/):
 - `RELEASE-NOTES.md`: CHANGELOG.md's section for the version;
 - `SHA256SUMS`: over every file above (`sha256sum -c SHA256SUMS` in OUT).
 
-Nothing is tagged or pushed unless `--push REGISTRY` says where.
+Nothing is tagged or pushed. `--push REGISTRY` builds nothing: it pushes the release
+already in OUT (its SHA256SUMS verified first) to REGISTRY.
 """
 
 from __future__ import annotations
@@ -389,21 +390,36 @@ def release(tools: Tools, version: str, out: Path) -> dict[str, Any]:
     return manifest
 
 
+def verified_release(out: Path) -> dict[str, Any]:
+    """release.json of the release in `out`, once every file matches SHA256SUMS."""
+    if not (out / "SHA256SUMS").exists():
+        raise SystemExit(f"release: no release in {out} (make release first)")
+    for line in (out / "SHA256SUMS").read_text().splitlines():
+        expected, name = line.split("  ", 1)
+        if sha256_file(out / name) != expected:
+            raise SystemExit(f"release: {out / name} does not match SHA256SUMS")
+    data: dict[str, Any] = json.loads((out / "release.json").read_text())
+    return data
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", default=project_version())
     parser.add_argument("--out", type=Path, help="default: dist/release/<version>")
     parser.add_argument("--helm", type=Path, required=True, help="helm (make helm)")
     parser.add_argument(
-        "--push", metavar="REGISTRY", help="also push the images and the chart there"
+        "--push",
+        metavar="REGISTRY",
+        help="push the release in OUT (built before) there: images and chart; builds nothing",
     )
     parser.add_argument("--insecure", action="store_true", help="the registry speaks plain HTTP")
     args = parser.parse_args()
     tools = Tools(python=Path(sys.executable), helm=args.helm)
     out = args.out or ROOT / "dist" / "release" / args.version
-    manifest = release(tools, args.version, out)
     if args.push:
-        push(tools, out, manifest, args.push, args.insecure)
+        push(tools, out, verified_release(out), args.push, args.insecure)
+    else:
+        release(tools, args.version, out)
     print(out)
     return 0
 
