@@ -359,9 +359,14 @@ def release(tools: Tools, version: str, out: Path) -> dict[str, Any]:
             "(the images and the wheel carry pyproject.toml's version: set it there)"
         )
     notes = changelog_section((ROOT / "CHANGELOG.md").read_text(), version)
-    if out.exists():
+    if out.exists() and any(out.iterdir()):
+        if not (out / "release.json").exists():
+            raise SystemExit(f"release: {out} is not empty and holds no release: not replacing it")
         shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
+    commit, dirty = source_state()
+    if dirty:
+        print(f"release: the tree has changes not committed on {commit}", file=sys.stderr)
     sdist, wheel = build_package(tools, out)
     write_requirements(out)
     summary = built_images(tools)
@@ -372,6 +377,8 @@ def release(tools: Tools, version: str, out: Path) -> dict[str, Any]:
     (out / "RELEASE-NOTES.md").write_text(notes)
     manifest: dict[str, Any] = {
         "version": version,
+        "commit": commit,
+        "uncommitted_changes": dirty,
         "wheel": wheel.name,
         "sdist": sdist.name,
         "requirements": ["requirements.txt", "requirements-embedded.txt"],
@@ -388,6 +395,12 @@ def release(tools: Tools, version: str, out: Path) -> dict[str, Any]:
     (out / "release.json").write_text(json.dumps(manifest, indent=2) + "\n")
     write_checksums(out)
     return manifest
+
+
+def source_state() -> tuple[str, bool]:
+    """The commit the tree is at, and whether it has changes not committed."""
+    commit = run("git", "-C", ROOT, "rev-parse", "HEAD").strip()
+    return commit, bool(run("git", "-C", ROOT, "status", "--porcelain").strip())
 
 
 def verified_release(out: Path) -> dict[str, Any]:

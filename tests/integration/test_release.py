@@ -139,6 +139,9 @@ def test_every_artifact_is_there_and_sha256sums_covers_and_verifies_them(
     assert files == expected | {"SHA256SUMS"}
     assert manifest["wheel"] in files and manifest["sdist"] in files
     assert set(manifest["images"]) == set(images["images"])
+    assert manifest["base"] == images["base"] and "@sha256:" in manifest["base"]
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True)
+    assert manifest["commit"] == head.stdout.decode().strip()
 
     sums = (released / "SHA256SUMS").read_text().splitlines()
     assert {line.split("  ", 1)[1] for line in sums} == expected
