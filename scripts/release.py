@@ -42,10 +42,12 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "images"))
@@ -63,6 +65,7 @@ CHART_IMAGES = {
     "artifact-reaper": "artifactReaper",
 }
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -263,14 +266,24 @@ def write_requirements(out: Path) -> None:
 
 
 def write_sboms(tools: Tools, summary: dict[str, Any], wheel: Path, out: Path) -> dict[str, str]:
+    """One SBOM for the wheel and one per image. Images installing the same lines for the
+    same project (lapse's functions: the wheel's dependencies) get a copy of the same
+    document (reproducible: no serial number, no timestamp), generated and validated once."""
     (out / "sbom").mkdir()
-    sboms = {wheel.name: out / "sbom" / f"lapse-{summary['version']}.cdx.json"}
-    write_sbom(tools, requirements(LOCK, PYPROJECT), PYPROJECT, sboms[wheel.name])
-    for name, image in sorted(summary["images"].items()):
-        sboms[name] = out / "sbom" / f"{name}.cdx.json"
-        packages, project = image_requirements(image)
-        write_sbom(tools, packages, project, sboms[name])
-    validate_sboms(list(sboms.values()))
+    wanted = {wheel.name: (requirements(LOCK, PYPROJECT), PYPROJECT)}
+    wanted |= {name: image_requirements(image) for name, image in summary["images"].items()}
+    sboms: dict[str, Path] = {}
+    made: dict[tuple[tuple[str, ...], Path], Path] = {}
+    for name, (packages, project) in sorted(wanted.items()):
+        stem = f"lapse-{summary['version']}" if name == wheel.name else name
+        sboms[name] = out / "sbom" / f"{stem}.cdx.json"
+        key = (tuple(package.requirement for package in packages), project)
+        if key in made:
+            shutil.copyfile(made[key], sboms[name])
+        else:
+            write_sbom(tools, packages, project, sboms[name])
+            made[key] = sboms[name]
+    validate_sboms(list(made.values()))
     return {name: path.relative_to(out).as_posix() for name, path in sboms.items()}
 
 
@@ -352,6 +365,14 @@ def write_checksums(out: Path) -> None:
     (out / "SHA256SUMS").write_text("\n".join(lines) + "\n")
 
 
+def timed(step: str, work: Callable[[], T]) -> T:
+    """`work()`, its time on stderr (where a release's minutes go)."""
+    started = time.monotonic()
+    result = work()
+    print(f"release: {step}: {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return result
+
+
 def release(tools: Tools, version: str, out: Path) -> dict[str, Any]:
     if version != project_version():
         raise SystemExit(
@@ -367,13 +388,13 @@ def release(tools: Tools, version: str, out: Path) -> dict[str, Any]:
     commit, dirty = source_state()
     if dirty:
         print(f"release: the tree has changes not committed on {commit}", file=sys.stderr)
-    sdist, wheel = build_package(tools, out)
+    sdist, wheel = timed("wheel and sdist", lambda: build_package(tools, out))
     write_requirements(out)
-    summary = built_images(tools)
-    images = export_images(summary, out)
+    summary = timed("images (cached)", lambda: built_images(tools))
+    images = timed("OCI archives", lambda: export_images(summary, out))
     digests = {name: image["digest"] for name, image in images.items()}
-    sboms = write_sboms(tools, summary, wheel, out)
-    chart = package_chart(tools, digests, version, out)
+    sboms = timed("SBOMs", lambda: write_sboms(tools, summary, wheel, out))
+    chart = timed("chart", lambda: package_chart(tools, digests, version, out))
     (out / "RELEASE-NOTES.md").write_text(notes)
     manifest: dict[str, Any] = {
         "version": version,
@@ -393,7 +414,7 @@ def release(tools: Tools, version: str, out: Path) -> dict[str, Any]:
         "release_notes": "RELEASE-NOTES.md",
     }
     (out / "release.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    write_checksums(out)
+    timed("SHA256SUMS", lambda: write_checksums(out))
     return manifest
 
 
