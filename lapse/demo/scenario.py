@@ -213,12 +213,25 @@ def run_object(sample: Sample, finished_at: datetime) -> tuple[dict[str, Any], d
             },
         },
     }
+    return body, succeeded_job_status(stamp, stamp)
+
+
+def succeeded_job_status(started: str, finished: str) -> dict[str, Any]:
+    """A succeeded Job's status exactly as the Job controller writes it (Kubernetes v1.35,
+    recorded in tests/fixtures/engines/): SuccessCriteriaMet, then Complete, the same
+    reason and message, a probe time; completionTime the Complete condition's time."""
     conditions = [
-        {"type": kind, "status": "True", "reason": kind, "message": "", "lastTransitionTime": stamp}
+        {
+            "type": kind, "status": "True", "reason": "CompletionsReached",
+            "message": "Reached expected number of succeeded pods",
+            "lastProbeTime": finished, "lastTransitionTime": finished,
+        }
         for kind in ("SuccessCriteriaMet", "Complete")
-    ]
-    status = {"startTime": stamp, "completionTime": stamp, "succeeded": 1, "conditions": conditions}
-    return body, status
+    ]  # fmt: skip
+    return {
+        "startTime": started, "completionTime": finished, "succeeded": 1, "ready": 0,
+        "terminating": 0, "uncountedTerminatedPods": {}, "conditions": conditions,
+    }  # fmt: skip
 
 
 def workflow(sample: Sample, finished_at: datetime) -> dict[str, Any]:

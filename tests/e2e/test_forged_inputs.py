@@ -68,6 +68,7 @@ from nats.js.errors import NotFoundError
 from sqlalchemy import update
 
 from lapse.config import LapseConfig, Streams, load_config
+from lapse.demo.scenario import succeeded_job_status
 from lapse.edges.database import create_engine
 from lapse.edges.kubernetes import KubeObjects
 from lapse.edges.nats import connect
@@ -229,17 +230,7 @@ def job_body(name: str, *, running: bool) -> tuple[dict[str, Any], dict[str, Any
     }
     status: dict[str, Any] = {"startTime": started, "active": 1}
     if not running:
-        done = rfc3339(datetime.now(UTC) - timedelta(days=1))
-        status = {
-            "startTime": started,
-            "completionTime": done,
-            "succeeded": 1,
-            "conditions": [
-                {"type": kind, "status": "True", "reason": kind, "message": "",
-                 "lastTransitionTime": done}
-                for kind in ("SuccessCriteriaMet", "Complete")
-            ],
-        }  # fmt: skip
+        status = succeeded_job_status(started, rfc3339(datetime.now(UTC) - timedelta(days=1)))
     return body, status
 
 

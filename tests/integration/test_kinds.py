@@ -23,6 +23,7 @@ from kubernetes import client
 from nats.js import JetStreamContext
 
 from lapse.config import Streams
+from lapse.demo.scenario import succeeded_job_status
 from lapse.edges.kubernetes import KubeObjects
 from lapse.edges.kubernetes.reaping import ReapedObjects
 from lapse.edges.publishing import NatsEmitter
@@ -156,17 +157,7 @@ def job(namespace: str, name: str, **meta_extra: Any) -> tuple[dict[str, Any], d
             }
         },
     }
-    finished = ago(20 * 60)
-    status = {
-        "startTime": ago(25 * 60),
-        "completionTime": finished,
-        "succeeded": 1,
-        "conditions": [
-            condition("SuccessCriteriaMet", "True", finished),
-            condition("Complete", "True", finished),
-        ],
-    }
-    return body, status
+    return body, succeeded_job_status(ago(25 * 60), ago(20 * 60))
 
 
 def trainjob(namespace: str, name: str, **meta_extra: Any) -> tuple[dict[str, Any], dict]:
