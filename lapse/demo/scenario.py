@@ -213,25 +213,21 @@ def run_object(sample: Sample, finished_at: datetime) -> tuple[dict[str, Any], d
             },
         },
     }
-    return body, succeeded_job_status(stamp, stamp)
-
-
-def succeeded_job_status(started: str, finished: str) -> dict[str, Any]:
-    """A succeeded Job's status exactly as the Job controller writes it (Kubernetes v1.35,
-    recorded in tests/fixtures/engines/): SuccessCriteriaMet, then Complete, the same
-    reason and message, a probe time; completionTime the Complete condition's time."""
+    # As the Job controller of Kubernetes v1.35 writes a succeeded Job's status (the demo's
+    # own copy; tests/e2e/test_demo.py holds it to the recording in tests/fixtures/engines/).
     conditions = [
         {
             "type": kind, "status": "True", "reason": "CompletionsReached",
             "message": "Reached expected number of succeeded pods",
-            "lastProbeTime": finished, "lastTransitionTime": finished,
+            "lastProbeTime": stamp, "lastTransitionTime": stamp,
         }
         for kind in ("SuccessCriteriaMet", "Complete")
     ]  # fmt: skip
-    return {
-        "startTime": started, "completionTime": finished, "succeeded": 1, "ready": 0,
+    status = {
+        "startTime": stamp, "completionTime": stamp, "succeeded": 1, "ready": 0,
         "terminating": 0, "uncountedTerminatedPods": {}, "conditions": conditions,
     }  # fmt: skip
+    return body, status
 
 
 def workflow(sample: Sample, finished_at: datetime) -> dict[str, Any]:

@@ -68,7 +68,6 @@ from nats.js.errors import NotFoundError
 from sqlalchemy import update
 
 from lapse.config import LapseConfig, Streams, load_config
-from lapse.demo.scenario import succeeded_job_status
 from lapse.edges.database import create_engine
 from lapse.edges.kubernetes import KubeObjects
 from lapse.edges.nats import connect
@@ -93,6 +92,7 @@ from lapse.runtime.knative import FunctionShell
 from lapse.runtime.pipeline import Pipeline
 from lapse.runtime.routing import load_routes
 from tests.conftest import KubeStack
+from tests.engine_objects import succeeded_job_status
 from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_counts, run_details
 from tests.stack import Database, scratch_database, wait_for
 

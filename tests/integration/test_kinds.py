@@ -23,7 +23,6 @@ from kubernetes import client
 from nats.js import JetStreamContext
 
 from lapse.config import Streams
-from lapse.demo.scenario import succeeded_job_status
 from lapse.edges.kubernetes import KubeObjects
 from lapse.edges.kubernetes.reaping import ReapedObjects
 from lapse.edges.publishing import NatsEmitter
@@ -59,6 +58,7 @@ from lapse.functions.safety import SafetyConfig
 from lapse.functions.trust import Trust
 from lapse.functions.ttl_planner import Planner
 from tests.conftest import KubeStack
+from tests.engine_objects import succeeded_job_status
 from tests.unit.test_object_reaper_verdict import argo_workflow
 
 STREAMS = Streams()
