@@ -30,7 +30,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -116,7 +116,8 @@ def finish(obj: dict[str, Any]) -> tuple[str, datetime] | None:
 class Shape:
     name: str
     namespace: str
-    history: Any  # () -> list of lapse's audit rows for Jobs, or None where not read
+    # lapse's audit rows of Jobs (`lapse history`), where the test reads them
+    history: Callable[[], list[dict[str, Any]]] | None
 
 
 @pytest.fixture(params=["up", "knative"])
@@ -221,14 +222,14 @@ def check_pods_gone(cluster: Cluster, namespace: str, jobs: list[str]) -> None:
     poll(f"the pods of {jobs} deleted with their Jobs", none_left, timeout=60, interval=0.5)
 
 
-def check_outcomes(history: Any, uids: dict[str, str]) -> None:
+def check_outcomes(history: Callable[[], list[dict[str, Any]]], uids: dict[str, str]) -> None:
     """lapse's audit trail: `deleted` once for each Job it deleted, never for the one the
     TTL controller deleted first (nothing, or already_gone: no second DELETE), nothing for
     the running one."""
     mine = {uids[c] for c, spec in CASES.items() if c != "running" and spec.lapse_deletes()}
 
     def all_recorded() -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = history()  # one `lapse history` (a process) per poll
+        rows = history()  # one `lapse history` (a process) per poll
         return rows if mine <= {r["uid"] for r in rows if r["outcome"] == "deleted"} else []
 
     rows = poll("lapse's outcomes of the Jobs it deleted", all_recorded, timeout=30, interval=1)
@@ -241,7 +242,7 @@ def check_outcomes(history: Any, uids: dict[str, str]) -> None:
     assert not [r for r in rows if r["uid"] == uids["running"]], rows
 
 
-def check_controller_log(log: Path, start: int, names: Any) -> None:
+def check_controller_log(log: Path, start: int, names: Iterable[str]) -> None:
     """No error or warning of the controller-manager (klog E/W lines) naming these Jobs."""
     with log.open("rb") as f:
         f.seek(start)

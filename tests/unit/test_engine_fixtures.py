@@ -37,8 +37,11 @@ def recorded(path: Path) -> dict[str, Any]:
 
 
 def condition(job: dict[str, Any], kind: str) -> dict[str, Any]:
-    (found,) = [c for c in job["status"].get("conditions", []) if c["type"] == kind]
-    return found
+    found: list[dict[str, Any]] = [
+        c for c in job["status"].get("conditions", []) if c["type"] == kind
+    ]
+    assert len(found) == 1, (kind, found)
+    return found[0]
 
 
 def at(text: str) -> datetime:
