@@ -213,11 +213,20 @@ def run_object(sample: Sample, finished_at: datetime) -> tuple[dict[str, Any], d
             },
         },
     }
+    # As the Job controller of Kubernetes v1.35 writes a succeeded Job's status (the demo's
+    # own copy; tests/e2e/test_demo.py holds it to the recording in tests/fixtures/engines/).
     conditions = [
-        {"type": kind, "status": "True", "reason": kind, "message": "", "lastTransitionTime": stamp}
+        {
+            "type": kind, "status": "True", "reason": "CompletionsReached",
+            "message": "Reached expected number of succeeded pods",
+            "lastProbeTime": stamp, "lastTransitionTime": stamp,
+        }
         for kind in ("SuccessCriteriaMet", "Complete")
-    ]
-    status = {"startTime": stamp, "completionTime": stamp, "succeeded": 1, "conditions": conditions}
+    ]  # fmt: skip
+    status = {
+        "startTime": stamp, "completionTime": stamp, "succeeded": 1, "ready": 0,
+        "terminating": 0, "uncountedTerminatedPods": {}, "conditions": conditions,
+    }  # fmt: skip
     return body, status
 
 

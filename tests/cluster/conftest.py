@@ -18,6 +18,7 @@ from tests.stack import POSTGRES_ADMIN_URL, Database
 
 if TYPE_CHECKING:
     from tests.cluster.lapse_on_cluster import Deployment
+    from tests.cluster.lapse_up_on_cluster import LapseUp
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -138,3 +139,15 @@ def lapse(
         yield deployment
     finally:
         relay.stop()
+
+
+@pytest.fixture(scope="session")
+def lapse_up(
+    cluster: Cluster, lapse: Deployment, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LapseUp]:
+    """`lapse up` (the single-process overlay) deployed once for the session in a scratch
+    namespace it alone cleans, with the images `lapse` pushed (lapse_up_on_cluster.py)."""
+    from tests.cluster.lapse_up_on_cluster import deployed
+
+    with deployed(cluster, lapse.images, tmp_path_factory.mktemp("up")) as up:
+        yield up

@@ -104,20 +104,27 @@ def finished_workflow(
 
 
 class DeletionWatch:
-    """`kubectl get --watch` on Workflows (one by name, or a batch by label), started before
-    they are created: records when each watch event arrived (host clock = node clock, one
-    machine)."""
+    """`kubectl get --watch` on Workflows, or another `resource` (one by name, or a batch by
+    label), started before they are created: records when each watch event arrived (host
+    clock = node clock, one machine) and each object as the event carried it."""
 
     def __init__(
-        self, cluster: Cluster, namespace: str, name: str = "", *, selector: str = ""
+        self,
+        cluster: Cluster,
+        namespace: str,
+        name: str = "",
+        *,
+        selector: str = "",
+        resource: str = "workflows.argoproj.io",
     ) -> None:
         which = ["--selector", selector] if selector else [
             "--field-selector", f"metadata.name={name}"]  # fmt: skip
         self.events: list[tuple[float, str, str]] = []  # (time.time(), type, uid)
+        self.objects: dict[str, list[dict[str, Any]]] = {}  # uid -> as each event carried it
         self._process = subprocess.Popen(
             [
                 cluster.kubectl_bin, "--kubeconfig", cluster.kubeconfig, "-n", namespace,
-                "get", "workflows.argoproj.io", *which,
+                "get", resource, *which,
                 "--watch", "--output-watch-events", "-o", "json",
             ],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -138,14 +145,15 @@ class DeletionWatch:
                     break  # an object not complete yet
                 buffer = buffer.lstrip()[end:]
                 uid = event.get("object", {}).get("metadata", {}).get("uid", "")
+                self.objects.setdefault(uid, []).append(event.get("object", {}))
                 self.events.append((time.time(), event.get("type", ""), uid))
 
     def added(self, timeout: float = 30) -> None:
-        poll("the watch saw the Workflow added", lambda: self._seen("ADDED"), timeout, 0.1)
+        poll("the watch saw an object added", lambda: self._seen("ADDED"), timeout, 0.1)
 
     def deleted_at(self, uid: str, timeout: float) -> float:
         found = poll(
-            "the Workflow deleted",
+            "the object deleted",
             lambda: next((t for t, kind, u in self.events if kind == "DELETED" and u == uid), 0),
             timeout,
             0.05,

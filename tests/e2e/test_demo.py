@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,9 @@ from sqlalchemy.schema import CreateIndex, CreateTable, MetaData
 # The one test module that imports the demo (pyproject's import contract on tests/): the
 # demo keeps its own copy of KFP's tables, held here to the tests' account of KFP.
 from lapse.demo import kfp as demo_kfp
+from lapse.demo.scenario import Kind, make_samples, run_object
 from tests import kfp_schema
+from tests.unit.test_engine_fixtures import check_job_shape
 
 pytestmark = [pytest.mark.kube, pytest.mark.nats]
 
@@ -102,3 +105,13 @@ def test_the_demo_makes_kfp_tables_as_the_tests_know_kfp() -> None:
             assert ddl(demo_kfp.metadata, table, dialect) == ddl(
                 kfp_schema.metadata, table, dialect
             ), f"{table} on {dialect.name}"
+
+
+def test_the_demos_job_is_shaped_as_the_job_controller_writes_it() -> None:
+    """The demo's own Job (it writes the status itself) against the Jobs the real controller
+    wrote on the test cluster (tests/fixtures/engines/, tests/unit/test_engine_fixtures.py)."""
+    jobs = [s for s in make_samples(40) if s.kind is Kind.JOB]
+    assert jobs
+    for sample in jobs:
+        body, status = run_object(sample, datetime(2030, 1, 1, tzinfo=UTC))
+        check_job_shape("lapse.demo.scenario.run_object", body["metadata"], status)

@@ -92,6 +92,7 @@ from lapse.runtime.knative import FunctionShell
 from lapse.runtime.pipeline import Pipeline
 from lapse.runtime.routing import load_routes
 from tests.conftest import KubeStack
+from tests.engine_objects import succeeded_job_status
 from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_counts, run_details
 from tests.stack import Database, scratch_database, wait_for
 
@@ -229,17 +230,7 @@ def job_body(name: str, *, running: bool) -> tuple[dict[str, Any], dict[str, Any
     }
     status: dict[str, Any] = {"startTime": started, "active": 1}
     if not running:
-        done = rfc3339(datetime.now(UTC) - timedelta(days=1))
-        status = {
-            "startTime": started,
-            "completionTime": done,
-            "succeeded": 1,
-            "conditions": [
-                {"type": kind, "status": "True", "reason": kind, "message": "",
-                 "lastTransitionTime": done}
-                for kind in ("SuccessCriteriaMet", "Complete")
-            ],
-        }  # fmt: skip
+        status = succeeded_job_status(started, rfc3339(datetime.now(UTC) - timedelta(days=1)))
     return body, status
 
 

@@ -58,6 +58,7 @@ from lapse.functions.safety import SafetyConfig
 from lapse.functions.trust import Trust
 from lapse.functions.ttl_planner import Planner
 from tests.conftest import KubeStack
+from tests.engine_objects import succeeded_job_status
 from tests.unit.test_object_reaper_verdict import argo_workflow
 
 STREAMS = Streams()
@@ -156,17 +157,7 @@ def job(namespace: str, name: str, **meta_extra: Any) -> tuple[dict[str, Any], d
             }
         },
     }
-    finished = ago(20 * 60)
-    status = {
-        "startTime": ago(25 * 60),
-        "completionTime": finished,
-        "succeeded": 1,
-        "conditions": [
-            condition("SuccessCriteriaMet", "True", finished),
-            condition("Complete", "True", finished),
-        ],
-    }
-    return body, status
+    return body, succeeded_job_status(ago(25 * 60), ago(20 * 60))
 
 
 def trainjob(namespace: str, name: str, **meta_extra: Any) -> tuple[dict[str, Any], dict]:

@@ -135,7 +135,10 @@ TEKTON_PIPELINERUN: dict[str, Any] = {
     },
 }
 
-# A batch/v1 Job after success on Kubernetes 1.31+ (SuccessCriteriaMet, then Complete).
+# A batch/v1 Job after success, created without labels of its own, as the Job controller of
+# Kubernetes v1.35 leaves it (tests/fixtures/engines/, recorded on the test cluster):
+# SuccessCriteriaMet, then Complete. (A CronJob's Job is controlled by it: see
+# test_job_of_a_cronjob_is_left_to_it.)
 JOB: dict[str, Any] = {
     "apiVersion": "batch/v1",
     "kind": "Job",
@@ -144,10 +147,12 @@ JOB: dict[str, Any] = {
         "namespace": "reports",
         "uid": "c2a0d5de-3f5b-4c1f-9a9b-0d4f6a7e8b91",
         "resourceVersion": "77120",
-        "labels": {"batch.kubernetes.io/job-name": "nightly-report-29000000"},
-        "ownerReferences": [
-            {"apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly-report", "uid": "x"}
-        ],
+        "labels": {
+            "batch.kubernetes.io/controller-uid": "c2a0d5de-3f5b-4c1f-9a9b-0d4f6a7e8b91",
+            "batch.kubernetes.io/job-name": "nightly-report-29000000",
+            "controller-uid": "c2a0d5de-3f5b-4c1f-9a9b-0d4f6a7e8b91",
+            "job-name": "nightly-report-29000000",
+        },
     },
     "spec": {"backoffLimit": 6, "completions": 1, "parallelism": 1, "template": {}},
     "status": {
@@ -155,12 +160,16 @@ JOB: dict[str, Any] = {
             {
                 "type": "SuccessCriteriaMet",
                 "status": "True",
+                "reason": "CompletionsReached",
+                "message": "Reached expected number of succeeded pods",
                 "lastProbeTime": "2026-03-01T12:00:05Z",
                 "lastTransitionTime": "2026-03-01T12:00:05Z",
             },
             {
                 "type": "Complete",
                 "status": "True",
+                "reason": "CompletionsReached",
+                "message": "Reached expected number of succeeded pods",
                 "lastProbeTime": "2026-03-01T12:00:06Z",
                 "lastTransitionTime": "2026-03-01T12:00:06Z",
             },
@@ -470,12 +479,16 @@ def test_failed_job_becomes_failed_run() -> None:
                 "type": "FailureTarget",
                 "status": "True",
                 "reason": "BackoffLimitExceeded",
+                "message": "Job has reached the specified backoff limit",
+                "lastProbeTime": "2026-03-01T12:10:00Z",
                 "lastTransitionTime": "2026-03-01T12:10:00Z",
             },
             {
                 "type": "Failed",
                 "status": "True",
                 "reason": "BackoffLimitExceeded",
+                "message": "Job has reached the specified backoff limit",
+                "lastProbeTime": "2026-03-01T12:10:02Z",
                 "lastTransitionTime": "2026-03-01T12:10:02Z",
             },
         ],
