@@ -1,6 +1,8 @@
 """The fault matrix through `lapse up` (a subprocess) with every component on: the run
 watcher and the policy watcher on a kube-apiserver with the policy CRDs, the object-reaper,
-the row-reaper on a real database (KFP tables), the artifact-reaper on a real S3 server
+the row-reaper on a real database (every database target: KFP's tables, Argo's workflow
+archive, a declared table with a child and, on MariaDB, ML Metadata written by its own
+library), the artifact-reaper on a real S3 server
 (SeaweedFS), all on NATS JetStream. Each dependency is (1) refused, then (2) black-holed,
 for 60 s while runs fall due. The rule (issue 37): an outage is waited out, never
 dead-lettered, and never ends the process; it is shown while it lasts; each due event ends
@@ -62,6 +64,18 @@ import nats
 import pytest
 import yaml
 from obstore.store import S3Store
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    func,
+    select,
+    text,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -74,12 +88,15 @@ from lapse.events.run import Target
 from lapse.events.timeutil import parse_rfc3339
 from lapse.operations.audit import OUTCOME_TYPES, audit_events, history_row, pending_schedules
 from lapse.operations.dlq import dead_letters
+from tests import argo_archive_schema as argo
 from tests.conftest import ARTIFACT_BUCKET, KubeStack
 from tests.e2e.test_artifacts_up import workflow_with_outputs
+from tests.e2e.test_footprint_kfp import mlmd_rows
 from tests.e2e.test_lapse_up import LapseUp, finished_workflow, lapse_json
 from tests.e2e.test_outages import Blackhole
 from tests.e2e.test_supervision import spawn
 from tests.integration.test_artifact_reaper import client, plant, present
+from tests.integration.test_ml_metadata import Mlmd, mlmd_python  # noqa: F401 (a fixture)
 from tests.kfp_schema import create_kfp_tables, insert_kfp_runs, kfp_counts
 from tests.stack import Database, scratch_database, wait_for
 
@@ -100,6 +117,32 @@ LATEST_NATS_CUT = 52.0
 KFP_RUNS, ARTIFACT_RUNS, OBJECT_RUNS, LATE_RUNS = 4, 2, 3, 3
 KINDS = {"postgresql": "PostgreSQL", "mysql": "MariaDB"}
 NATS_TASK = "nats connection"
+# Every row target's own record says the run finished long before lapse planned from (the
+# workflows finish now): an earlier finish meets the precondition.
+FINISHED_IN_SEC = 1_700_000_600
+
+# A declared table (database.targets.tables) with a child, holding its rows to the run's
+# namespace and finish time.
+DECLARED = MetaData()
+fault_runs = Table(
+    "fault_runs",
+    DECLARED,
+    Column("run_key", String(64), primary_key=True),
+    Column("owner_ns", String(64), nullable=False),
+    Column("finished_at", BigInteger, nullable=False),
+)
+fault_run_files = Table(
+    "fault_run_files",
+    DECLARED,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_key", String(64), ForeignKey("fault_runs.run_key"), nullable=False),
+)
+DECLARED_TARGET = (
+    "{name: fault-runs, table: fault_runs, key_column: run_key, "
+    "key_from: 'label:pipeline/runid', finished_column: finished_at, "
+    "namespace_column: owner_ns, children: [{table: fault_run_files, "
+    "foreign_key_column: run_key}]}"
+)
 
 
 @dataclass
@@ -112,12 +155,14 @@ class Rig:
     lines: dict[str, Blackhole]  # "api", "nats", "db", "s3"
     tmp: Path
     ns: str
+    mlmd: Mlmd | None  # ML Metadata beside KFP's tables (MariaDB: MLMD's library has no other)
     engine: AsyncEngine = field(init=False)
     up: LapseUp = field(init=False)
     config: Path = field(init=False)  # lapse up's: through the lines
     direct: Path = field(init=False)  # the CLI's: straight to the servers
     metrics_port: int = field(default_factory=free_port)
     run_ids: list[str] = field(default_factory=list)
+    uids: list[str] = field(default_factory=list)  # the KFP runs' workflows (Argo's archive)
     rows: int = 0  # the runs' rows, all tables
     outputs: list[str] = field(default_factory=list)
 
@@ -156,7 +201,15 @@ class Rig:
             f"kubernetes: {{kubeconfig: '{kubeconfig}', request_timeout: 3, watch_timeout: 4}}\n"
             "database:\n"
             f"  url: '{db_url}'\n"
-            "  targets: {kfp: {enabled: true}}\n"
+            "  targets:\n"
+            "    kfp: {enabled: true}\n"
+            "    argo_archive: {enabled: true}\n"
+            + (
+                f"    ml_metadata: {{enabled: true, database: {self.mlmd.database}}}\n"
+                if self.mlmd
+                else ""
+            )
+            + f"    tables: [{DECLARED_TARGET}]\n"
             f"{db_timeouts}"
             "policies:\n"
             "  - name: kfp-rows\n"
@@ -194,8 +247,19 @@ class Rig:
         )
 
     async def rows_left(self) -> int:
+        """The KFP runs' rows in every target."""
         async with self.engine.connect() as conn:
-            return sum([sum((await kfp_counts(conn, r)).values()) for r in self.run_ids])
+            kfp = [sum((await kfp_counts(conn, r)).values()) for r in self.run_ids]
+            archive = [sum((await argo.argo_counts(conn, u)).values()) for u in self.uids]
+            declared = 0
+            for table in (fault_runs, fault_run_files):
+                mine = table.c.run_key.in_(self.run_ids)
+                query = select(func.count()).select_from(table).where(mine)
+                declared += int((await conn.execute(query)).scalar_one())
+        mlmd = 0
+        if self.mlmd is not None:
+            mlmd = sum([await mlmd_rows(self.engine, self.mlmd.database, r) for r in self.run_ids])
+        return sum(kfp) + sum(archive) + declared + mlmd
 
 
 @pytest.fixture
@@ -205,6 +269,7 @@ async def rigs(
     kube: KubeStack,
     seaweedfs: EmbeddedSeaweedFS,
     monkeypatch: pytest.MonkeyPatch,
+    mlmd_python: str,  # noqa: F811
 ) -> AsyncIterator[list[Rig]]:
     for key, value in seaweedfs.env().items():  # `lapse up` finds them where S3 users keep them
         monkeypatch.setenv(key, value)
@@ -216,6 +281,15 @@ async def rigs(
             db = await stack.enter_async_context(scratch_database(kind))
             engine = create_engine(db.url)
             await create_kfp_tables(engine)
+            await argo.create_argo_tables(engine)
+            async with engine.begin() as conn:
+                await conn.run_sync(DECLARED.create_all)
+            mlmd = None
+            if kind == "mysql":
+                mlmd = Mlmd(mlmd_python, db.url, f"metadb_{uuid.uuid4().hex[:8]}")
+                async with engine.begin() as conn:
+                    await conn.execute(text(f"CREATE DATABASE {mlmd.database}"))
+                stack.push_async_callback(drop_database, db, mlmd.database)
             await engine.dispose()
             server = own_nats if not built else EmbeddedNats(tmp_path / f"nats-{kind}").start()
             stack.callback(server.stop)  # once more is harmless (own_nats stops it too)
@@ -231,30 +305,65 @@ async def rigs(
                 stack.push_async_callback(line.stop)
             ns = kube.namespace(f"fault-{kind[:5]}-{uuid.uuid4().hex[:6]}")
             (tmp_path / kind).mkdir()
-            rig = Rig(kind, db, server, lines, tmp_path / kind, ns)
+            rig = Rig(kind, db, server, lines, tmp_path / kind, ns, mlmd)
             stack.push_async_callback(rig.engine.dispose)
             rig.write_configs(kube, seaweedfs)
             built.append(rig)
         yield built
 
 
+async def drop_database(db: Database, name: str) -> None:
+    engine = create_engine(db.url)
+    async with engine.begin() as conn:
+        await conn.execute(text(f"DROP DATABASE {name}"))
+    await engine.dispose()
+
+
 async def prepare(rig: Rig, s3: S3Store) -> None:
-    """The runs' rows and objects, written straight to the real servers."""
+    """The runs' rows (Argo's archive waits for the workflows' uids: `finish_runs`) and
+    objects, written straight to the real servers."""
     rig.run_ids = [str(uuid.uuid4()) for _ in range(KFP_RUNS)]
+    writing = rig.mlmd.write(*(mlmd_run(r) for r in rig.run_ids)) if rig.mlmd else asyncio.sleep(0)
     async with rig.engine.begin() as conn:
         await insert_kfp_runs(conn, rig.run_ids, namespace=rig.ns)
-    rig.rows = await rig.rows_left()
+        await conn.execute(
+            fault_runs.insert(),
+            [{"run_key": r, "owner_ns": rig.ns, "finished_at": FINISHED_IN_SEC}
+             for r in rig.run_ids],
+        )  # fmt: skip
+        await conn.execute(fault_run_files.insert(), [{"run_key": r} for r in rig.run_ids] * 2)
+    await writing
     for i in range(ARTIFACT_RUNS):
         rig.outputs += [f"fault/{rig.ns}/art-{i}/{f}" for f in ("main.log", "model.tgz")]
     await plant(s3, *rig.outputs)
 
 
+def mlmd_run(run_id: str) -> dict[str, Any]:
+    """A KFP run's ML Metadata as KFP's launcher writes it: one finished execution."""
+    return {
+        "pipeline": "fault",
+        "run_id": run_id,
+        "executions": [{"name": "train", "state": "COMPLETE"}],
+    }
+
+
 async def finish_runs(rig: Rig, kube: KubeStack) -> None:
     """The runs, finished now: rows, artifacts and objects due early in the window, and
-    objects due while NATS is away."""
+    objects due while NATS is away. The KFP runs' workflows are in Argo's archive too."""
     for i, run_id in enumerate(rig.run_ids):
         labels = {"pipeline/runid": run_id, "pipeline/persistedFinalState": "true"}
-        await kube.workflows.create(rig.ns, finished_workflow(f"kfp-{i}", labels=labels))
+        made = await kube.workflows.create(rig.ns, finished_workflow(f"kfp-{i}", labels=labels))
+        rig.uids.append(made["metadata"]["uid"])
+    finished = datetime.fromtimestamp(FINISHED_IN_SEC, UTC).replace(tzinfo=None)
+    async with rig.engine.begin() as conn:
+        for uid in rig.uids:
+            await argo.insert_archived(conn, uid, name=f"kfp-{uid[:8]}", namespace=rig.ns)
+        await conn.execute(
+            argo.archived.update()
+            .where(argo.archived.c.uid.in_(rig.uids))
+            .values(finishedat=finished)
+        )
+    rig.rows = await rig.rows_left()
     for i in range(ARTIFACT_RUNS):
         body = workflow_with_outputs(f"art-{i}", rig.outputs[2 * i : 2 * i + 2])
         body["metadata"]["labels"]["fault/outputs"] = "true"
@@ -362,6 +471,20 @@ async def replaced_in_the_outage(rig: Rig) -> float:
         assert replacement.stop(signal.SIGTERM) == 0, replacement.log.read_text()[-3000:]
 
 
+WAITING_FOR_MLMD = "waiting for ML Metadata's account of the run's artifacts"
+
+
+def waited_for_mlmd(rig: Rig, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history without the outcomes of a KFP run's artifacts waiting for ML Metadata's
+    account (each `rescheduled`, a due event of its own: the account is recorded when the
+    run's rows go, and they go on the same clock), asserted to be only those."""
+    waits = [r for r in history if WAITING_FOR_MLMD in (r["detail"] or "")]
+    for row in waits:
+        assert rig.mlmd is not None and row["outcome"] == "rescheduled", row
+        assert row["target"] == "artifacts" and row["name"].startswith("kfp-"), row
+    return [r for r in history if r not in waits]
+
+
 def one_outcome_each(history: list[dict[str, Any]]) -> Counter[tuple[str, str]]:
     """(name, target) -> how many outcomes: each due event must have exactly one."""
     return Counter((row["name"], row["target"]) for row in history)
@@ -430,7 +553,7 @@ async def test_every_dependency_out_for_a_minute_ends_nothing_and_loses_nothing(
 
         await until(cut + OUTAGE, "during the outage")
         for rig in rigs:  # nothing went (nothing could), and lapse is still up
-            assert await rig.rows_left() == rig.rows > 0
+            assert await rig.rows_left() == rig.rows > 0  # every target's
             assert set(rig.outputs) <= await present(s3, f"fault/{rig.ns}/")
             rig.mend(others)
         others_up = datetime.now(UTC)
@@ -468,22 +591,40 @@ async def test_every_dependency_out_for_a_minute_ends_nothing_and_loses_nothing(
         async def recorded(rig: Rig) -> list[dict[str, Any]]:
             rows = await audit_rows(rig)
             deleted = {(r["name"], r["target"]) for r in rows if r["outcome"] == "deleted"}
-            return rows if len(deleted) >= len(expected_objects) + KFP_RUNS + ARTIFACT_RUNS else []
+            # A KFP run's artifacts, once done waiting for ML Metadata's account, end too.
+            ended = {
+                (r["name"], r["target"])
+                for r in rows
+                if WAITING_FOR_MLMD not in (r["detail"] or "")
+            }
+            kfp_artifacts = {(f"kfp-{i}", "artifacts") for i in range(KFP_RUNS)}
+            everything = len(deleted) >= len(expected_objects) + KFP_RUNS + ARTIFACT_RUNS
+            return rows if everything and kfp_artifacts <= ended else []
 
         histories = await asyncio.gather(
             *(wait_for(functools.partial(recorded, rig), timeout=30, interval=0.5) for rig in rigs)
         )
         dead = await asyncio.gather(*(dead_letter_count(rig) for rig in rigs))
         report = []
-        for rig, drain, history, dlq in zip(rigs, took, histories, dead, strict=True):
+        for rig, drain, everything, dlq in zip(rigs, took, histories, dead, strict=True):
+            history = waited_for_mlmd(rig, everything)
             counts = one_outcome_each(history)
-            assert set(counts.values()) == {1}, f"one outcome per due event: {counts}"
+            twice = [r for r in history if counts[(r["name"], r["target"])] > 1]
+            assert set(counts.values()) == {1}, f"one outcome per due event: {counts}: {twice}"
             deleted = {(r["name"], r["target"]) for r in history if r["outcome"] == "deleted"}
             assert deleted == {
                 *((name, "kubernetes") for name in expected_objects),
                 *((f"kfp-{i}", "database") for i in range(KFP_RUNS)),
                 *((f"art-{i}", "artifacts") for i in range(ARTIFACT_RUNS)),
             }, history
+            # Each KFP run's rows went from every target in its one deletion.
+            targets = ["kfp: ", "argo_archive: ", "fault-runs: "] + (
+                ["ml_metadata: "] if rig.mlmd else []
+            )
+            for row in history:
+                if row["target"] == "database":
+                    assert all(t in (row["detail"] or "") for t in targets), row
+                    assert "skipped" not in row["detail"], row
             # Anything else: a clock that found nothing of its target (a KFP run's artifacts).
             assert {r["outcome"] for r in history} <= {"deleted", "already_gone"}, history
             for row in history:

@@ -34,9 +34,10 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    text,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from lapse.config import DatabaseTargets
 from lapse.edges.database import create_engine
@@ -47,6 +48,10 @@ from lapse.edges.rows import (
     SqlRowStore,
     open_row_store,
 )
+from lapse.edges.rows.delete import normalizer
+from lapse.edges.rows.guard import read_facts
+from lapse.edges.rows.model import PendingRun
+from lapse.edges.rows.reflect import reflect_targets
 from lapse.events.builder import build_event, outcome_id, parse_payload
 from lapse.events.models import CleanupCompleted, CleanupDue, CleanupFailed
 from lapse.events.run import KFP_RUN_ID_LABEL, Engine, RunRef, Target
@@ -62,13 +67,13 @@ from lapse.functions.row_reaper import (
     targets_for,
 )
 from lapse.functions.row_reaper.targets import argo_archive_target, kfp_target
-from lapse.functions.row_reaper.verdict import Precondition, RunFacts
+from lapse.functions.row_reaper.verdict import Precondition, RunFacts, meets
 from lapse.functions.safety import SafetyConfig
 from lapse.functions.trust import Trust
 from tests import argo_archive_schema as argo
 from tests import kfp_schema as kfp
 from tests.fakes import FakeSchedules
-from tests.stack import Database
+from tests.stack import Database, wait_for
 
 pytestmark = pytest.mark.db
 
@@ -1102,3 +1107,144 @@ async def test_mariadb_matching_a_key_without_its_accent_judges_the_row_it_match
         async with engine.begin() as conn:
             await conn.run_sync(tables.drop_all)
         await engine.dispose()
+
+
+@pytest.mark.parametrize("change", ["running again", "finished later"])
+async def test_a_row_changed_while_the_store_waits_on_its_lock_is_kept(
+    engine: AsyncEngine, change: str
+) -> None:
+    """The precondition is the locking read's own WHERE: another transaction (KFP's
+    persistence agent) holds the run's row, changed, while the store's delete of a batch
+    waits on it; it commits, and the database re-checks the WHERE on the row as committed,
+    so the run keeps every row and reports what the row now says, while the batch's other
+    run goes."""
+    await kfp.create_kfp_tables(engine)
+    changed, other = str(uuid.uuid4()), str(uuid.uuid4())
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, [changed, other])
+    finished = datetime.fromtimestamp(1_700_000_600, UTC)  # what insert_kfp_runs records
+    update = (
+        {"State": "RUNNING"}
+        if change == "running again"
+        else {"FinishedAtInSec": int(finished.timestamp()) + 60}
+    )
+    store = await open_row_store(engine, [kfp_target()])
+    agent = create_engine(engine.url)
+    try:
+        async with agent.connect() as conn:
+            tx = await conn.begin()
+            await conn.execute(
+                kfp.run_details.update().where(kfp.run_details.c["UUID"] == changed).values(update)
+            )
+            deleting = asyncio.ensure_future(
+                store.delete(
+                    [
+                        RunRows({"kfp": run_id}, Precondition(finished), namespace="team-a")
+                        for run_id in (changed, other)
+                    ],
+                    dry_run=False,
+                )
+            )
+
+            async def waits_on_the_lock() -> bool:
+                assert not deleting.done(), deleting.result()
+                return await _lock_waiters(conn) > 0
+
+            await wait_for(waits_on_the_lock, timeout=10, interval=0.05)
+            await tx.commit()
+        results = await asyncio.wait_for(deleting, timeout=10)
+    finally:
+        await agent.dispose()
+
+    [kept, deleted] = results
+    assert isinstance(kept, Contradicted), kept
+    if change == "running again":
+        assert kept.facts.running and kept.facts.state == "RUNNING"
+    else:
+        assert kept.facts.finished_at == finished + timedelta(seconds=60)
+    assert isinstance(deleted, Counted) and deleted.total == 7
+    async with engine.connect() as conn:
+        full = {"run_details": 1, "run_metrics": 2, "tasks": 2, "resource_references": 2}
+        assert await kfp.kfp_counts(conn, changed) == full
+        assert sum((await kfp.kfp_counts(conn, other)).values()) == 0
+
+
+async def _lock_waiters(conn: AsyncConnection) -> int:
+    """Sessions of this database other than `conn`'s waiting on a row lock (MariaDB: in a
+    locking read, which here can only be waiting on `conn`'s)."""
+    if conn.dialect.name == "postgresql":
+        query = text(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database()"
+        )
+    else:
+        # innodb_trx needs the PROCESS privilege; a session sees its own user's threads.
+        query = text(
+            "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() "
+            "AND id <> CONNECTION_ID() AND info LIKE '%FOR UPDATE%'"
+        )
+    return int((await conn.execute(query)).scalar() or 0)
+
+
+async def test_the_locked_where_alone_decides_as_meets_would(engine: AsyncEngine) -> None:
+    """The edge's locking read, called without the store (no batch, no handler): the rows
+    its WHERE selects are exactly those `verdict.meets` lets go, across finish times at,
+    under and over the bound (whole seconds in KFP's BIGINT, timestamps in Argo's archive),
+    unfinished ones and running states; the rest are read for their outcome only."""
+    await kfp.create_kfp_tables(engine)
+    await argo.create_argo_tables(engine)
+    at = 1_700_000_600
+    kfp_rows: dict[str, tuple[int, str | None]] = {  # FinishedAtInSec, State
+        "on-bound": (at, "SUCCEEDED"),
+        "a-second-late": (at + 1, "FAILED"),
+        "early": (at - 100, None),
+        "unfinished": (0, "PENDING"),
+        "retried": (at - 5, "RUNNING"),
+        "canceling": (at - 5, "CANCELING"),
+    }
+    archive_rows = {  # finishedat, phase
+        "on-bound": (at, "Succeeded"),
+        "a-second-late": (at + 1, "Failed"),
+        "pending": (at - 5, "Pending"),
+        "empty-phase": (at - 5, ""),
+    }
+    keys = {name: str(uuid.uuid4()) for name in {*kfp_rows, *archive_rows}}
+    async with engine.begin() as conn:
+        await kfp.insert_kfp_runs(conn, [keys[n] for n in kfp_rows])
+        for name, (finished, state) in kfp_rows.items():
+            await conn.execute(
+                kfp.run_details.update()
+                .where(kfp.run_details.c["UUID"] == keys[name])
+                .values(FinishedAtInSec=finished, State=state)
+            )
+        for name, (finished, phase) in archive_rows.items():
+            await argo.insert_archived(conn, keys[name])
+            await conn.execute(
+                argo.archived.update()
+                .where(argo.archived.c.uid == keys[name])
+                .values(finishedat=datetime.fromtimestamp(finished, UTC).replace(tzinfo=None),
+                        phase=phase)
+            )  # fmt: skip
+    bound = datetime.fromtimestamp(at, UTC) + timedelta(milliseconds=999)
+    async with engine.connect() as conn:
+        bound_targets = await conn.run_sync(
+            reflect_targets, [kfp_target(), argo_archive_target("default")]
+        )
+        await conn.rollback()
+        for target, rows in zip(bound_targets, (kfp_rows, archive_rows), strict=True):
+            runs = [
+                PendingRun(i, {target.spec.name: keys[name]}, Precondition(bound))
+                for i, name in enumerate(rows)
+            ]
+            for run in runs:
+                run.values[target.parent] = run.keys[target.spec.name]
+            async with conn.begin():
+                locked, contradicted = await read_facts(
+                    conn, target, runs, dry_run=False, normalize=normalizer(conn)
+                )
+            names = list(rows)
+            read = {names[i]: facts for i, facts in (locked | contradicted).items()}
+            assert set(read) == set(rows), target.spec.name  # every row read once
+            assert {names[i] for i in locked} == {"on-bound", "early"} & set(rows)
+            for name, facts in read.items():  # the WHERE and the pure judgement agree
+                assert meets(Precondition(bound), facts) is (name in {names[i] for i in locked})

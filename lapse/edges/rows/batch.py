@@ -2,7 +2,8 @@
 counted per run, from which the transaction's results are made (lapse/edges/rows/store.py).
 
 The steps that write it, in the order a transaction runs them:
-- lock and judge each table target's parent rows (guard.py: `lock_and_judge`);
+- lock each table target's parent rows that meet their run's precondition, refuse the
+  others (guard.py: `lock_and_judge`);
 - vouch for, lock and judge each ML Metadata run (footprints.py: `lock_and_judge_graphs`);
 - delete what is left, per target (`members`, delete.py; footprints.py: `delete_footprints`).
 """
@@ -17,7 +18,7 @@ from lapse.edges.rows.delete import Normalize
 from lapse.edges.rows.model import BoundTarget, PendingRun
 from lapse.functions.row_reaper.mlmd import MlmdRun
 from lapse.functions.row_reaper.ports import Contradicted, Counted, RunResult
-from lapse.functions.row_reaper.verdict import RunFacts, meets
+from lapse.functions.row_reaper.verdict import RunFacts
 
 Tally = dict[tuple[str, str], int]
 
@@ -49,15 +50,10 @@ class Batch:
         """The runs with a key in `target`."""
         return [i for i, run in enumerate(self.runs) if target.spec.name in run.keys]
 
-    def judge(self, index: int, fact: RunFacts, *, foreign: bool, checked: bool) -> bool:
-        """Refuse the run (its first contradiction is what it reports) when the locked row
-        is another namespace's or, where `checked`, fails its precondition. True: it stands."""
-        precondition = self.runs[index].precondition
-        failed = checked and precondition is not None and not meets(precondition, fact)
-        if foreign or failed:
-            self.refused.setdefault(index, Contradicted(fact))
-            return False
-        return True
+    def refuse(self, index: int, fact: RunFacts) -> None:
+        """The run keeps every row, in every target; its first contradiction is what it
+        reports."""
+        self.refused.setdefault(index, Contradicted(fact))
 
     def members(self, target: BoundTarget) -> list[int]:
         """The runs whose rows of `target` are deleted: keyed, not refused, and for a target

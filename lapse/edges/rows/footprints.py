@@ -16,6 +16,7 @@ from lapse.functions.row_reaper.mlmd import (
     facts,
     footprint,
 )
+from lapse.functions.row_reaper.verdict import meets
 
 
 async def lock_and_judge_graphs(batch: Batch, target: BoundTarget, kfp: BoundTarget | None) -> None:
@@ -39,7 +40,12 @@ async def lock_and_judge_graphs(batch: Batch, target: BoundTarget, kfp: BoundTar
         )
         if graph is not None:
             batch.graphs[(name, index)] = graph
-            batch.judge(index, facts(graph), foreign=False, checked=True)
+            # MLMD's account spans the run's executions, read under the context's lock: it
+            # is judged here, on what was read (`verdict.meets`), not in a WHERE.
+            fact = facts(graph)
+            precondition = batch.runs[index].precondition
+            if precondition is not None and not meets(precondition, fact):
+                batch.refuse(index, fact)
 
 
 def _unvouched(batch: Batch, index: int, name: str, kfp: BoundTarget | None) -> str | None:

@@ -154,8 +154,8 @@ class SqlRowStore:
         return results
 
     async def _transaction(self, runs: list[PendingRun], dry_run: bool) -> list[RunResult]:
-        """One transaction for `runs`: every precondition judged with the rows locked,
-        then what stands deleted (rolled back in a dry run)."""
+        """One transaction for `runs`: the rows that meet their run's precondition locked
+        (the locking read's WHERE), then what stands deleted (rolled back in a dry run)."""
         async with asyncio.timeout(self.timeout), self.engine.connect() as conn:
             batch = Batch(conn, runs, dry_run, normalizer(conn))
             async with conn.begin() as tx:
@@ -166,9 +166,9 @@ class SqlRowStore:
         return batch.results()
 
     async def _lock_and_judge(self, batch: Batch) -> None:
-        """The preconditions first, every run's rows locked while they are judged: a run
-        the database contradicts keeps all its rows, in every target. ML Metadata last:
-        KFP's locked record vouches for its run ids."""
+        """The preconditions first, held by the database where a run's rows are locked: a
+        run the database contradicts keeps all its rows, in every target. ML Metadata
+        last: KFP's locked record vouches for its run ids."""
         bound = self._bound or ()
         for target in bound:
             if target.mlmd is None:
