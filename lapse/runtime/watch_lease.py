@@ -33,6 +33,9 @@ from lapse.runtime.watcher import KindWatcher
 
 log = logging.getLogger(__name__)
 
+# How often, as a share of the TTL, held leases are checked for giving up.
+GUARD_SHARE = 0.05
+
 
 @dataclass
 class _Holding:
@@ -64,22 +67,31 @@ class LeaseKeeper:
 
     async def run(self, stop: asyncio.Event) -> None:
         retrying = Retrying("watch leases")
+        # Apart from the rounds: a renewal that hangs (NATS gone, a request waiting out its
+        # timeout) must not hold a watch past the moment its lease may expire.
+        guard = asyncio.create_task(self._guard(), name="watch lease guard")
         try:
             while not stop.is_set():
                 try:
-                    await self._round()
+                    async with asyncio.timeout(self._leases.ttl):
+                        await self._round()
                     retrying.succeeded()
                 except Exception as exc:
-                    if nats_unavailable(exc) is None:
+                    if not isinstance(exc, TimeoutError) and nats_unavailable(exc) is None:
                         raise
                     log.debug("watch leases: %s", exc)
                     retrying.delay(exc)  # shown in `lapse status`; the round comes anyway
-                self._give_up_expired()
                 self._raise_if_a_watcher_failed()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), round_interval(self._leases.ttl))
         finally:
+            guard.cancel()
             await self._release_all()
+
+    async def _guard(self) -> None:
+        while True:
+            self._give_up_expired()
+            await asyncio.sleep(self._leases.ttl * GUARD_SHARE)
 
     async def _round(self) -> None:
         await self._leases.join()
@@ -96,10 +108,13 @@ class LeaseKeeper:
         leases = await self._leases.holders(self._kinds)
         holders = {kind: (lease.holder if lease else None) for kind, lease in leases.items()}
         for kind, lease in leases.items():
-            # Held by this process in a life of the keeper before (restarted by its
-            # supervisor): taken up again with the revision found.
+            # Still ours in the bucket, not watched here (the keeper restarted by its
+            # supervisor, or a watch given up while NATS was slow): renewed, then watched.
             if lease is not None and lease.holder == self._leases.me and kind not in self.holding:
-                self._start(kind, lease.revision, self._clock())
+                sent = self._clock()
+                revision = await self._leases.renew(kind, lease.revision)
+                if revision is not None:
+                    self._start(kind, revision, sent)
         moves = plan(self._leases.me, self._kinds, members, holders, self._free_before)
         self._free_before = frozenset(k for k, holder in holders.items() if holder is None)
         for kind in moves.release:
