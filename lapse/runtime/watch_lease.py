@@ -118,12 +118,12 @@ class LeaseKeeper:
         moves = plan(self._leases.me, self._kinds, members, holders, self._free_before)
         self._free_before = frozenset(k for k, holder in holders.items() if holder is None)
         for kind in moves.release:
-            holding = self.holding.get(kind)
-            if holding is None:
+            handed = self.holding.get(kind)
+            if handed is None:
                 continue
             log.info("%s: handing the watch over (more processes share the kinds now)", kind)
             await self._stop_watching(kind, store=True)
-            await self._leases.release(kind, holding.revision)
+            await self._leases.release(kind, handed.revision)
         for kind in moves.take:
             sent = self._clock()
             revision = await self._leases.take(kind)
