@@ -53,6 +53,7 @@ async def status_report(
 ) -> dict[str, Any]:
     from lapse.config.redact import redact_url
     from lapse.edges import health
+    from lapse.edges.watch_leases import read_holders
     from lapse.events.run import Target
     from lapse.events.timeutil import format_rfc3339
     from lapse.operations.audit import OUTCOME_TYPES, audit_events, pending_schedules
@@ -69,6 +70,7 @@ async def status_report(
     now = time.time()
     relists = await health.read_relists(js)
     nets = await health.read_reconciles(js)
+    watches = await read_holders(js)
     start = max(1, audit.state.last_seq - 50 * args.recent)
     recent = (
         [
@@ -132,6 +134,10 @@ async def status_report(
             }
             for r in relists
         ],
+        # With kubernetes.watch_lease: which process watches which kind (one each).
+        "watches": [
+            {"kind": w.kind, "process": w.holder, "cluster": redact_url(w.cluster)} for w in watches
+        ],
         # The safety net's last pass (the Knative shape's periodic reconcile): when, what
         # it found, and what went wrong.
         "safetyNet": [
@@ -179,6 +185,8 @@ def print_report(report: dict[str, Any], args: argparse.Namespace, out: IO[str])
             f"re-listing:    {r['kind']} ({r['process']}): {r['listed']} objects listed, "
             f"{r['published']} published again, for {r['seconds']}s\n"
         )
+    for w in report.get("watches", []):
+        out.write(f"watching:      {w['kind']} ({w['process']}) on {w['cluster']}\n")
     for n in report["safetyNet"]:
         problems = f"; {'; '.join(n['problems'])}" if n["problems"] else ""
         out.write(

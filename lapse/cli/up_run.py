@@ -225,6 +225,7 @@ def run_up(args: argparse.Namespace) -> int:
                     s3.identities_path,
                 )
         config = _announce_scope(config, embedded=kube is not None)
+        config = _with_watch_lease(config, shared_nats=nats_server is None)
         nats_url = nats_server.url if nats_server else config.nats.url
         asyncio.run(
             _serve(
@@ -248,6 +249,18 @@ def run_up(args: argparse.Namespace) -> int:
             state.remove(state_dir, state.NATS_URL)
             nats_server.stop()
     return 0
+
+
+def _with_watch_lease(config: LapseConfig, *, shared_nats: bool) -> LapseConfig:
+    """`kubernetes.watch_lease.enabled` unset: on when other processes may share the NATS
+    (one lapse up did not start itself), off with the embedded one."""
+    lease = config.kubernetes.watch_lease
+    if lease.enabled is not None:
+        return config
+    kube = config.kubernetes.model_copy(
+        update={"watch_lease": lease.model_copy(update={"enabled": shared_nats})}
+    )
+    return config.model_copy(update={"kubernetes": kube})
 
 
 def _announce_scope(config: LapseConfig, *, embedded: bool) -> LapseConfig:

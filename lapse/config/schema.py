@@ -309,6 +309,31 @@ class DatabaseConfig(_Section):
     pool_timeout: PositiveDuration = DATABASE_POOL_TIMEOUT
 
 
+# How long a watch lease outlives its holder's last renewal: a process killed with -9 has
+# its kinds watched by another within this (plus a round, a quarter of it). Short enough
+# that a finish is late by a few seconds at most; long enough that a busy event loop or a
+# NATS leader election does not move the watches back and forth.
+WATCH_LEASE_TTL = timedelta(seconds=6)
+
+
+def _at_least_a_second(value: timedelta) -> timedelta:
+    # NATS expires a bucket's keys on its own timer: below a second the lease would flap.
+    if value < timedelta(seconds=1):
+        raise ValueError("at least 1s")
+    return value
+
+
+class WatchLeaseConfig(_Section):
+    """One watcher per kind among the `lapse up` processes sharing a NATS
+    (lapse/runtime/watch_lease.py)."""
+
+    # Unset: on when `lapse up` connects to a NATS it did not start itself (others may
+    # share it); off with the embedded one (no other process can reach it).
+    enabled: bool | None = None
+    # Must be the same in every process: the first one makes the bucket with it.
+    ttl: Annotated[PositiveDuration, AfterValidator(_at_least_a_second)] = WATCH_LEASE_TTL
+
+
 class KubernetesConfig(_Section):
     # Neither kubeconfig nor in_cluster: the client's usual lookup ($KUBECONFIG, ~/.kube).
     kubeconfig: Path | None = None
@@ -326,6 +351,7 @@ class KubernetesConfig(_Section):
     # Seconds a watch asks the API server to run it (timeoutSeconds) before it is started
     # again; the client waits for its next byte this plus request_timeout at most.
     watch_timeout: int = Field(default=300, ge=1)
+    watch_lease: WatchLeaseConfig = WatchLeaseConfig()
 
     @model_validator(mode="after")
     def _one_way_in(self) -> KubernetesConfig:

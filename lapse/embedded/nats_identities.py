@@ -81,7 +81,11 @@ WATCH_KV: Final = f"$KV.{WATCH_BUCKET}.>"
 # (and by the row-reaper: ML Metadata's account), read and removed by the artifact-reaper.
 CAPTURES_BUCKET: Final = "LAPSE_ARTIFACTS"
 CAPTURES_KV: Final = f"$KV.{CAPTURES_BUCKET}.>"
-ALL_BUCKETS: Final = (*KV_BUCKETS, WATCH_BUCKET, CAPTURES_BUCKET)
+# Which `lapse up` process watches which kind (lapse/edges/watch_leases.py): only `lapse
+# up` watches, so only it takes, renews and releases leases.
+LEASES_BUCKET: Final = "LAPSE_LEASES"
+LEASES_KV: Final = f"$KV.{LEASES_BUCKET}.>"
+ALL_BUCKETS: Final = (*KV_BUCKETS, WATCH_BUCKET, CAPTURES_BUCKET, LEASES_BUCKET)
 
 # Listing a bucket's keys or watching it takes an ordered consumer, created without a name
 # (nats-py) on the bucket's stream. Granted on the buckets' streams only: no durable of
@@ -191,7 +195,7 @@ PROCESS: Final = Identity(
     user="lapse",
     role="lapse up (watcher, ingress, planner, reapers, dispatcher)",
     publish=(
-        EVENTS, SCHEDULES, AUDIT, DLQ, *KV, WATCH_KV, CAPTURES_KV,
+        EVENTS, SCHEDULES, AUDIT, DLQ, *KV, WATCH_KV, CAPTURES_KV, LEASES_KV,
         *JS_READ, *JS_KV_READ, *JS_STREAM_CHANGES, JS_PURGE,
     ),
     publish_deny=(DUE, *JS_DESTRUCTIVE, *BUCKET_PURGES),
@@ -213,7 +217,7 @@ READER: Final = Identity(
 ADMIN: Final = Identity(
     user="lapse-admin",
     role="repairs: dlq replay|purge, brake release, reconcile, infra apply",
-    publish=("lapse.>", *KV, WATCH_KV, CAPTURES_KV, "$JS.>"),
+    publish=("lapse.>", *KV, WATCH_KV, CAPTURES_KV, LEASES_KV, "$JS.>"),
 )
 
 EMBEDDED: Final = (PROCESS, READER, ADMIN)

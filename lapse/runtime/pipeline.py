@@ -32,6 +32,7 @@ from lapse.edges.kubernetes.policies import namespace_names
 from lapse.edges.nats import unreachable
 from lapse.edges.publishing import NatsPublisher
 from lapse.edges.streams import configured_streams, count_messages, ensure_streams
+from lapse.edges.watch_leases import WatchLeases
 from lapse.edges.watch_positions import WatchPositions
 from lapse.events.run import Target
 from lapse.events.subjects import SCHEDULE_PREFIX
@@ -45,6 +46,7 @@ from lapse.runtime.registry import build_handler
 from lapse.runtime.resources import Resources
 from lapse.runtime.routing import Route, load_routes, pushed_types, relist_lane
 from lapse.runtime.supervisor import Retrying, Supervisor, drain
+from lapse.runtime.watch_lease import LeaseKeeper
 from lapse.runtime.watcher import KindWatcher, report_relists
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,8 @@ class Pipeline:
         self._backlog_interval = backlog_interval
         self.ready = asyncio.Event()
         self.watchers: list[KindWatcher] = []
+        # With kubernetes.watch_lease on: which kinds' watches this process runs.
+        self.leases: LeaseKeeper | None = None
         self.policy_watcher: PolicyWatcher | None = None
         self.supervisor: Supervisor | None = None
         self.dispatcher: Dispatcher | None = None
@@ -158,8 +162,20 @@ class Pipeline:
                     for kind in self.config.kinds  # one watch per configured kind
                 ]
                 self.watchers = watchers
-                for watcher in watchers:
-                    supervisor.start(f"watcher {watcher.kind.name}", partial(watcher.run, stop))
+                lease = self.config.kubernetes.watch_lease
+                if lease.enabled:  # each kind watched by one of the processes sharing NATS
+                    leases = WatchLeases(
+                        js,
+                        resources.objects().cluster,
+                        health.process_key(),
+                        ttl=lease.ttl.total_seconds(),
+                        replicas=replicas,
+                    )
+                    self.leases = LeaseKeeper(leases, watchers)
+                    supervisor.start("watch leases", partial(self.leases.run, stop))
+                else:
+                    for watcher in watchers:
+                        supervisor.start(f"watcher {watcher.kind.name}", partial(watcher.run, stop))
                 supervisor.start(
                     "relist progress", partial(report_relists, js, watchers, replicas=replicas)
                 )

@@ -18,7 +18,12 @@ from lapse.telemetry.handling import (
     record_dead_letter,
     record_retry,
 )
-from lapse.telemetry.instruments import observe_backlog, observe_reconciled, observe_waiting
+from lapse.telemetry.instruments import (
+    observe_backlog,
+    observe_reconciled,
+    observe_waiting,
+    observe_watch_leases,
+)
 from lapse.telemetry.names import METRICS, MetricSpec
 from lapse.telemetry.providers import (
     InMemoryTelemetry,
@@ -70,6 +75,7 @@ __all__ = [
     "observe_backlog",
     "observe_reconciled",
     "observe_waiting",
+    "observe_watch_leases",
     "process_span",
     "record_dead_letter",
     "record_retry",

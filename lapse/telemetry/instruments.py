@@ -28,6 +28,8 @@ from lapse.telemetry.names import (
     SCHEDULE_CHANGES,
     TARGET,
     WAITING,
+    WATCH_LEASES,
+    WATCHED_KIND,
     MetricSpec,
 )
 
@@ -43,6 +45,8 @@ class _Backlog:
     waiting: dict[str, tuple[int, float]] = field(default_factory=dict)
     # When the safety net's last pass without an error ended (Unix time).
     reconciled: float | None = None
+    # The kinds whose watch lease this process holds (lapse.runtime.watch_lease).
+    leases: tuple[str, ...] = ()
 
 
 _backlog = _Backlog()
@@ -62,6 +66,15 @@ def observe_waiting(function: str, count: int, seconds: float) -> None:
 def observe_reconciled(when: float) -> None:
     """Record when the safety net's last pass without an error ended."""
     _backlog.reconciled = when
+
+
+def observe_watch_leases(kinds: Iterable[str]) -> None:
+    """Record the kinds whose watch this process runs now (their lease held)."""
+    _backlog.leases = tuple(kinds)
+
+
+def _leases(_: CallbackOptions) -> Iterable[Observation]:
+    return [Observation(1, {WATCHED_KIND: kind}) for kind in _backlog.leases]
 
 
 def _reconciled(_: CallbackOptions) -> Iterable[Observation]:
@@ -115,6 +128,9 @@ class Instruments:
         meter.create_observable_gauge(WAITING.name, [_waiting], WAITING.unit, WAITING.description)
         meter.create_observable_gauge(
             OUTAGE_SECONDS.name, [_outage], OUTAGE_SECONDS.unit, OUTAGE_SECONDS.description
+        )
+        meter.create_observable_gauge(
+            WATCH_LEASES.name, [_leases], WATCH_LEASES.unit, WATCH_LEASES.description
         )
         meter.create_observable_gauge(
             RECONCILE_LAST_SUCCESS.name,

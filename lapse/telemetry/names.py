@@ -78,6 +78,7 @@ RETRY_DELAY: Final = "lapse.retry.delay_seconds"
 LINK_KIND: Final = "lapse.link"  # on links: creation | hop
 API: Final = "lapse.api"  # kubernetes | database
 HANDLER_RESULT: Final = "lapse.handler.result"  # ok | retry | error
+WATCHED_KIND: Final = "lapse.kind"  # a configured kind's name (`kinds:`)
 # too_large | not_cloudevent | invalid | unrouted | unauthorized
 INGRESS_REJECTION: Final = "lapse.ingress.rejection"
 INGRESS_RECORDED: Final = "lapse.ingress.recorded"  # false: beyond max_records_per_minute
@@ -178,6 +179,12 @@ OUTAGE_SECONDS: Final = MetricSpec(
     "watcher), has been waiting out a transient failure (0 when it is not)",
     (FUNCTION,),
 )  # fmt: skip
+WATCH_LEASES: Final = MetricSpec(
+    "lapse.watch.leases", "gauge", "{kind}",
+    "The kinds whose watch this process runs, 1 each: with kubernetes.watch_lease on, one "
+    "process per kind among those sharing the NATS (their sum per kind is 1 when healthy)",
+    (WATCHED_KIND,),
+)  # fmt: skip
 RECONCILE_RUNS: Final = MetricSpec(
     "lapse.reconcile.runs", "counter", "{run}",
     "The safety net's finished runs (the Knative shape's periodic reconcile): listed, planned "
@@ -212,6 +219,7 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     HANDLER_DURATION,
     WAITING,
     OUTAGE_SECONDS,
+    WATCH_LEASES,
     INGRESS_REJECTIONS,
     RECONCILE_RUNS,
     RECONCILE_DURATION,

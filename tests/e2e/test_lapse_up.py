@@ -351,3 +351,121 @@ async def test_up_with_a_token_refuses_senders_without_it_and_never_shows_it(
         assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
     assert token not in (tmp_path / "up.log").read_text()
     assert token not in json.dumps(refusals)
+
+
+# --- two `lapse up` sharing one NATS (kubernetes.watch_lease) --------------------------------
+# Each kind is watched by exactly one of them, runs are deleted once and on time, and when
+# the holder of a kind is killed with -9 the other takes its watch over and loses nothing.
+# DELETEs are counted by the API server's own audit log: two processes deleting the same
+# run would show there even where lapse's audit stream drops the second outcome.
+
+# Short, so the take-over after a kill -9 comes within seconds.
+LEASE_TTL = 3
+LEASED_KIND = "argo-workflow"
+
+
+def lease_config(path: Path, nats_url: str, kube: KubeStack) -> Path:
+    path.write_text(
+        f"nats: {{url: '{nats_url}'}}\n"
+        f"kubernetes: {{kubeconfig: '{kube.kubeconfig}', watch_lease: {{ttl: {LEASE_TTL}s}}}}\n"
+        "safety: {max_deletions_per_second: 200, namespaces: {include: ['*']}}\n"
+    )
+    return path
+
+
+def lease_holders(config: Path) -> dict[str, str]:
+    """kind -> the process watching it, as `lapse status` shows."""
+    watches = lapse_json("status", "--recent", "0", config=config)["watches"]
+    found: dict[str, str] = {}
+    for watch in watches:
+        assert watch["kind"] not in found, f"{watch['kind']} is held twice: {watches}"
+        found[watch["kind"]] = watch["process"]
+    return found
+
+
+def pid_of(process: str) -> int:
+    return int(process.rpartition("-")[2])
+
+
+async def create_due_runs(kube: KubeStack, ns: str, prefix: str, count: int) -> dict[str, float]:
+    """`count` finished Workflows due 2..6 s from now: name -> deadline (epoch seconds)."""
+    due = {}
+    for i in range(count):
+        ttl = 2 + i % 5
+        created: dict[str, Any] = await kube.workflows.create(
+            ns, finished_workflow(f"{prefix}-{i}", annotations={"lapse.dev/ttl": f"{ttl}s"})
+        )
+        due[created["metadata"]["name"]] = parse_timestamp(created["status"]["finishedAt"]) + ttl
+    return due
+
+
+async def test_two_processes_split_the_kinds_and_take_over_from_a_killed_one(
+    tmp_path: Path, own_nats: EmbeddedNats, audited_kube: tuple[KubeStack, Path]
+) -> None:
+    """The audited API server is shared with the ingress tests: only this namespace's
+    DELETEs are counted, and the leases live in this test's own NATS."""
+    kube, audit_log = audited_kube
+    config = lease_config(tmp_path / "lapse.yaml", own_nats.url, kube)
+    ns = kube.namespace(f"lease-{uuid.uuid4().hex[:6]}")
+    ups = [LapseUp(config, tmp_path / f"state-{i}", tmp_path / f"up-{i}.log") for i in (0, 1)]
+    await asyncio.gather(*(up.start() for up in ups))
+    try:
+        kinds: set[str] = set()
+
+        async def every_kind_held_by_one() -> bool:
+            nonlocal kinds
+            held = lease_holders(config)
+            kinds = set(held)
+            # Both processes hold kinds: they spread them, the first did not take all.
+            return len(held) == 5 and {pid_of(p) for p in held.values()} == {
+                up.process.pid for up in ups if up.process is not None
+            }
+
+        await wait_for(every_kind_held_by_one, timeout=30, interval=0.5)
+        assert LEASED_KIND in kinds
+
+        # Phase 1: both running. Each run deleted once, at or after its deadline.
+        due = await create_due_runs(kube, ns, "steady", 20)
+
+        async def all_gone() -> bool:
+            return not (await kube.workflows.list(ns))["items"]
+
+        await wait_for(all_gone, timeout=60, interval=0.5)
+
+        # Phase 2: the holder of the Workflows' watch killed with -9; runs finish during
+        # the take-over and after it.
+        holder = next(
+            up
+            for up in ups
+            if up.process and up.process.pid == pid_of(lease_holders(config)[LEASED_KIND])
+        )
+        survivor = next(up for up in ups if up is not holder)
+        holder.kill()
+        due |= await create_due_runs(kube, ns, "during", 10)
+
+        async def taken_over() -> bool:
+            held = lease_holders(config)
+            assert survivor.process is not None
+            return len(held) == 5 and all(pid_of(p) == survivor.process.pid for p in held.values())
+
+        # The lease expires LEASE_TTL after the last renewal; taken within a round after.
+        await wait_for(taken_over, timeout=3 * LEASE_TTL, interval=0.25)
+        due |= await create_due_runs(kube, ns, "after", 10)
+        await wait_for(all_gone, timeout=60, interval=0.5)
+
+        made = deletes(audit_log, ns)
+        done = {name: successful(requests) for name, requests in made.items()}
+        assert set(done) == set(due), f"lost: {sorted(set(due) - set(done))}"
+        twice = {name: len(requests) for name, requests in made.items() if len(requests) > 1}
+        assert not twice, f"DELETEs made more than once: {twice}"
+        early = {name: due[name] - d[0].at for name, d in done.items() if d[0].at < due[name]}
+        assert not early, f"deleted before the deadline (s): {early}"
+        late = {name: d[0].at - due[name] for name, d in done.items()}
+        steady = max(late[name] for name in late if name.startswith(("steady", "after")))
+        assert steady < 3.0, late
+        # Runs due while nobody watched them wait at most for the take-over.
+        assert max(late.values()) < 3 * LEASE_TTL, late
+    finally:
+        for up in ups:
+            if up.process is not None and up.process.poll() is None:
+                assert up.stop() == 0, up.log.read_text()[-3000:]

@@ -92,6 +92,10 @@ def actions(identity: Identity) -> list[Action]:
         Action("put a process's health report", "pub", "$KV.LAPSE_HEALTH.pod-1", b"x"),
         Action("put the safety net's last pass", "pub", "$KV.LAPSE_HEALTH.reconcile.pod-1",
                b"x"),
+        # Taking, renewing or releasing a kind's watch lease (a lease written by anyone else
+        # could stop lapse up's watch of that kind: a deletion late, never early).
+        Action("write a watch lease", "pub", "$KV.LAPSE_LEASES.lease.c.argo-workflow", b"x"),
+        Action("purge the watch leases' bucket", "pub", "$JS.API.STREAM.PURGE.KV_LAPSE_LEASES"),
         Action("publish lapse.due.>", "pub", "lapse.due.kubernetes.matrix"),
         Action("publish lapse.sched.>", "pub", "lapse.sched.kubernetes.matrix"),
         Action("publish an outcome (audit)", "pub",
@@ -133,6 +137,10 @@ def expected(identity: Identity, action: Action) -> bool:
         # The planner's identity runs the safety net (the Deployment lapse-policy-watcher):
         # its last pass for `lapse status`, and no other key of the bucket.
         return identity in REAPERS | {PLANNER}
+    if name == "write a watch lease":
+        return identity is PROCESS  # only lapse up watches
+    if name == "purge the watch leases' bucket":
+        return False
     if name == "publish lapse.due.>":
         return False
     if name in ("publish lapse.sched.>", "publish an outcome (audit)"):

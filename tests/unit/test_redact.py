@@ -7,10 +7,15 @@ import logging
 import pytest
 
 from lapse.config.redact import RedactingFilter, redact, redact_url
-from lapse.edges import health, limits, watch_positions
+from lapse.edges import health, limits, watch_leases, watch_positions
 from lapse.edges.artifacts import captures
 from lapse.edges.nats import authenticates
-from lapse.embedded.nats_identities import CAPTURES_BUCKET, KV_BUCKETS, WATCH_BUCKET
+from lapse.embedded.nats_identities import (
+    CAPTURES_BUCKET,
+    KV_BUCKETS,
+    LEASES_BUCKET,
+    WATCH_BUCKET,
+)
 
 
 @pytest.mark.parametrize(
@@ -74,6 +79,7 @@ def test_a_credential_in_the_url_counts_as_authentication() -> None:
 def test_the_buckets_the_identities_grant_are_the_ones_lapse_writes() -> None:
     assert set(KV_BUCKETS) == {limits.BUCKET, health.BUCKET}
     assert WATCH_BUCKET == watch_positions.BUCKET
+    assert LEASES_BUCKET == watch_leases.BUCKET
     assert CAPTURES_BUCKET == captures.BUCKET
 
 
