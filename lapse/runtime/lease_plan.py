@@ -8,10 +8,10 @@ and when a holder that could not renew must stop watching.
 Spreading: the kinds, in their configured order, are dealt round-robin over the live
 processes sorted by name; a process takes a free kind dealt to it at once, and any other
 free kind once it has stayed free for a whole round (its dealt process may not have seen
-the same members yet) while it holds fewer than its share. A process holding more than
-its share (ceil(kinds / processes)) hands over those not dealt to it, so a process that
-joins gets work without anyone dying. Nobody ever takes a held lease: a kind moves only
-when its holder releases it or its lease expires.
+the same members yet), either only while it holds fewer than its share (ceil(kinds /
+processes)). A process holding more than its share hands over those not dealt to it, so a
+process that joins gets work without anyone dying. Nobody ever takes a held lease: a kind
+moves only when its holder releases it or its lease expires.
 
 Giving up: a holder's lease expires in the bucket `ttl` after its last write was stored,
 which is after the holder sent it; the holder counts from the send. So stopping once
@@ -76,7 +76,10 @@ def plan(
     for kind in kinds:
         if holders.get(kind) is not None:
             continue
-        if deal[kind] == me or (kind in free_before and held < most):
+        # Never past the share, even for a kind dealt to me: a process full of kinds dealt
+        # to others keeps them, and its own stay free one round for whoever has room
+        # (taking them anyway made two full processes pass kinds round and round).
+        if held < most and (deal[kind] == me or kind in free_before):
             take.append(kind)
             held += 1
     return Moves(tuple(take), tuple(release))
