@@ -96,6 +96,7 @@ def test_a_run_whose_event_never_came_is_deleted_by_the_safety_net_at_its_deadli
 
     manifests = {"apiVersion": "v1", "kind": "List", "items": scoped_safety_net(cluster)}
     running = f"running-{uuid.uuid4().hex[:8]}"
+    got: Written | None = None
     try:
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifests))
         kubectl_waiting(cluster, "-n", SYSTEM, "rollout", "status", f"deploy/{NET}", timeout=120)
@@ -106,7 +107,8 @@ def test_a_run_whose_event_never_came_is_deleted_by_the_safety_net_at_its_deadli
             stdin=json.dumps(running_workflow(running)),
         ))  # fmt: skip
         before = len(passes(cluster))
-        got = Written(lapse, TTL, "lost", namespace=UNWATCHED).write()
+        got = Written(lapse, TTL, "lost", namespace=UNWATCHED)
+        got.write()
         written = time.time()
         # Found by a pass within a period (and its jitter) of being written: before the
         # deadline, so the run is deleted on time.
@@ -159,5 +161,7 @@ def test_a_run_whose_event_never_came_is_deleted_by_the_safety_net_at_its_deadli
     finally:
         cluster.kubectl("-n", SYSTEM, "delete", "deploy,configmap", NET, "--ignore-not-found",
                         "--wait=false", check=False)  # fmt: skip
-        cluster.kubectl("-n", UNWATCHED, "delete", "workflow", running, "--ignore-not-found",
+        # The finished one too, when the test failed before lapse deleted it.
+        left = [running, *([got.name] if got is not None and got.name else [])]
+        cluster.kubectl("-n", UNWATCHED, "delete", "workflow", *left, "--ignore-not-found",
                         "--wait=false", check=False)  # fmt: skip
