@@ -50,6 +50,10 @@ from tests.stack import Database
 DEV_OVERLAY = REPO / "infra/overlays/dev"
 SYSTEM = "lapse-system"
 RUNS = "default"  # the namespace the dev overlay cleans
+# A second namespace lapse cleans (lapse.yaml's safety.namespaces, the Roles the overlay
+# makes for `default`) that the ApiServerSource does not watch: no event of a run there
+# reaches the planner, so only the safety net plans it (test_safety_net_on_cluster.py).
+UNWATCHED = "lapse-unwatched"
 # Everything the install waits for after `kubectl apply` shares this budget (image pulls,
 # Knative reconciling, NATS and the functions starting).
 INSTALL_TIMEOUT = 360.0
@@ -202,6 +206,21 @@ class Deployment:
                      check=False)  # fmt: skip
             parts.append(f"--- logs {selector}\n{logs}")
         return "\n".join(parts)
+
+
+def unwatched_namespace(rendered: str) -> list[dict[str, Any]]:
+    """UNWATCHED and what the overlay grants lapse in RUNS (infra/access/knative: the
+    reader Role with the planner's and the policy watcher's ServiceAccounts, the
+    object-reaper's Role), placed there; the ApiServerSource's selector is left alone."""
+    items: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": UNWATCHED}}
+    ]
+    for item in yaml.safe_load_all(rendered):
+        ours = item and item["kind"] in ("Role", "RoleBinding")
+        if ours and item["metadata"].get("namespace") == RUNS:
+            items.append({**item, "metadata": {**item["metadata"], "namespace": UNWATCHED}})
+    assert len(items) > 2, f"no Role of lapse in the rendered overlay's namespace {RUNS}"
+    return items
 
 
 def kubectl_waiting(cluster: Cluster, *args: str, timeout: float) -> None:
@@ -425,9 +444,11 @@ def otel_env_patch() -> list[dict[str, Any]]:
 
 
 def lapse_yaml() -> str:
-    """The dev overlay's lapse.yaml with the KFP target and the rows' own clock."""
+    """The dev overlay's lapse.yaml with the KFP target, the rows' own clock, and
+    UNWATCHED cleaned too."""
     config = yaml.safe_load((DEV_OVERLAY / "lapse.yaml").read_text())
     config["database"] = {"targets": {"kfp": {"enabled": True}}}
+    config["safety"]["namespaces"]["include"] = [RUNS, UNWATCHED]
     config["policies"] = [
         {
             "name": "kfp-rows",
@@ -562,6 +583,9 @@ def _install(
     rendered = cluster.kubectl("kustomize", str(overlay))
     for name, ref in images.items():
         assert name not in rendered.replace(ref, ""), f"{name} left in the rendered overlay"
+    # Before the policy watcher starts, so its first pass may read there.
+    unwatched = {"apiVersion": "v1", "kind": "List", "items": unwatched_namespace(rendered)}
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(unwatched))
     # Run again on a running cluster with another build: a Job's template cannot change,
     # so the dev NATS's password Job is made anew (it creates only what is missing). The
     # streams are a Deployment that an upgrade rolls (infra/base/streams.yaml).
@@ -623,11 +647,12 @@ class Written:
     watch: DeletionWatch | None = None
     labels: dict[str, str] = field(default_factory=dict)
     finished_at: datetime | None = None
+    namespace: str = RUNS
 
     def write(self) -> Written:
         cluster = self.deployment.cluster
         self.name = f"{self.prefix}-{uuid.uuid4().hex[:8]}"
-        self.watch = DeletionWatch(cluster, RUNS, self.name)
+        self.watch = DeletionWatch(cluster, self.namespace, self.name)
         time.sleep(1)  # the watch is established (its first list comes back empty)
         self.finished_at = finished_at = datetime.now(UTC).replace(microsecond=0)
         workflow = finished_workflow(
@@ -635,7 +660,7 @@ class Written:
         )
         created = json.loads(
             cluster.kubectl(
-                "-n", RUNS, "create", "-o", "json", "-f", "-", stdin=json.dumps(workflow)
+                "-n", self.namespace, "create", "-o", "json", "-f", "-", stdin=json.dumps(workflow)
             )
         )
         self.created_at = time.time()
@@ -665,7 +690,8 @@ class Written:
                 )
             except AssertionError as exc:
                 still = self.deployment.cluster.kubectl(
-                    "-n", RUNS, "get", "workflow", self.name, "--ignore-not-found", "-o", "name",
+                    "-n", self.namespace, "get", "workflow", self.name, "--ignore-not-found",
+                    "-o", "name",
                     check=False,
                 )  # fmt: skip
                 when = rfc3339(datetime.fromtimestamp(self.deadline, UTC))
