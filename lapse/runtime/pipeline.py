@@ -171,7 +171,7 @@ class Pipeline:
                         ttl=lease.ttl.total_seconds(),
                         replicas=replicas,
                     )
-                    self.leases = LeaseKeeper(leases, watchers)
+                    self.leases = LeaseKeeper(leases, watchers, start=supervisor.start_part)
                     supervisor.start("watch leases", partial(self.leases.run, stop))
                 else:
                     for watcher in watchers:

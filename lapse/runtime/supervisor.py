@@ -76,6 +76,11 @@ class TaskHealth:
         self._observe()
         return self._clock() - held.since
 
+    def ended(self) -> None:
+        """The task runs no more (a part stopped): nothing of it is waited out."""
+        self._parts.clear()
+        self._observe()
+
     def waiting(self) -> Wait | None:
         """The task's wait, when any loop of it waits: since the earliest, the latest
         reason, the next try soonest."""
@@ -168,6 +173,24 @@ class Supervisor:
         task = asyncio.create_task(self._supervise(run), name=name, context=context)
         self._running.append(task)
         return task
+
+    def start_part(self, name: str, run: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+        """Run `run()` as a part a supervised task starts and stops itself (a kind's watcher
+        under its lease), shown as the task `name` while it runs: what it waits out is
+        its own in `lapse status`, not its starter's. Its starter handles how it ends."""
+        health = self.tasks[name] = TaskHealth(name)
+        context = contextvars.copy_context()
+        context.run(_current.set, health)
+
+        async def part() -> None:
+            try:
+                await run()
+            finally:
+                if self.tasks.get(name) is health:
+                    del self.tasks[name]
+                    health.ended()
+
+        return asyncio.create_task(part(), name=name, context=context)
 
     def running(self) -> list[asyncio.Task[None]]:
         """Every supervised task not ended yet."""

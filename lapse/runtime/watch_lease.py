@@ -21,8 +21,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from lapse import telemetry
 from lapse.edges.watch_leases import WatchLeases
@@ -54,8 +55,12 @@ class LeaseKeeper:
         watchers: list[KindWatcher],
         *,
         clock: Callable[[], float] = time.monotonic,
+        start: Callable[[str, Callable[[], Awaitable[None]]], asyncio.Task[None]] | None = None,
     ) -> None:
+        """`start` runs a watcher as a task of its own name (`Supervisor.start_part`, so
+        `lapse status` shows `watcher <kind>` as without leases); by default a sub-task."""
         self._leases = leases
+        self._start_task = start or _sub_task
         self._watchers = {watcher.kind.name: watcher for watcher in watchers}
         self._kinds = [watcher.kind.name for watcher in watchers]
         self._clock = clock
@@ -135,8 +140,7 @@ class LeaseKeeper:
     def _start(self, kind: str, revision: int, renewed: float) -> None:
         holding = self.holding[kind] = _Holding(revision, renewed)
         watcher = self._watchers[kind]
-        # A child of this task: its loops report to this supervised task's health.
-        holding.task = asyncio.create_task(watcher.run(holding.stop), name=f"watcher {kind}")
+        holding.task = self._start_task(f"watcher {kind}", partial(watcher.run, holding.stop))
 
     def _give_up_expired(self) -> None:
         now = self._clock()
@@ -181,3 +185,10 @@ class LeaseKeeper:
                     await self._leases.release(kind, holding.revision)
                 await self._leases.leave()
         telemetry.observe_watch_leases([])
+
+
+def _sub_task(name: str, run: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+    async def part() -> None:
+        await run()
+
+    return asyncio.create_task(part(), name=name)
