@@ -23,6 +23,7 @@ namespaces, and cluster-scoped names that carry the release namespace."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
@@ -230,20 +231,39 @@ def lapse_images_running(cluster: Cluster) -> dict[str, str]:
     return found
 
 
-def assert_runs_the_release(cluster: Cluster, published: dict[str, Any], shape: str) -> None:
-    """Every lapse container names its image as the release pins it: the registry's
-    lapse/<name>:<version>@<the digest release.json records>."""
-    running = lapse_images_running(cluster)
-    wanted = {
+def release_refs(published: dict[str, Any]) -> dict[str, str]:
+    """Each image's reference as the release's chart pins it in the cluster's registry."""
+    return {
         name: f"{REGISTRY}/lapse/{name}:{VERSION}@{image['digest']}"
         for name, image in published["images"].items()
     }
-    names: set[str] = set()
+
+
+def image_name(ref: str) -> str:
+    """lapse/<name>'s name of a reference [registry/]lapse/<name>[:tag][@digest]."""
+    return ref.split("/lapse/", 1)[1].split("@", 1)[0].split(":", 1)[0]
+
+
+def assert_runs_the_release(
+    cluster: Cluster, published: dict[str, Any], shape: str, timeout: float = 60
+) -> None:
+    """Every lapse container names its image as the release pins it: the registry's
+    lapse/<name>:<version>@<the digest release.json records>. Polled: after `helm upgrade
+    --wait` the old ReplicaSet's pod may not be marked for deletion yet."""
+    wanted = release_refs(published)
+
+    def on_release() -> bool:
+        running = lapse_images_running(cluster)
+        return bool(running) and all(wanted.get(image_name(r)) == r for r in running.values())
+
+    with contextlib.suppress(AssertionError):  # what differs, asserted below
+        poll("every lapse container on the release's digests", on_release, timeout=timeout)
+    running = lapse_images_running(cluster)
     for container, ref in running.items():
-        name = ref.split("/lapse/", 1)[1].split(":", 1)[0].split("@", 1)[0]
-        names.add(name)
-        assert "@sha256:" in ref and ref == wanted.get(name), (container, ref, wanted.get(name))
-    assert names >= RUNS_IMAGES[shape], running
+        assert "@sha256:" in ref and ref == wanted.get(image_name(ref)), (
+            container, ref, wanted.get(image_name(ref)),
+        )  # fmt: skip
+    assert {image_name(ref) for ref in running.values()} >= RUNS_IMAGES[shape], running
 
 
 def crd_chart_labels(cluster: Cluster) -> dict[str, str]:
@@ -353,7 +373,8 @@ def test_install_delete_upgrade_uninstall(
                         "--timeout=110s")  # fmt: skip
     installed = time.monotonic() - started
     if shape == FROM_PREVIOUS:
-        assert not [ref for ref in lapse_images_running(cluster).values() if "@" in ref]
+        running = lapse_images_running(cluster)
+        assert running and not [ref for ref in running.values() if "@" in ref], running
     else:
         assert_runs_the_release(cluster, published, shape)
     assert set(crd_chart_labels(cluster).values()) == {f"lapse-{installed_version}"}
