@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import secrets
 import shutil
@@ -53,8 +54,9 @@ from tests.release_build import VERSION, build_release, push_release, release_ma
 RELEASE = "lapse"
 NAMESPACE = "lapse-helm"
 TIMEOUT = "6m"
-# The cluster's registry (scripts/cluster/start.sh; plain HTTP), where containerd pulls from.
-REGISTRY = "127.0.0.1:5000"
+# The cluster's registry (scripts/cluster/start.sh; plain HTTP), where containerd pulls from
+# (the variable as scripts/cluster/push-lapse-images.py reads it).
+REGISTRY = os.environ.get("LAPSE_CLUSTER_REGISTRY", "127.0.0.1:5000")
 RELEASED_CHART = f"oci://{REGISTRY}/charts/lapse"
 # The chart version "the release before" is labelled with (CHANGELOG.md's last before 0.2.0).
 PREVIOUS_VERSION = "0.1.0"
@@ -388,11 +390,12 @@ def test_install_delete_upgrade_uninstall(
             "--wait", "--timeout", TIMEOUT)  # fmt: skip
     config = yaml.safe_load(cluster.get(NAMESPACE, "configmap/lapse")["data"]["lapse.yaml"])
     assert config["safety"]["max_deletions_per_second"] == 7
+    # lapse runs the release's digests (from the release before: the pods rolled to them),
+    # and the CRDs are the release's (upgraded with it).
+    assert_runs_the_release(cluster, published, shape)
+    assert set(crd_chart_labels(cluster).values()) == {f"lapse-{VERSION}"}
     # The changed lapse.yaml (and, from the release before, the images) rolled lapse.
     assert pod_of(cluster, ROLLED[shape]) != before
-    # The CRDs are the release's (upgraded with it), and lapse runs its digests.
-    assert set(crd_chart_labels(cluster).values()) == {f"lapse-{VERSION}"}
-    assert_runs_the_release(cluster, published, shape)
     second = deleted_when_due(release, cluster, namespace, "helm-upgrade")
     history = json.loads(release("history", RELEASE, "-o", "json").stdout)
     assert [(h["status"], h["chart"]) for h in history] == [
