@@ -1,18 +1,34 @@
 """The Helm chart (charts/lapse) on the real cluster, as a user runs it, in each shape
-(`knative`: the functions behind the Broker, with Knative's OIDC on; `singleProcess`):
+(`knative`: the functions behind the Broker, with Knative's OIDC on; `singleProcess`), from
+a release: this tree's `make release` (scripts/release.py, on the cached images) pushed to
+the cluster's registry (`--push 127.0.0.1:5000`, docs/releasing.md), the chart pulled from
+oci://127.0.0.1:5000/charts/lapse and every image by the digest release.json records.
+
 `helm install` (the chart's own NATS, its own namespace and a scratch namespace to clean),
 lapse deletes a finished Workflow when its TTL is up, `helm upgrade` with a changed value
 rolls lapse and it still deletes, and `helm uninstall` leaves nothing of lapse's behind but
-what docs/helm.md says it keeps (the generated Secret lapse-nats-users) and the Secret the
-user made (lapse-ingress).
+what docs/helm.md says it keeps (the generated Secret lapse-nats-users, the CRDs with
+crds.keep) and the Secret the user made (lapse-ingress).
+
+One install per shape (the CI budget): `knative` installs the release from the registry
+and upgrades it with a changed value; `singleProcess` installs the release before this
+one and upgrades it to the release from the registry, with the same values. No earlier
+release was published, so "the release before" is the source tree's chart with its
+images by tag (as `make images` pushed them), labelled chart PREVIOUS_VERSION: the label
+Helm writes on every object, CRDs included, shows the upgrade rewrote the CRDs (templates,
+not `crds/`: docs/helm.md, "CRDs") and the pods then run the release's digests.
 
 Independent of the kustomize deployment the other tests share (the `lapse` fixture): other
 namespaces, and cluster-scoped names that carry the release namespace."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import secrets
+import shutil
 import subprocess
 import time
 import uuid
@@ -33,10 +49,24 @@ from tests.cluster.lapse_on_cluster import (
     push_images,
 )
 from tests.helm_chart import CHART, helm
+from tests.release_build import VERSION, build_release, push_release, release_manifest
 
 RELEASE = "lapse"
 NAMESPACE = "lapse-helm"
 TIMEOUT = "6m"
+# The cluster's registry (scripts/cluster/start.sh; plain HTTP), where containerd pulls from
+# (the variable as scripts/cluster/push-lapse-images.py reads it).
+REGISTRY = os.environ.get("LAPSE_CLUSTER_REGISTRY", "127.0.0.1:5000")
+RELEASED_CHART = f"oci://{REGISTRY}/charts/lapse"
+# The chart version "the release before" is labelled with (CHANGELOG.md's last before 0.2.0).
+PREVIOUS_VERSION = "0.1.0"
+# The shape that upgrades from the release before; the other installs the release.
+FROM_PREVIOUS = "singleProcess"
+# The lapse images each shape runs (artifacts.enabled is off: no artifact-reaper).
+RUNS_IMAGES = {
+    "singleProcess": {"lapse"},
+    "knative": {"lapse", "ttl-planner", "object-reaper", "row-reaper"},
+}
 # What `helm uninstall` leaves in the release namespace, by design: the NATS passwords the
 # chart's Job generated (not the release's: docs/helm.md), the Secret the user created, and
 # what Kubernetes puts in every namespace.
@@ -46,6 +76,7 @@ KEPT = {
     "ConfigMap/kube-root-ca.crt",
     "ServiceAccount/default",
 }
+CRDS = ("lapsepolicies.lapse.dev", "clusterlapsepolicies.lapse.dev")
 NAMESPACED = (
     "deployments,replicasets,pods,services,configmaps,secrets,serviceaccounts,jobs,roles,"
     "rolebindings,networkpolicies,poddisruptionbudgets,endpointslices"
@@ -104,6 +135,31 @@ def release(cluster: Cluster) -> Iterator[Helm]:
         cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 
 
+@pytest.fixture(scope="module")
+def published(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """This tree's release, built from the cached images and pushed to the cluster's
+    registry (images with their digests, the chart as an OCI artifact): its release.json."""
+    out = build_release(tmp_path_factory.mktemp("release") / VERSION)
+    started = time.monotonic()
+    push_release(out, REGISTRY)
+    print(f"release pushed to {REGISTRY}: {time.monotonic() - started:.1f} s")
+    return release_manifest(out)
+
+
+def previous_chart(tmp_path: Path) -> Path:
+    """The source tree's chart as the release before this one: Chart.yaml's version set to
+    PREVIOUS_VERSION (files/crds' links copied as the files they name)."""
+    chart = tmp_path / "previous" / "lapse"
+    shutil.copytree(CHART, chart)
+    meta = chart / "Chart.yaml"
+    text, found = re.subn(
+        r"^version: .*$", f"version: {PREVIOUS_VERSION}", meta.read_text(), flags=re.M
+    )
+    assert found == 1, "charts/lapse/Chart.yaml: no version"
+    meta.write_text(text)
+    return chart
+
+
 IMAGE_VALUES = {
     "lapse": "lapse",
     "ttl-planner": "ttlPlanner",
@@ -131,6 +187,95 @@ def image_values(images: dict[str, str]) -> dict[str, Any]:
         values["registry"] = registry
         values[key] = {"repository": repository, "tag": tag}
     return values
+
+
+def chart_values(
+    shape: str, namespace: str, images: dict[str, Any], max_deletions_per_second: int
+) -> dict[str, Any]:
+    """The values this test installs and upgrades with."""
+    return {
+        "shape": shape,
+        "namespaces": [namespace],
+        "images": images,
+        "config": {"safety": {"max_deletions_per_second": max_deletions_per_second}},
+        # Warm functions: this checks the chart's wiring, not how fast a pod starts from
+        # zero on a loaded machine (test_pipeline_on_knative.py does that).
+        "knative": {"functions": {"minScale": 1}},
+        # The node is 2 cores, already holding Knative and this session's kustomize
+        # deployment of lapse: the chart's measured requests (defaultResources, 50-100m of
+        # CPU a container) leave the scheduler "Insufficient cpu" for a second lapse. One
+        # small request for every container instead; the defaults themselves are rendered
+        # and dry-run by test_chart.py.
+        "resources": {"requests": {"cpu": "5m", "memory": "32Mi"}},
+    }
+
+
+def write_values(path: Path, values: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def lapse_images_running(cluster: Cluster) -> dict[str, str]:
+    """container (pod/container) -> the lapse image its pod spec names, for every pod of
+    the namespace that is running or starting (not going, not a finished Job's)."""
+    pods = json.loads(cluster.kubectl("-n", NAMESPACE, "get", "pods", "-o", "json"))["items"]
+    found: dict[str, str] = {}
+    for pod in pods:
+        if "deletionTimestamp" in pod["metadata"] or pod["status"].get("phase") in (
+            "Succeeded",
+            "Failed",
+        ):
+            continue
+        spec = pod["spec"]
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            if "/lapse/" in container["image"]:
+                found[f"{pod['metadata']['name']}/{container['name']}"] = container["image"]
+    return found
+
+
+def release_refs(published: dict[str, Any]) -> dict[str, str]:
+    """Each image's reference as the release's chart pins it in the cluster's registry."""
+    return {
+        name: f"{REGISTRY}/lapse/{name}:{VERSION}@{image['digest']}"
+        for name, image in published["images"].items()
+    }
+
+
+def image_name(ref: str) -> str:
+    """lapse/<name>'s name of a reference [registry/]lapse/<name>[:tag][@digest]."""
+    return ref.split("/lapse/", 1)[1].split("@", 1)[0].split(":", 1)[0]
+
+
+def assert_runs_the_release(
+    cluster: Cluster, published: dict[str, Any], shape: str, timeout: float = 60
+) -> None:
+    """Every lapse container names its image as the release pins it: the registry's
+    lapse/<name>:<version>@<the digest release.json records>. Polled: after `helm upgrade
+    --wait` the old ReplicaSet's pod may not be marked for deletion yet."""
+    wanted = release_refs(published)
+
+    def on_release() -> bool:
+        running = lapse_images_running(cluster)
+        return bool(running) and all(wanted.get(image_name(r)) == r for r in running.values())
+
+    with contextlib.suppress(AssertionError):  # what differs, asserted below
+        poll("every lapse container on the release's digests", on_release, timeout=timeout)
+    running = lapse_images_running(cluster)
+    for container, ref in running.items():
+        assert "@sha256:" in ref and ref == wanted.get(image_name(ref)), (
+            container, ref, wanted.get(image_name(ref)),
+        )  # fmt: skip
+    assert {image_name(ref) for ref in running.values()} >= RUNS_IMAGES[shape], running
+
+
+def crd_chart_labels(cluster: Cluster) -> dict[str, str]:
+    """lapse's CRDs -> the chart (helm.sh/chart: lapse-<version>) that last wrote them."""
+    return {
+        crd: json.loads(cluster.kubectl("get", "crd", crd, "-o", "json"))["metadata"]["labels"][
+            "helm.sh/chart"
+        ]
+        for crd in CRDS
+    }
 
 
 def deleted_when_due(
@@ -180,10 +325,14 @@ def leftovers(cluster: Cluster, namespace: str) -> set[str]:
 
 @pytest.mark.parametrize("shape", ["singleProcess", "knative"])
 def test_install_delete_upgrade_uninstall(
-    cluster: Cluster, release: Helm, namespace: str, tmp_path: Path, shape: str
+    cluster: Cluster,
+    release: Helm,
+    namespace: str,
+    tmp_path: Path,
+    shape: str,
+    published: dict[str, Any],
 ) -> None:
     started = time.monotonic()
-    images = push_images()
     crds = {"apiVersion": "v1", "kind": "List", "items": list(run_kind_crds())}
     cluster.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps(crds))
     cluster.kubectl(
@@ -194,26 +343,15 @@ def test_install_delete_upgrade_uninstall(
         "-n", NAMESPACE, "create", "secret", "generic", "lapse-ingress",
         f"--from-literal=token={secrets.token_hex(32)}",
     )  # fmt: skip
-    values = tmp_path / "values.yaml"
-    values.write_text(
-        yaml.safe_dump(
-            {
-                "shape": shape,
-                "namespaces": [namespace],
-                "images": image_values(images),
-                "config": {"safety": {"max_deletions_per_second": 5}},
-                # Warm functions: this checks the chart's wiring, not how fast a pod starts
-                # from zero on a loaded machine (test_pipeline_on_knative.py does that).
-                "knative": {"functions": {"minScale": 1}},
-                # The node is 2 cores, already holding Knative and this session's kustomize
-                # deployment of lapse: the chart's measured requests (defaultResources,
-                # 50-100m of CPU a container) leave the scheduler "Insufficient cpu" for a
-                # second lapse. One small request for every container instead; the
-                # defaults themselves are rendered and dry-run by test_chart.py.
-                "resources": {"requests": {"cpu": "5m", "memory": "32Mi"}},
-            }
-        )
-    )
+    # The release's chart pins its images by digest: only the registry is the user's.
+    released_images = {"registry": REGISTRY}
+    released_chart = (RELEASED_CHART, "--version", VERSION, "--plain-http")
+    if shape == FROM_PREVIOUS:
+        chart: tuple[str, ...] = (str(previous_chart(tmp_path)),)
+        images, installed_version = image_values(push_images()), PREVIOUS_VERSION
+    else:
+        chart, images, installed_version = released_chart, released_images, VERSION
+    values = write_values(tmp_path / "values.yaml", chart_values(shape, namespace, images, 5))
 
     if shape == "knative":
         # For the SinkBinding's webhook whichever selection mode the cluster uses.
@@ -222,7 +360,7 @@ def test_install_delete_upgrade_uninstall(
     # lapse's CRDs are the chart's templates now (crds.install); the kustomize deployment
     # of this session may have applied them first, which Helm adopts only when told
     # (docs/helm.md, "CRDs"). helm.sh/resource-policy: keep leaves them on uninstall.
-    installed_out = release("install", RELEASE, str(CHART), "--values", str(values), "--wait",
+    installed_out = release("install", RELEASE, *chart, "--values", str(values), "--wait",
                             "--take-ownership", "--timeout", TIMEOUT)  # fmt: skip
     # The chart's NOTES: what was installed, where, cleaning what.
     assert f"({shape}) in {NAMESPACE}, cleaning: {namespace}." in installed_out.stdout
@@ -236,19 +374,34 @@ def test_install_delete_upgrade_uninstall(
         cluster.kubectl("-n", NAMESPACE, "rollout", "status", "deploy/lapse-bridge",
                         "--timeout=110s")  # fmt: skip
     installed = time.monotonic() - started
+    if shape == FROM_PREVIOUS:
+        running = lapse_images_running(cluster)
+        assert running and not [ref for ref in running.values() if "@" in ref], running
+    else:
+        assert_runs_the_release(cluster, published, shape)
+    assert set(crd_chart_labels(cluster).values()) == {f"lapse-{installed_version}"}
     first = deleted_when_due(release, cluster, namespace, "helm-install")
     before = pod_of(cluster, ROLLED[shape])
 
-    release("upgrade", RELEASE, str(CHART), "--reuse-values",
-            "--set", "config.safety.max_deletions_per_second=7", "--wait",
-            "--timeout", TIMEOUT)  # fmt: skip
+    # The same values (the release's images but for the registry), one of them changed.
+    upgraded = chart_values(shape, namespace, released_images, 7)
+    release("upgrade", RELEASE, *released_chart,
+            "--values", str(write_values(tmp_path / "upgrade.yaml", upgraded)),
+            "--wait", "--timeout", TIMEOUT)  # fmt: skip
     config = yaml.safe_load(cluster.get(NAMESPACE, "configmap/lapse")["data"]["lapse.yaml"])
     assert config["safety"]["max_deletions_per_second"] == 7
-    # The changed lapse.yaml rolled lapse (the pod template's checksum/config).
+    # lapse runs the release's digests (from the release before: the pods rolled to them),
+    # and the CRDs are the release's (upgraded with it).
+    assert_runs_the_release(cluster, published, shape)
+    assert set(crd_chart_labels(cluster).values()) == {f"lapse-{VERSION}"}
+    # The changed lapse.yaml (and, from the release before, the images) rolled lapse.
     assert pod_of(cluster, ROLLED[shape]) != before
     second = deleted_when_due(release, cluster, namespace, "helm-upgrade")
     history = json.loads(release("history", RELEASE, "-o", "json").stdout)
-    assert [h["status"] for h in history] == ["superseded", "deployed"]
+    assert [(h["status"], h["chart"]) for h in history] == [
+        ("superseded", f"lapse-{installed_version}"),
+        ("deployed", f"lapse-{VERSION}"),
+    ]
 
     release("uninstall", RELEASE, "--wait", "--timeout", TIMEOUT)
     # Pods go after their Deployment (the garbage collector): wait for them too.
@@ -274,10 +427,12 @@ def test_install_delete_upgrade_uninstall(
         line for line in cluster_wide.splitlines() if line.split("/")[1].startswith(NAMESPACE)
     ]
     # The CRDs stay (crds.keep): deleting one would delete every policy object.
-    for crd in ("lapsepolicies.lapse.dev", "clusterlapsepolicies.lapse.dev"):
+    for crd in CRDS:
         kept = json.loads(cluster.kubectl("get", "crd", crd, "-o", "json"))
         assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep", crd
+        assert kept["metadata"]["labels"]["helm.sh/chart"] == f"lapse-{VERSION}", crd
     print(
-        f"\nhelm, {shape}: installed and Ready in {installed:.0f} s (images pushed); deletions "
-        f"{first:.1f} s and {second:.1f} s after their deadlines (install, upgrade)"
+        f"\nhelm, {shape}: lapse-{installed_version} installed and Ready in {installed:.0f} s "
+        f"(images pushed); deletions {first:.1f} s and {second:.1f} s after their deadlines "
+        f"(install, upgrade to lapse-{VERSION} from {REGISTRY})"
     )

@@ -14,8 +14,6 @@ import re
 import subprocess
 import sys
 import tarfile
-import time
-import tomllib
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -24,10 +22,9 @@ import pytest
 import yaml
 from cyclonedx.model.bom import Bom
 
-from tests.helm_chart import helm, run_helm
+from tests.helm_chart import run_helm
+from tests.release_build import ROOT, VERSION, build_release, release_manifest
 
-ROOT = Path(__file__).resolve().parents[2]
-VERSION: str = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 CHART_KEYS = {
     "lapse": "lapse",
     "ttl-planner": "ttlPlanner",
@@ -58,22 +55,12 @@ def images() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def released(images: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("release") / VERSION
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/release.py"), "--out", str(out),
-         "--helm", str(helm())],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    print(f"release: {time.monotonic() - started:.1f} s")
-    return out
+    return build_release(tmp_path_factory.mktemp("release") / VERSION)
 
 
 @pytest.fixture(scope="module")
 def manifest(released: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((released / "release.json").read_text())
-    return data
+    return release_manifest(released)
 
 
 def wheel_dependencies(wheel: Path, extra: str | None = None) -> set[str]:
