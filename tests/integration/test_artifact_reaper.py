@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -539,3 +539,56 @@ async def test_an_object_another_run_rewrites_after_the_listing_is_judged_again(
     assert result.outcome is Outcome.DELETED
     assert result.detail.startswith("deleted 1 objects")
     assert later.uid in result.detail  # shared, kept
+
+
+class WrittenAfterTheRecheck(ObstoreStores):
+    """The real store (SeaweedFS); right after the reaper lists a batch again (its last
+    look before the delete), `then` runs: a write lands in the window no listing can
+    close, the moment no test can otherwise hit."""
+
+    def __init__(self, config: ArtifactsConfig, then: Any) -> None:
+        super().__init__(config)
+        self.then = then
+
+    async def current(
+        self, store: str, objects: Sequence[StoredObject]
+    ) -> tuple[StoredObject, ...]:
+        now = await super().current(store, objects)
+        if self.then is not None:
+            then, self.then = self.then, None
+            await then()
+        return now
+
+
+async def test_an_object_written_again_after_the_last_listing_is_kept_by_the_store(
+    lapse: Lapse, seaweedfs: EmbeddedSeaweedFS
+) -> None:
+    """After the batch's last listing, one of its keys is written again (same size, new
+    etag) and another is deleted by someone else. The store deletes each object only if
+    its etag is still the one listed (S3 If-Match): the rewritten one is kept, the gone
+    one counts as already gone, the unchanged ones go, and the outcome says so."""
+    s3 = client(seaweedfs)
+    run = job("raced", datetime.now(UTC) - timedelta(seconds=10))
+    prefix = f"runs/logs/team-a/raced/{run.uid}/"
+    keys = [f"{prefix}{i}.log" for i in range(6)]
+    rewritten, vanished = keys[1], keys[4]
+    await plant(s3, *keys)
+    sub = await lapse.due_reader()
+    await lapse.finished(run)
+
+    async def written_again() -> None:
+        await obstore.put_async(s3, rewritten, f"CONTENT OF {rewritten}".encode())
+        await obstore.delete_async(s3, vanished)
+
+    reaper = dataclasses.replace(
+        lapse.reaper, stores=WrittenAfterTheRecheck(lapse.config, written_again)
+    )
+    result = outcome(await reaper.handle(await next_due(sub, Target.ARTIFACTS)))
+
+    assert await present(s3, prefix) == {rewritten}, "the object written again was deleted"
+    body = await (await obstore.get_async(s3, rewritten)).bytes_async()
+    assert bytes(body) == f"CONTENT OF {rewritten}".encode()
+    assert result.outcome is Outcome.DELETED
+    assert result.detail.startswith("deleted 4 objects")
+    assert "kept 1 objects written again since they were listed" in result.detail
+    assert "1 objects were already gone" in result.detail
