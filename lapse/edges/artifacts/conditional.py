@@ -34,7 +34,7 @@ from lapse.functions.reaping.failures import transient as is_transient
 # DELETEs in flight at once, per batch: per-object deletes are one round trip each, and a
 # bound keeps one run's 1,000 keys from opening 1,000 connections (docs/architecture.md,
 # "Targets": the measured rate).
-CONCURRENCY: Final = 32
+CONCURRENCY: Final = 16
 # How long a signed URL is good for: it is sent at once; this only bounds a leaked one.
 URL_LIFETIME: Final = timedelta(minutes=5)
 _CODE = re.compile(r"<Code>([A-Za-z]{1,64})</Code>")
