@@ -130,8 +130,9 @@ class ArtifactStore(_Model):
     # Each object deleted with `If-Match: <the etag listed>`, so the store itself keeps
     # one rewritten since (docs/architecture.md, "The artifact-reaper"). None: yes for
     # S3 (AWS S3 and SeaweedFS honour it); false for an S3-compatible server that rejects
-    # the header, and for GCS and Azure, where lapse sends none yet: there the batch is
-    # listed again just before its delete, and deleted only as it was judged.
+    # or ignores the header (MinIO ignores it), and for GCS and Azure, where lapse sends
+    # none yet: batched deletes. Every store's batch is listed again just before its
+    # delete, and deleted only as it was judged.
     conditional_delete: bool | None = None
 
     @model_validator(mode="after")
