@@ -2,8 +2,8 @@
 store itself keeps an object written again since lapse judged it (412 Precondition Failed).
 
 obstore (0.12) sends no conditional delete, so each DELETE is a URL obstore presigns
-(`sign_async`, in stores.py: SigV4 with the credentials obstore found, IRSA and instance metadata
-included; lapse handles no key) sent by httpx with the `If-Match` header added. A
+(`sign_async`, in stores.py: SigV4 with the credentials obstore found, IRSA and instance
+metadata included; lapse handles no key) sent by httpx with the `If-Match` header. A
 presigned URL signs only `host`: S3 takes the other headers as sent, and AWS S3 (general
 purpose buckets since 2025-09) and SeaweedFS honour `If-Match` on DeleteObject. The URL is
 a bearer credential for one DELETE of one key for `URL_LIFETIME`: it is signed just
@@ -31,9 +31,10 @@ from lapse.functions.artifact_reaper.ports import Deletion, StoredObject
 from lapse.functions.reaping.failures import Refused, TargetFailure, Unavailable, retry_delay
 from lapse.functions.reaping.failures import transient as is_transient
 
-# DELETEs in flight at once, per batch: per-object deletes are one round trip each, and a
-# bound keeps one run's 1,000 keys from opening 1,000 connections (docs/architecture.md,
-# "Targets": the measured rate).
+# DELETEs in flight at once: a batch's workers, and the connections of the process's one
+# client (stores.py), shared by the batches of every due event in flight. Per-object
+# deletes are one round trip each; the bound keeps 1,000 keys from opening 1,000
+# connections (docs/architecture.md, "The artifact-reaper": the measured rate).
 CONCURRENCY: Final = 16
 # How long a signed URL is good for: it is sent at once; this only bounds a leaked one.
 URL_LIFETIME: Final = timedelta(minutes=5)
