@@ -595,3 +595,24 @@ async def test_an_object_written_again_after_the_last_listing_is_kept_by_the_sto
     assert result.detail.startswith("deleted 4 objects")
     assert "kept 1 objects written again since they were listed" in result.detail
     assert "1 objects were already gone" in result.detail
+
+
+async def test_a_run_whose_every_object_was_written_again_ends_kept(
+    lapse: Lapse, seaweedfs: EmbeddedSeaweedFS
+) -> None:
+    s3 = client(seaweedfs)
+    run = job("rewritten", datetime.now(UTC) - timedelta(seconds=10))
+    key = f"runs/logs/team-a/rewritten/{run.uid}/0.log"
+    await plant(s3, key)
+    sub = await lapse.due_reader()
+    await lapse.finished(run)
+
+    async def written_again() -> None:
+        await obstore.put_async(s3, key, b"written again")
+
+    reaper = dataclasses.replace(
+        lapse.reaper, stores=WrittenAfterTheRecheck(lapse.config, written_again)
+    )
+    result = outcome(await reaper.handle(await next_due(sub, Target.ARTIFACTS)))
+    assert result.outcome is Outcome.KEPT, result.detail
+    assert await present(s3, key.rsplit("/", 1)[0]) == {key}
