@@ -26,6 +26,13 @@ from typing import Any, Final
 from urllib.parse import quote
 
 from lapse.embedded.nats_identities import JS_READ, Identity, password_variable
+from lapse.events.subjects import (
+    AUDIT_PREFIX,
+    DLQ_PREFIX,
+    DUE_PREFIX,
+    EVENTS_PREFIX,
+    SCHEDULE_PREFIX,
+)
 
 # The hub's own JetStream domain: a cluster may not take this name (lapse.config checks).
 HUB_DOMAIN: Final = "hub"
@@ -35,6 +42,10 @@ FLEET_PREFIX: Final = "lapse.fleet"
 HUB_REPLIES: Final = "$JSC.R.>"
 # Flow control of a source consumer: the hub answers it toward the cluster.
 FLOW_CONTROL: Final = "$JS.FC.>"
+
+
+# lapse's own subjects in a cluster (lapse/events/subjects.py): the hub puts nothing there.
+LAPSE_PREFIXES: Final = (SCHEDULE_PREFIX, DUE_PREFIX, EVENTS_PREFIX, AUDIT_PREFIX, DLQ_PREFIX)
 
 
 def deliver_prefix(cluster: str) -> str:
@@ -132,8 +143,10 @@ def leaf_settings(link: LeafLink, durables: tuple[str, ...]) -> dict[str, Any]:
         scheme, _, rest = url.strip().partition("://")
         urls.append(f"{scheme}://{auth}{rest}")
     api = f"$JS.{link.cluster}.API"
+    # Not all of lapse.>: the hub's interest in its deliver subjects (lapse.fleet.<cluster>.
+    # deliver.>) crosses the same way, and a denied import is a denied interest too.
     deny = [
-        "lapse.>",
+        *(f"{prefix}.>" for prefix in LAPSE_PREFIXES),
         "$KV.>",
         f"{api}.STREAM.>",
         f"{api}.CONSUMER.DURABLE.>",
