@@ -285,7 +285,7 @@ def test_lapse_variables_without_a_double_underscore_are_not_overrides() -> None
         (
             "- nats\n",
             "lapse.yaml: the top level must be a mapping of sections (nats, "
-            "database, kubernetes, policies, safety, ingress, kinds, artifacts, reconcile)",
+            "database, kubernetes, policies, safety, ingress, kinds, artifacts, reconcile, fleet)",
         ),
         ("nats: [1]\n", "lapse.yaml: nats: expected a mapping of keys, got a list"),
         (
