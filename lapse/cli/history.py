@@ -74,8 +74,23 @@ def add_fleet(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cluster",
         metavar="NAME",
+        type=_cluster_name,
         help="only this cluster of the fleet, from its hub (implies --fleet)",
     )
+
+
+def _cluster_name(text: str) -> str:
+    # A token of the hub's subjects: a wildcard or a dot would read other clusters' rows.
+    from pydantic import TypeAdapter, ValidationError
+
+    from lapse.config.schema import ClusterName
+
+    try:
+        return TypeAdapter(ClusterName).validate_python(text)
+    except ValidationError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a cluster name (lower-case letters, digits and '-')"
+        ) from None
 
 
 def fleet_config(config: LapseConfig, args: argparse.Namespace) -> LapseConfig | None:

@@ -35,11 +35,12 @@ from lapse.edges.nats import security_options
 from lapse.embedded.fleet_identities import (
     HUB_ADMIN,
     HUB_READER,
+    hub_password_variables,
     hub_settings,
     hub_users,
     leaf_user,
 )
-from lapse.embedded.nats import EmbeddedNats
+from lapse.embedded.nats import EmbeddedNats, nats_server_binary
 from lapse.embedded.nats_identities import ADMIN, READER, new_password, password_file
 from lapse.embedded.process import free_port
 from lapse.operations.audit import audit_events, fleet_audit_events, history_row
@@ -348,3 +349,43 @@ async def test_a_clusters_credentials_reach_neither_another_cluster_nor_the_hub(
 
 async def _told(errors: list[str], said: str) -> bool:
     return any(said in e for e in errors)
+
+
+def test_the_hubs_printed_configuration_is_one_nats_server_accepts(tmp_path: Path) -> None:
+    config = _write(tmp_path / "lapse.yaml", yaml.safe_dump({"fleet": {"clusters": ["a", "b"]}}))
+    env = {**clean_env(tmp_path), "LAPSE_CONFIG": str(config)}
+    printed = subprocess.run(
+        [*LAPSE, "fleet", "conf", "--store-dir", str(tmp_path / "js")],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert printed.returncode == 0, printed.stderr
+    conf = _write(tmp_path / "hub.conf", printed.stdout)
+    passwords = {
+        variable: new_password() for variable in hub_password_variables(("a", "b")).values()
+    }
+    assert all(f"${variable}" in printed.stdout for variable in passwords)
+    assert not any(password in printed.stdout for password in passwords.values())
+    checked = subprocess.run(
+        [nats_server_binary(), "-c", str(conf), "-t"],
+        capture_output=True, text=True, env={**env, **passwords}, timeout=30,
+    )  # fmt: skip
+    assert checked.returncode == 0 and "is valid" in checked.stderr + checked.stdout, checked
+
+
+def test_lapse_up_refuses_a_leaf_for_a_nats_it_did_not_start(tmp_path: Path) -> None:
+    config = {
+        "nats": {"url": "nats://127.0.0.1:4222"},
+        "fleet": {
+            "cluster": "east",
+            "leaf": {"url": "nats-leaf://hub:7422", "user": "u", "password_file": "/p"},
+        },
+    }
+    env = {
+        **clean_env(tmp_path),
+        "LAPSE_CONFIG": str(_write(tmp_path / "lapse.yaml", yaml.safe_dump(config))),
+    }
+    result = subprocess.run(
+        [*LAPSE, "up", "--listen", ""], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 2, result.stderr
+    assert "fleet.leaf:" in result.stderr and "configure that server" in result.stderr

@@ -78,13 +78,15 @@ def test_the_hub_sources_each_cluster_from_its_domain_with_the_cluster_in_the_su
     assert (audit.name, events.name) == (FLEET_AUDIT, FLEET_EVENTS)
     assert audit.max_age == timedelta(days=3).total_seconds()
     assert not audit.subjects  # only what the sources bring
+    assert audit.sources is not None and events.sources is not None
     east = audit.sources[0]
-    assert east.name == "LAPSE_AUDIT"
+    assert east.name == "LAPSE_AUDIT" and east.external is not None
     assert east.external.api == "$JS.east.API"
     assert east.external.deliver == "lapse.fleet.east.deliver.audit"
-    (transform,) = east.subject_transforms
+    (transform,) = east.subject_transforms or []
     assert (transform.src, transform.dest) == ("lapse.audit.>", "lapse.fleet.east.audit.>")
-    assert events.sources[1].subject_transforms[0].dest == "lapse.fleet.west.events.>"
+    (west_events,) = events.sources[1].subject_transforms or []
+    assert west_events.dest == "lapse.fleet.west.events.>"
 
 
 @pytest.mark.parametrize(
@@ -132,3 +134,24 @@ def test_the_fleet_configuration() -> None:
 def test_a_wrong_fleet_configuration_is_refused(fleet: dict[str, object], said: str) -> None:
     with pytest.raises(ValidationError, match=said):
         _fleet(**fleet)
+
+
+def test_history_reads_the_hub_only_when_asked_and_configured() -> None:
+    import argparse
+
+    from lapse.cli.common import UsageError
+    from lapse.cli.history import _cluster_name, fleet_config
+
+    local = argparse.Namespace(fleet=False, cluster=None)
+    hub = {"url": "nats://hub:4222", "user": "lapse-hub-reader", "password_file": "/p"}
+    assert fleet_config(_fleet(hub=hub), local) is None
+    config = fleet_config(_fleet(hub=hub), argparse.Namespace(fleet=False, cluster="east"))
+    assert config is not None and config.nats.url == "nats://hub:4222"
+    assert config.nats.user == "lapse-hub-reader"
+    with pytest.raises(UsageError, match=r"set fleet\.hub\.url"):
+        fleet_config(LapseConfig(), argparse.Namespace(fleet=True, cluster=None))
+    # A cluster name is a token of the hub's subjects: no wildcard reads every cluster.
+    assert _cluster_name("east-1") == "east-1"
+    for bad in ("*", ">", "a.b", "East"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _cluster_name(bad)
