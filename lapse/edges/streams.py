@@ -271,6 +271,16 @@ async def _message_gets(
         seq += 1
 
 
+async def stream_info_document(js: JetStreamContext, stream: str) -> dict[str, Any]:
+    """The server's own stream info, as JSON: what nats-py's StreamInfo drops included (a
+    source's `external` API prefix names the domain it comes from)."""
+    answer = await _client(js).request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=_TIMEOUT)
+    info: dict[str, Any] = json.loads(answer.data)
+    if "error" in info:
+        raise APIError.from_error(info["error"])
+    return info
+
+
 async def count_messages(js: JetStreamContext, stream: str, subject: str) -> int:
     """How many messages match `subject`, counted by the server (no body is read): one
     direct get says how many more match after the first; a stream without direct gets

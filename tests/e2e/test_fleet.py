@@ -31,7 +31,9 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from lapse.config import NatsConfig
+from lapse.edges.fleet_streams import FLEET_AUDIT, fleet_subject
 from lapse.edges.nats import security_options
+from lapse.edges.streams import count_messages
 from lapse.embedded.fleet_identities import (
     HUB_ADMIN,
     HUB_READER,
@@ -83,7 +85,7 @@ class Fleet:
             [*LAPSE, *args], capture_output=True, text=True, env=env or self.hub_env, timeout=60
         )
         assert result.returncode == 0, (args, result.stderr)
-        return json.loads(result.stdout)["items"] if "-o" in args else result.stdout
+        return json.loads(result.stdout) if "-o" in args else result.stdout
 
 
 def _write(path: Path, text: str) -> Path:
@@ -191,7 +193,7 @@ async def test_each_cluster_deletes_on_time_through_a_partition_and_the_hub_coun
         await wait_for(partial(gone, kube, cluster, before[cluster.name]), timeout=30, interval=0.2)
 
     def hub_rows(*args: str) -> list[dict[str, Any]]:
-        return deleted(fleet.lapse("history", *args, "-o", "json"))
+        return deleted(fleet.lapse("history", *args, "-o", "json")["items"])
 
     reader = fleet.passwords[HUB_READER.user]
     hub, _ = await _connect(fleet.hub.url, HUB_READER.user, reader)
@@ -257,7 +259,34 @@ async def test_each_cluster_deletes_on_time_through_a_partition_and_the_hub_coun
         )
         late = [(r["name"], r["latencySeconds"]) for r in local]
         assert all(seconds < ON_TIME_SECONDS for _, seconds in late), late
+
+    async def audit_counts() -> tuple[dict[str, int], dict[str, int]]:
+        """Each cluster's audit stream as it holds it, and the hub's copy of it."""
+        own, copied = {}, {}
+        for cluster in clusters:
+            state = cluster.state_dir
+            nc, _ = await _connect(cluster.nats_url, READER.user, password_file(state, READER))
+            try:
+                own[cluster.name] = (await nc.jetstream().stream_info("LAPSE_AUDIT")).state.messages
+            finally:
+                await nc.close()
+            subject = f"{fleet_subject(cluster.name, 'audit')}.>"
+            copied[cluster.name] = await count_messages(hub.jetstream(), FLEET_AUDIT, subject)
+        return own, copied
+
+    async def copies_complete() -> bool:
+        own, copied = await audit_counts()
+        return own == copied
+
+    # Every audit event once on the hub, the schedules and skips included.
+    await wait_for(copies_complete, timeout=10, interval=0.2)
+    counts, _ = await audit_counts()
     await hub.close()
+    report = fleet.lapse("status", "--fleet", "-o", "json")["clusters"]
+    assert [(c["cluster"], c["auditEvents"], c["error"]) for c in report] == [
+        (name, counts[name], None) for name in sorted(counts)
+    ]
+    assert all(c["lastHeardSeconds"] is not None for c in report), report
     rows = hub_rows("--fleet")
     # Every outcome once, under the cluster that deleted it (and no other cluster's rows).
     assert len(rows) == 12, rows
