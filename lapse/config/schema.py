@@ -77,14 +77,24 @@ def _database_url(value: str) -> str:
     return value
 
 
-def _nats_url(value: str) -> str:
+def _servers(value: str, schemes: tuple[str, ...], what: str) -> list[str]:
+    """What follows each scheme in `value` (comma-separated URLs, each with one of
+    `schemes`); `what` opens the message, its parenthesis closed here."""
+    rests = []
     for server in value.split(","):
         scheme, sep, rest = server.strip().partition("://")
-        if not sep or scheme not in ("nats", "tls", "ws", "wss") or not rest:
-            raise ValueError(
-                "not a NATS URL (nats://host:4222, tls://, ws:// or wss://; "
-                "several separated by commas)"
-            )
+        if not sep or scheme not in schemes or not rest:
+            raise ValueError(f"not {what} several separated by commas)")
+        rests.append(rest)
+    return rests
+
+
+def _nats_url(value: str) -> str:
+    _servers(
+        value,
+        ("nats", "tls", "ws", "wss"),
+        "a NATS URL (nats://host:4222, tls://, ws:// or wss://;",
+    )
     return value
 
 
@@ -216,17 +226,15 @@ ClusterName = Annotated[
 
 
 def _leaf_url(value: str) -> str:
-    for server in value.split(","):
-        scheme, sep, rest = server.strip().partition("://")
-        if not sep or scheme not in ("nats-leaf", "tls", "ws", "wss") or not rest:
-            raise ValueError(
-                "not a leaf node URL (nats-leaf://hub:7422, tls://, ws:// or wss://; "
-                "several separated by commas)"
-            )
-        if "@" in rest:
-            # Credentials come from user and password_file, never from the URL: it is
-            # logged, and shown by `lapse up`'s configuration errors.
-            raise ValueError("no credentials in the URL: set user and password_file")
+    rests = _servers(
+        value,
+        ("nats-leaf", "tls", "ws", "wss"),
+        "a leaf node URL (nats-leaf://hub:7422, tls://, ws:// or wss://;",
+    )
+    if any("@" in rest for rest in rests):
+        # Credentials come from user and password_file, never from the URL: it is logged,
+        # and shown by `lapse up`'s configuration errors.
+        raise ValueError("no credentials in the URL: set user and password_file")
     return value
 
 
