@@ -161,10 +161,14 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, kube: KubeStack) -> Iterator
         asyncio.run(wait_for(all_running, timeout=120, interval=0.3))
         yield Fleet(hub, clusters, hub_env, files)
     finally:
+        # Every process stopped before any failure is reported: none outlives the test.
+        failed = []
         for cluster in clusters.values():
             cluster.cut.cut()
-            assert cluster.up.stop() == 0, cluster.up.log.read_text()[-3000:]
+            if cluster.up.stop() != 0:
+                failed.append(cluster.up.log.read_text()[-3000:])
         hub.stop()
+        assert not failed, failed
 
 
 async def finish(kube: KubeStack, cluster: Cluster, names: list[str], ttl: str) -> None:
