@@ -4,7 +4,8 @@
 builder runs `pip install .` there. So this copies the `lapse` package into <folder>/vendor/
 (its symlinks lapse/events, lapse/functions, lapse/infra followed: real folders in the copy)
 and writes <folder>/pyproject.toml: a project named `function` that installs the entry point
-and that package, with lapse's own pinned dependencies. Both are generated (git ignores
+and that package, with the share of lapse's dependencies the function imports
+(pyproject.toml's `[tool.lapse.function-dependencies]`, images/locked_requirements.py). Both are generated (git ignores
 them); run `make functions` again after a change.
 """
 
@@ -17,6 +18,9 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "images"))
+from locked_requirements import function_dependencies  # noqa: E402
+
 PACKAGES = ("lapse",)
 IGNORE = shutil.ignore_patterns(
     "__pycache__", "*.pyc", "vendor", "lib", "function", "func.yaml", "pyproject.toml"
@@ -56,6 +60,8 @@ def pyproject(packages: list[str], dependencies: list[str], version: str) -> str
 
 def package(folder: Path) -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    # The folder is the function's name with underscores (functions/ttl_planner: ttl-planner).
+    dependencies = function_dependencies(ROOT / "pyproject.toml", folder.name.replace("_", "-"))
     vendor = folder / "vendor"
     shutil.rmtree(vendor, ignore_errors=True)
     for top in PACKAGES:
@@ -63,7 +69,7 @@ def package(folder: Path) -> None:
         shutil.copytree(ROOT / top, vendor / top, ignore=IGNORE, symlinks=False)
     packages = find_packages(vendor)
     (folder / "pyproject.toml").write_text(
-        pyproject(packages, project["dependencies"], project["version"])
+        pyproject(packages, dependencies, project["version"])
     )
 
 

@@ -1,0 +1,114 @@
+"""Each function imports only what its image carries (pyproject.toml's
+`[tool.lapse.function-dependencies]`, installed by the Containerfile with its closure over
+requirements.lock).
+
+A fresh interpreter, in which every installed distribution outside the function's closure
+cannot be imported (as in the function's image, where it is absent), imports what a
+deployed function reaches: the entry module func's glue imports, its factory (its edges),
+the connections its resources open on first use, and the telemetry exporters the OTEL_*
+environment can name. The built images are run for real in tests/integration/test_images.py.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lapse.runtime.registry import FUNCTIONS
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "images"))
+from locked_requirements import normalize, requirements  # noqa: E402
+
+# The modules a deployed function reaches beyond its factory module (lapse/runtime/factories/):
+# the clients lapse.runtime.resources opens on first use, the policy follower (knative.py).
+TELEMETRY = [
+    "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.prometheus",
+    "prometheus_client",
+]
+KUBERNETES = ["lapse.edges.kubernetes", "lapse.edges.kubernetes.reaping"]
+REACHED = {
+    "ttl-planner": [*KUBERNETES, "lapse.runtime.policy_watcher"],
+    "object-reaper": [*KUBERNETES, "lapse.runtime.policy_watcher"],
+    "row-reaper": ["lapse.edges.database", "asyncpg", "aiomysql", "aiosqlite"],
+    "artifact-reaper": [*KUBERNETES],
+}
+# What a function must not load: another function's edge, the CLI's libraries.
+NOT_LOADED = {
+    "ttl-planner": ["sqlalchemy", "obstore", "rich", "argcomplete"],
+    "object-reaper": ["sqlalchemy", "obstore", "rich", "argcomplete"],
+    "row-reaper": ["kubernetes", "obstore", "rich", "argcomplete"],
+    "artifact-reaper": ["sqlalchemy", "rich", "argcomplete"],
+}
+
+# Run in the fresh interpreter: block every module that only distributions outside the
+# closure provide, then import as the image would.
+PROBE = """
+import importlib, json, sys
+blocked = set(json.loads(sys.argv[1]))
+
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r} (not in this image)", name=name)
+        return None
+
+sys.meta_path.insert(0, Absent())
+from lapse.runtime.registry import factory_of
+for module in json.loads(sys.argv[2]):
+    importlib.import_module(module)
+factory_of(sys.argv[3])
+for module in json.loads(sys.argv[4]):
+    importlib.import_module(module)
+print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
+"""
+
+
+def modules_outside(allowed: set[str]) -> set[str]:
+    """The importable names (packages and modules) that only distributions outside
+    `allowed` provide: what is absent from an image installing `allowed`."""
+    providers: dict[str, set[str]] = {}
+    for distribution in importlib.metadata.distributions():
+        name = normalize(distribution.metadata["Name"])
+        for file in distribution.files or []:
+            parts = file.parts
+            if not parts or parts[0].endswith((".dist-info", ".data")) or parts[0] == "..":
+                continue
+            if file.name == "__init__.py":
+                module = ".".join(parts[:-1])
+            elif file.suffix == ".py" or file.suffix == ".so":
+                module = ".".join([*parts[:-1], file.name.split(".")[0]])
+            else:
+                continue
+            if module:
+                providers.setdefault(module, set()).add(name)
+    return {module for module, names in providers.items() if not names & allowed}
+
+
+@pytest.mark.parametrize("function", sorted(FUNCTIONS))
+def test_a_function_imports_only_what_its_image_carries(function: str) -> None:
+    closure = requirements(ROOT / "requirements.lock", ROOT / "pyproject.toml", function=function)
+    allowed = {package.name for package in closure} | {"lapse"}
+    entry = f"lapse.functions.{function.replace('-', '_')}.function"
+    probe = subprocess.run(
+        [
+            sys.executable, "-c", PROBE,
+            json.dumps(sorted(modules_outside(allowed))),
+            json.dumps(["func_python.cloudevent", entry]),
+            function,
+            json.dumps([*REACHED[function], *TELEMETRY]),
+        ],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr
+    loaded = set(json.loads(probe.stdout))
+    assert not loaded & set(NOT_LOADED[function]), loaded & set(NOT_LOADED[function])
