@@ -217,8 +217,8 @@ def image_requirements(image: dict[str, Any]) -> tuple[list[Locked], Path]:
         return requirements(LOCK, project), project
     if image["containerfile_target"] == "lapse":
         return requirements(LOCK, PYPROJECT, ("embedded",)), PYPROJECT
-    # One of lapse's functions: its own share of the lock (functions/ttl_planner: ttl-planner).
-    function = Path(image["folder"]).name.replace("_", "-")
+    # One of lapse's functions: its own share of the lock (func.yaml's lapse-ttl-planner).
+    function = image["function"].removeprefix("lapse-")
     return requirements(LOCK, PYPROJECT, function=function), PYPROJECT
 
 
