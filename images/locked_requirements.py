@@ -104,7 +104,7 @@ def function_dependencies(pyproject: Path, function: str) -> list[str]:
     table = document["tool"]["lapse"]["function-dependencies"]
     if function == EVERY_FUNCTION or function not in table:
         known = ", ".join(sorted(set(table) - {EVERY_FUNCTION}))
-        raise SystemExit(f"no function {function!r} in [tool.lapse.function-dependencies] ({known})")
+        raise SystemExit(f"[tool.lapse.function-dependencies] has no {function!r} ({known})")
     names = {normalize(name) for name in [*table[EVERY_FUNCTION], *table[function]]}
     chosen = []
     for requirement in document["project"]["dependencies"]:

@@ -77,9 +77,7 @@ def package(folder: Path) -> None:
         # symlinks=False (the default): the folders they point at are copied.
         shutil.copytree(ROOT / top, vendor / top, ignore=IGNORE, symlinks=False)
     packages = find_packages(vendor)
-    (folder / "pyproject.toml").write_text(
-        pyproject(packages, dependencies, project["version"])
-    )
+    (folder / "pyproject.toml").write_text(pyproject(packages, dependencies, project["version"]))
 
 
 def main() -> int:
