@@ -11,6 +11,7 @@ environment can name. The built images are run for real in tests/integration/tes
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import subprocess
@@ -73,10 +74,10 @@ print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
 """
 
 
-def modules_outside(allowed: set[str]) -> set[str]:
-    """The importable names (packages and modules) that only distributions outside
-    `allowed` provide: what is absent from an image installing `allowed`."""
-    providers: dict[str, set[str]] = {}
+@functools.cache
+def providers() -> dict[str, frozenset[str]]:
+    """Each importable name (package or module) -> the installed distributions providing it."""
+    found: dict[str, set[str]] = {}
     for distribution in importlib.metadata.distributions():
         name = normalize(distribution.metadata["Name"])
         for file in distribution.files or []:
@@ -90,8 +91,14 @@ def modules_outside(allowed: set[str]) -> set[str]:
             else:
                 continue
             if module:
-                providers.setdefault(module, set()).add(name)
-    return {module for module, names in providers.items() if not names & allowed}
+                found.setdefault(module, set()).add(name)
+    return {module: frozenset(names) for module, names in found.items()}
+
+
+def modules_outside(allowed: set[str]) -> set[str]:
+    """The importable names that only distributions outside `allowed` provide: what is
+    absent from an image installing `allowed`."""
+    return {module for module, names in providers().items() if not names & allowed}
 
 
 @pytest.mark.parametrize("function", sorted(FUNCTIONS))
