@@ -54,7 +54,8 @@ def parses(url: str) -> bool:
     if match is None:
         return False
     port = match.group("port")
-    if port:
+    if port is not None:
+        # SQLAlchemy refuses an empty port too (`host:`): not an integer.
         try:
             int(port)
         except ValueError:

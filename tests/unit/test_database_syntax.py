@@ -20,6 +20,8 @@ EXAMPLES = [
     "oracle://scott:tiger@db/orcl",
     "oracle+cx_oracle://scott:tiger@db/orcl",
     "postgresql://u:p@db:port/db",
+    "postgresql://:",
+    "postgresql://u:p@db:/db",
     "postgresql//kfp:hunter2@db/mlpipeline",
     "::not a url::",
     "",
