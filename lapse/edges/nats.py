@@ -264,10 +264,6 @@ class LazyBucket:
         self._config = config
         self._kv: KeyValue | None = None
 
-    @property
-    def opened(self) -> bool:
-        return self._kv is not None
-
     async def __call__(self) -> KeyValue:
         if self._kv is None:
             self._kv = await key_value_bucket(self._js, self._config)

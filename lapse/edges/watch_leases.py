@@ -81,15 +81,16 @@ class WatchLeases:
                 replicas=replicas,
             ),
         )
+        self._ttl_read = False
 
     async def _bucket(self) -> KeyValue:
-        if self._kv.opened:
-            return await self._kv()
         kv = await self._kv()
-        # Whoever made the bucket chose the TTL: every holder gives up by it.
-        status = await kv.status()
-        if status.ttl:
-            self.ttl = float(status.ttl)
+        if not self._ttl_read:
+            # Whoever made the bucket chose the TTL: every holder gives up by it.
+            status = await kv.status()
+            if status.ttl:
+                self.ttl = float(status.ttl)
+            self._ttl_read = True
         return kv
 
     def _lease_key(self, kind: str) -> str:
