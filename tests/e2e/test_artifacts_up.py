@@ -243,6 +243,50 @@ async def _nothing() -> None:
     return None
 
 
+async def artifacts_ended(
+    tmp_path: Path,
+    own_nats: EmbeddedNats,
+    kube: KubeStack,
+    s3_url: str,
+    ns: str,
+    outputs: list[str],
+    *,
+    artifacts: str = "",
+) -> dict[str, Any]:
+    """`lapse up` on short clocks (the object 1 s, its artifacts 3 s) with the S3 store at
+    `s3_url`, a finished Workflow in `ns` with `outputs`: its artifacts outcome, as `lapse
+    history` shows it. `artifacts`: more of lapse.yaml's `artifacts:` section."""
+    config = tmp_path / "lapse.yaml"
+    config.write_text(
+        f"nats: {{url: '{own_nats.url}'}}\n"
+        f"kubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n"
+        "policies:\n"
+        "  - name: clocks\n"
+        "    kubernetes: {ttl: 1s}\n"
+        "    artifacts: {ttl: 3s}\n"
+        "safety: {max_deletions_per_second: 1000, namespaces: {include: ['*']}}\n"
+        "artifacts:\n"
+        f"{artifacts}"
+        "  stores:\n"
+        f"    - {{name: argo, url: 's3://{ARTIFACT_BUCKET}/e2e/', endpoint: "
+        f"'{s3_url}', region: {REGION}, min_prefix_depth: 3}}\n"
+    )
+    up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
+    await up.start()
+    try:
+        await kube.workflows.create(ns, workflow_with_outputs("wf", outputs))
+
+        async def recorded() -> list[dict[str, Any]]:
+            # In a thread: a pass-through in this loop must answer meanwhile.
+            rows = await asyncio.to_thread(lapse_json, "history", "-n", ns, config=config)
+            return [r for r in rows if r["target"] == "artifacts"]
+
+        (ended,) = await wait_for(recorded, timeout=60, interval=0.5)
+    finally:
+        assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
+    return dict(ended)
+
+
 async def test_up_keeps_an_artifact_written_again_just_before_its_delete(
     tmp_path: Path,
     own_nats: EmbeddedNats,
@@ -267,32 +311,7 @@ async def test_up_keeps_an_artifact_written_again_just_before_its_delete(
         await obstore.put_async(s3, rewritten, b"a new model, same key")
 
     async with at_the_delete(seaweedfs.endpoint, rewritten, before=written_again) as s3_url:
-        config = tmp_path / "lapse.yaml"
-        config.write_text(
-            f"nats: {{url: '{own_nats.url}'}}\n"
-            f"kubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n"
-            "policies:\n"
-            "  - name: clocks\n"
-            "    kubernetes: {ttl: 1s}\n"
-            "    artifacts: {ttl: 3s}\n"
-            "safety: {max_deletions_per_second: 1000, namespaces: {include: ['*']}}\n"
-            "artifacts:\n"
-            "  stores:\n"
-            f"    - {{name: argo, url: 's3://{ARTIFACT_BUCKET}/e2e/', endpoint: "
-            f"'{s3_url}', region: {REGION}, min_prefix_depth: 3}}\n"
-        )
-        up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
-        await up.start()
-        try:
-            await kube.workflows.create(ns, workflow_with_outputs("wf", outputs))
-
-            async def recorded() -> list[dict[str, Any]]:
-                rows = lapse_json("history", "-n", ns, config=config)
-                return [r for r in rows if r["target"] == "artifacts"]
-
-            (artifacts,) = await wait_for(recorded, timeout=60, interval=0.5)
-        finally:
-            assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
+        artifacts = await artifacts_ended(tmp_path, own_nats, kube, s3_url, ns, outputs)
     assert await present(s3, f"{base}/") == {rewritten}, "the output written again was deleted"
     body = await (await obstore.get_async(s3, rewritten)).bytes_async()
     assert bytes(body) == b"a new model, same key"
@@ -320,34 +339,9 @@ async def test_up_counts_a_delete_whose_answer_never_came_as_its_own(
     s3 = client(seaweedfs)
     await plant(s3, *outputs)
     async with at_the_delete(seaweedfs.endpoint, outputs[1], withhold=True) as s3_url:
-        config = tmp_path / "lapse.yaml"
-        config.write_text(
-            f"nats: {{url: '{own_nats.url}'}}\n"
-            f"kubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n"
-            "policies:\n"
-            "  - name: clocks\n"
-            "    kubernetes: {ttl: 1s}\n"
-            "    artifacts: {ttl: 3s}\n"
-            "safety: {max_deletions_per_second: 1000, namespaces: {include: ['*']}}\n"
-            "artifacts:\n"
-            "  timeout: 3s\n"
-            "  stores:\n"
-            f"    - {{name: argo, url: 's3://{ARTIFACT_BUCKET}/e2e/', endpoint: "
-            f"'{s3_url}', region: {REGION}, min_prefix_depth: 3}}\n"
+        artifacts = await artifacts_ended(
+            tmp_path, own_nats, kube, s3_url, ns, outputs, artifacts="  timeout: 3s\n"
         )
-        up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
-        await up.start()
-        try:
-            await kube.workflows.create(ns, workflow_with_outputs("wf", outputs))
-
-            async def recorded() -> list[dict[str, Any]]:
-                # In a thread: the pass-through shares this loop, and must answer meanwhile.
-                rows = await asyncio.to_thread(lapse_json, "history", "-n", ns, config=config)
-                return [r for r in rows if r["target"] == "artifacts"]
-
-            (artifacts,) = await wait_for(recorded, timeout=60, interval=0.5)
-        finally:
-            assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
     assert await present(s3, f"{base}/") == set()
     # The first pass met the lost answer (a wait, not an outcome); the next one ended it.
     assert "no answer to a DELETE" in (tmp_path / "up.log").read_text()
