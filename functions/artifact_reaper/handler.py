@@ -33,7 +33,9 @@ module is its port, `ArtifactsPort`, and reads in one screen:
   a time.
 - **removed**: the capture is forgotten; `deleted` (with the tally), `refused` when items
   were disallowed and nothing deleted, `kept` when the store kept every object as
-  changed, else `already_gone`.
+  changed, else `already_gone`. An object found gone counts as deleted when an earlier
+  pass sent a DELETE for that very object, kept before it went (sent.py: its answer may
+  have been lost), and as already gone otherwise.
 
 A store that does not answer (timeouts, 5xx, throttling) is `Unavailable` (a `RetryLater`):
 waited out like the API server, never dead-lettered. A store that refuses (403, no such
