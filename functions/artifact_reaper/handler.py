@@ -33,7 +33,9 @@ module is its port, `ArtifactsPort`, and reads in one screen:
   a time.
 - **removed**: the capture is forgotten; `deleted` (with the tally), `refused` when items
   were disallowed and nothing deleted, `kept` when the store kept every object as
-  changed, else `already_gone`.
+  changed, else `already_gone`. An object found gone counts as deleted when an earlier
+  pass sent a DELETE for that very object, kept before it went (sent.py: its answer may
+  have been lost), and as already gone otherwise.
 
 A store that does not answer (timeouts, 5xx, throttling) is `Unavailable` (a `RetryLater`):
 waited out like the API server, never dead-lettered. A store that refuses (403, no such
@@ -59,8 +61,10 @@ from lapse.functions.artifact_reaper.ports import (
     Deletion,
     LiveRuns,
     ObjectStores,
+    SentBatch,
     StoredObject,
 )
+from lapse.functions.artifact_reaper.sent import gone_since_sent, lapses_own, sent_marks
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig
 from lapse.functions.artifact_reaper.verdict import (
     Allowed,
@@ -69,6 +73,7 @@ from lapse.functions.artifact_reaper.verdict import (
     NotRecorded,
     Shared,
     awaits_metadata,
+    belongs,
     changed,
     judge,
     owned,
@@ -118,6 +123,9 @@ class Found:
     sharers: tuple[tuple[CapturedItem, tuple[str, ...]], ...] = ()
     protections: tuple[Protection, ...] = ()
     listed: tuple[tuple[CapturedItem, tuple[StoredObject, ...]], ...] = ()
+    # What earlier passes sent DELETEs for (lapse's record), and which of it is gone now.
+    sent: tuple[SentBatch, ...] = ()
+    sent_gone: tuple[SentBatch, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +143,9 @@ class Plan:
     tally: Tally
     batches: tuple[Batch, ...] = ()
     left_to: str | None = None
+    # Earlier passes' DELETEs (sent.py): what they sent, and what of it is gone now.
+    sent: tuple[SentBatch, ...] = ()
+    sent_gone: tuple[SentBatch, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,7 +221,34 @@ class ArtifactsPort:
         ]
         protections = await self._protections(run, allowed)
         listed = [(item, tuple(await self._list(item))) for item in allowed]
-        return Found(capture, database, tuple(sharers), tuple(protections), tuple(listed))
+        sent = await reaper.captures.sent(run.uid)
+        there = await self._there(sent, listed)
+        return Found(
+            capture,
+            database,
+            tuple(sharers),
+            tuple(protections),
+            tuple(listed),
+            sent,
+            gone_since_sent(sent, there),
+        )
+
+    async def _there(
+        self,
+        sent: Sequence[SentBatch],
+        listed: Sequence[tuple[CapturedItem, Sequence[StoredObject]]],
+    ) -> set[tuple[str, str]]:
+        """Which sent objects are there now: those listed, and (asked one by one) those
+        no listing of this pass covered. A key a listing covered and did not show is gone."""
+        there = {(item.store, obj.path) for item, objects in listed for obj in objects}
+        for batch in sent:
+            for obj in batch.objects:
+                covered = any(
+                    item.store == batch.store and belongs(item, obj.path) for item, _ in listed
+                )
+                if not covered and await self.reaper.stores.head(batch.store, obj.path):
+                    there.add((batch.store, obj.path))
+        return there
 
     async def _protections(self, run: RunRef, allowed: Sequence[CapturedItem]) -> list[Protection]:
         """What other runs record near the allowed items: their captures (finished runs),
@@ -278,7 +316,8 @@ class ArtifactsPort:
             for start in range(0, len(listed_in), BATCH)
         )
         parts = tuple(len(batch.objects) for batch in batches)
-        return Removal(due, Plan(capture, tally, batches), PROVENANCE, parts=parts)
+        plan = Plan(capture, tally, batches, sent=found.sent, sent_gone=found.sent_gone)
+        return Removal(due, plan, PROVENANCE, parts=parts)
 
     async def dry_run(self, removal: Removal[Plan]) -> End:
         due, plan = removal.due, removal.what
@@ -299,9 +338,12 @@ class ArtifactsPort:
             )
         there = {obj.path for obj in now}
         gone = tuple(obj for obj in batch.objects if obj.path not in there)
-        deletion = await self.reaper.stores.delete(
-            batch.store, [obj for obj in batch.objects if obj.path in there]
-        )
+        sending = tuple(obj for obj in batch.objects if obj.path in there)
+        if sending:  # kept before they go: their answers may never come (sent.py)
+            await self.reaper.captures.record_sent(
+                removal.due.run.uid, SentBatch(batch.store, sending)
+            )
+        deletion = await self.reaper.stores.delete(batch.store, sending)
         self.deletions.append(dataclasses.replace(deletion, gone=gone + deletion.gone))
         return None
 
@@ -332,15 +374,20 @@ def _with_shared(tally: Tally, guarding: Sequence[Protection]) -> Tally:
 
 
 def _counted(plan: Plan, deletions: Sequence[Deletion] = ()) -> Tally:
-    """The plan's objects, less those its deletes found changed or gone."""
+    """The plan's objects, less those its deletes found changed or gone, and the objects
+    earlier passes sent DELETEs for that are gone since: a gone object lapse had sent a
+    DELETE for is lapse's own deletion (sent.py), any other gone one someone else's."""
     kept = {obj.path for deletion in deletions for obj in deletion.kept}
     gone = {obj.path for deletion in deletions for obj in deletion.gone}
+    sent = sent_marks(plan.sent)
     objects = [
         obj
         for batch in plan.batches
         for obj in batch.objects
-        if obj.path not in kept and obj.path not in gone
+        if obj.path not in kept and (obj.path not in gone or lapses_own(batch.store, obj, sent))
     ]
+    objects += [obj for batch in plan.sent_gone for obj in batch.objects]
+    gone -= {obj.path for obj in objects}
     return dataclasses.replace(
         plan.tally,
         objects=len(objects),

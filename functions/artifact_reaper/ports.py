@@ -31,6 +31,14 @@ class Deletion:
     gone: tuple[StoredObject, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class SentBatch:
+    """The objects of one batch lapse sent DELETEs for, as it listed them (sent.py)."""
+
+    store: str
+    objects: tuple[StoredObject, ...]
+
+
 class ObjectStores(Protocol):
     """The configured stores, by name. Raise `failures.Unavailable` (no answer, 5xx, 429,
     throttling: waited out) or `failures.Refused` (403, no such bucket)."""
@@ -76,8 +84,18 @@ class Captures(Protocol):
         key, above it or under it (whole '/'-separated parts), each with the runs' uids."""
         ...
 
+    async def record_sent(self, uid: str, batch: SentBatch) -> None:
+        """Keep, beside the run's capture, that lapse is sending DELETEs for this batch
+        (before they go: it must outlive an answer lost, a redelivery, a restart)."""
+        ...
+
+    async def sent(self, uid: str) -> tuple[SentBatch, ...]:
+        """What `record_sent` kept for the run."""
+        ...
+
     async def forget(self, capture: RunCapture) -> None:
-        """Remove the run's capture and its references (once its artifacts are done)."""
+        """Remove the run's capture, its references and its sent records (once its
+        artifacts are done)."""
         ...
 
 

@@ -78,7 +78,8 @@ RECONCILE_HEALTH_KV: Final = "$KV.LAPSE_HEALTH.reconcile.>"
 WATCH_BUCKET: Final = "LAPSE_WATCH"
 WATCH_KV: Final = f"$KV.{WATCH_BUCKET}.>"
 # Each run's artifact capture (lapse/edges/artifacts/captures.py): written by the planner
-# (and by the row-reaper: ML Metadata's account), read and removed by the artifact-reaper.
+# (and by the row-reaper: ML Metadata's account), read and removed by the artifact-reaper,
+# which also keeps there the DELETEs it sent (`sent.<uid>.<digest>`).
 CAPTURES_BUCKET: Final = "LAPSE_ARTIFACTS"
 CAPTURES_KV: Final = f"$KV.{CAPTURES_BUCKET}.>"
 # Which `lapse up` process watches which kind (lapse/edges/watch_leases.py): only `lapse

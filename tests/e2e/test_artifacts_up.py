@@ -162,15 +162,22 @@ async def test_up_deletes_a_workflows_artifacts_on_their_clock_through_an_s3_out
 
 
 @contextlib.asynccontextmanager
-async def writing_before_the_delete(
-    upstream: str, key: str, write: Callable[[], Awaitable[None]]
+async def at_the_delete(
+    upstream: str,
+    key: str,
+    *,
+    before: Callable[[], Awaitable[None]] | None = None,
+    withhold: bool = False,
 ) -> AsyncIterator[str]:
-    """The S3 server behind a loopback pass-through that, when `key`'s delete first
-    arrives (a DELETE of it, or a DeleteObjects naming it), runs `write` against the
-    real server and then forwards the delete: a write landing after everything lapse
-    looked at and before its delete, the moment no test can otherwise hit. Requests go
-    on byte for byte, the signed Host header with them."""
-    pending = [write]
+    """The S3 server behind a loopback pass-through that acts when `key`'s delete first
+    arrives (a DELETE of it, or a DeleteObjects naming it), the moments no test can
+    otherwise hit: `before`, run against the real server before the delete is forwarded
+    (a write landing after everything lapse looked at and before its delete);
+    `withhold`, the store's answer kept back until the client gives up waiting for it
+    (the delete carried out, its answer lost). Requests go on byte for byte, the signed
+    Host header with them."""
+    pending = [before or _nothing]
+    withheld: list[int] = []
     client = httpx.AsyncClient(timeout=60)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -186,7 +193,8 @@ async def writing_before_the_delete(
         deleting = (scope["method"] == "DELETE" and path.endswith(f"/{key}")) or (
             scope["method"] == "POST" and "delete" in query and f"<Key>{key}</Key>" in body.decode()
         )
-        if deleting and pending:
+        first = deleting and bool(pending)
+        if first:
             await pending.pop()()
         request = client.build_request(
             scope["method"], f"{upstream}{path}" + (f"?{query}" if query else ""),
@@ -199,6 +207,12 @@ async def writing_before_the_delete(
             for k, v in response.headers.raw
             if k.lower() not in (b"connection", b"transfer-encoding")
         ]
+        if first and withhold:
+            # Carried out by the store; its answer waits for the client to hang up.
+            gave_up = await asyncio.wait_for(receive(), 60)
+            assert gave_up["type"] == "http.disconnect", gave_up
+            withheld.append(response.status_code)
+            return
         await send(
             {"type": "http.response.start", "status": response.status_code, "headers": headers}
         )
@@ -222,6 +236,55 @@ async def writing_before_the_delete(
         await asyncio.wait_for(task, 10)
         await client.aclose()
     assert not pending, f"no delete of {key} came"
+    assert withheld or not withhold, f"the answer to {key}'s delete was not withheld"
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def artifacts_ended(
+    tmp_path: Path,
+    own_nats: EmbeddedNats,
+    kube: KubeStack,
+    s3_url: str,
+    ns: str,
+    outputs: list[str],
+    *,
+    artifacts: str = "",
+) -> dict[str, Any]:
+    """`lapse up` on short clocks (the object 1 s, its artifacts 3 s) with the S3 store at
+    `s3_url`, a finished Workflow in `ns` with `outputs`: its artifacts outcome, as `lapse
+    history` shows it. `artifacts`: more of lapse.yaml's `artifacts:` section."""
+    config = tmp_path / "lapse.yaml"
+    config.write_text(
+        f"nats: {{url: '{own_nats.url}'}}\n"
+        f"kubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n"
+        "policies:\n"
+        "  - name: clocks\n"
+        "    kubernetes: {ttl: 1s}\n"
+        "    artifacts: {ttl: 3s}\n"
+        "safety: {max_deletions_per_second: 1000, namespaces: {include: ['*']}}\n"
+        "artifacts:\n"
+        f"{artifacts}"
+        "  stores:\n"
+        f"    - {{name: argo, url: 's3://{ARTIFACT_BUCKET}/e2e/', endpoint: "
+        f"'{s3_url}', region: {REGION}, min_prefix_depth: 3}}\n"
+    )
+    up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
+    await up.start()
+    try:
+        await kube.workflows.create(ns, workflow_with_outputs("wf", outputs))
+
+        async def recorded() -> list[dict[str, Any]]:
+            # In a thread: a pass-through in this loop must answer meanwhile.
+            rows = await asyncio.to_thread(lapse_json, "history", "-n", ns, config=config)
+            return [r for r in rows if r["target"] == "artifacts"]
+
+        (ended,) = await wait_for(recorded, timeout=60, interval=0.5)
+    finally:
+        assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
+    return dict(ended)
 
 
 async def test_up_keeps_an_artifact_written_again_just_before_its_delete(
@@ -247,36 +310,43 @@ async def test_up_keeps_an_artifact_written_again_just_before_its_delete(
     async def written_again() -> None:
         await obstore.put_async(s3, rewritten, b"a new model, same key")
 
-    async with writing_before_the_delete(seaweedfs.endpoint, rewritten, written_again) as s3_url:
-        config = tmp_path / "lapse.yaml"
-        config.write_text(
-            f"nats: {{url: '{own_nats.url}'}}\n"
-            f"kubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n"
-            "policies:\n"
-            "  - name: clocks\n"
-            "    kubernetes: {ttl: 1s}\n"
-            "    artifacts: {ttl: 3s}\n"
-            "safety: {max_deletions_per_second: 1000, namespaces: {include: ['*']}}\n"
-            "artifacts:\n"
-            "  stores:\n"
-            f"    - {{name: argo, url: 's3://{ARTIFACT_BUCKET}/e2e/', endpoint: "
-            f"'{s3_url}', region: {REGION}, min_prefix_depth: 3}}\n"
-        )
-        up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
-        await up.start()
-        try:
-            await kube.workflows.create(ns, workflow_with_outputs("wf", outputs))
-
-            async def recorded() -> list[dict[str, Any]]:
-                rows = lapse_json("history", "-n", ns, config=config)
-                return [r for r in rows if r["target"] == "artifacts"]
-
-            (artifacts,) = await wait_for(recorded, timeout=60, interval=0.5)
-        finally:
-            assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
+    async with at_the_delete(seaweedfs.endpoint, rewritten, before=written_again) as s3_url:
+        artifacts = await artifacts_ended(tmp_path, own_nats, kube, s3_url, ns, outputs)
     assert await present(s3, f"{base}/") == {rewritten}, "the output written again was deleted"
     body = await (await obstore.get_async(s3, rewritten)).bytes_async()
     assert bytes(body) == b"a new model, same key"
     assert artifacts["outcome"] == "deleted", artifacts
     assert artifacts["objectsDeleted"] == 2, artifacts
     assert "kept 1 objects written again since they were listed" in artifacts["detail"]
+
+
+async def test_up_counts_a_delete_whose_answer_never_came_as_its_own(
+    tmp_path: Path,
+    own_nats: EmbeddedNats,
+    kube: KubeStack,
+    seaweedfs: EmbeddedSeaweedFS,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 37: the store carries out lapse's conditional DELETE of one output and answers
+    only after lapse's timeout (3 s here). The next delivery finds that key gone: lapse
+    sent that DELETE (its record in the capture bucket says so), so the run ends
+    `deleted`, every output counted, not `already_gone`."""
+    for key, value in seaweedfs.env().items():
+        monkeypatch.setenv(key, value)
+    ns = kube.namespace(f"late-{uuid.uuid4().hex[:6]}")
+    base = f"e2e/{ns}/wf"
+    outputs = [f"{base}/wf-1/main.log", f"{base}/wf-1/model.tgz", f"{base}/wf-1/metrics.json"]
+    s3 = client(seaweedfs)
+    await plant(s3, *outputs)
+    async with at_the_delete(seaweedfs.endpoint, outputs[1], withhold=True) as s3_url:
+        artifacts = await artifacts_ended(
+            tmp_path, own_nats, kube, s3_url, ns, outputs, artifacts="  timeout: 3s\n"
+        )
+    assert await present(s3, f"{base}/") == set()
+    # The first pass met the lost answer (a wait, not an outcome); the next one ended it.
+    assert "no answer to a DELETE" in (tmp_path / "up.log").read_text()
+    assert artifacts["outcome"] == "deleted", artifacts
+    assert (artifacts["objectsDeleted"], artifacts["bytesFreed"]) == (
+        3,
+        sum(len(f"content of {key}") for key in outputs),
+    ), artifacts

@@ -259,6 +259,9 @@ async def test_a_runs_artifacts_go_at_their_deadline_and_nothing_beside_them(
     # Handled once: the capture is gone, so a second delivery deletes nothing.
     again = outcome(await lapse.reaper.handle(event))
     assert again.outcome is Outcome.ALREADY_GONE
+    # And what it kept of the DELETEs it sent went with the capture.
+    assert await NatsCaptures(lapse.js).sent(train.uid) == ()
+    assert await NatsCaptures(lapse.js).sent(wf.uid) == ()
 
 
 async def test_a_prefix_shallower_than_the_depth_is_refused(

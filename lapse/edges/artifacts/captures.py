@@ -10,6 +10,11 @@ schedule message; the reaper reads it by the run's uid when the schedule fires.
   Metadata's items and the items it said another run uses (`RunCapture.metadata`, recorded
   by the row-reaper) are referenced too.
 
+- `sent.<uid>.<digest>`: the objects of one batch lapse sent DELETEs for (store, and each
+  key, etag and size as listed; at most one batch, `BATCH` objects), written just before
+  they go: an object found gone at a later look is lapse's own deletion when it is here,
+  even if the DELETE's answer never came (functions/artifact_reaper/sent.py).
+
 - `path.<store>.<part>...<part>.<uid>`: the same, by the key's '/'-separated parts (each
   base64url, '=' for an empty part), so the keys other runs hold above, at or under a key
   are found by the server's subject filters (`near`): a prefix never takes a key another
@@ -28,6 +33,7 @@ import asyncio
 import base64
 import contextlib
 import hashlib
+import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
@@ -42,6 +48,7 @@ from pydantic import ValidationError
 from lapse.edges.nats import LazyBucket
 from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture, carried
 from lapse.functions.artifact_reaper.ownership import Protection
+from lapse.functions.artifact_reaper.ports import SentBatch, StoredObject
 from lapse.functions.ports import RetryLater
 
 BUCKET: Final = "LAPSE_ARTIFACTS"
@@ -146,6 +153,24 @@ class NatsCaptures:
                 if uids
             ]
 
+    async def record_sent(self, uid: str, batch: SentBatch) -> None:
+        async with _unavailable_is_transient():
+            kv = await self._bucket()
+            objects = [[obj.path, obj.etag, obj.size] for obj in batch.objects]
+            value = json.dumps({"store": batch.store, "objects": objects}).encode()
+            await kv.put(f"sent.{uid}.{hashlib.sha256(value).hexdigest()[:40]}", value)
+
+    async def sent(self, uid: str) -> tuple[SentBatch, ...]:
+        async with _unavailable_is_transient():
+            kv = await self._bucket()
+            return tuple(
+                [
+                    batch
+                    for key in await _keys(kv, f"sent.{uid}.*")
+                    if (batch := await _sent_batch(kv, key)) is not None
+                ]
+            )
+
     async def forget(self, capture: RunCapture) -> None:
         async with _unavailable_is_transient():
             kv = await self._bucket()
@@ -153,6 +178,8 @@ class NatsCaptures:
             for item in {*_referenced(capture), *(_referenced(stored) if stored else ())}:
                 await _purge(kv, f"ref.{digest(item)}.{capture.uid}")
                 await _purge(kv, path_key(item, capture.uid))
+            for key in await _keys(kv, f"sent.{capture.uid}.*"):
+                await _purge(kv, key)
             await _purge(kv, f"run.{capture.uid}")
 
     @staticmethod
@@ -165,6 +192,18 @@ class NatsCaptures:
             return RunCapture.model_validate_json(entry.value or b"")
         except ValidationError:
             return None  # not lapse's writing: nothing is deleted on it
+
+
+async def _sent_batch(kv: KeyValue, key: str) -> SentBatch | None:
+    try:
+        entry = await kv.get(key)
+        found = json.loads(entry.value or b"")
+        objects = tuple(StoredObject(path, size, etag) for path, etag, size in found["objects"])
+        return SentBatch(str(found["store"]), objects)
+    except KeyNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError):
+        return None  # not lapse's writing: no gone object is counted on it
 
 
 def _referenced(capture: RunCapture) -> tuple[CapturedItem, ...]:
