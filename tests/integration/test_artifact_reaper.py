@@ -143,8 +143,12 @@ class Lapse:
         )
 
 
-async def next_due(sub: Any, target: Target, timeout: float = 30.0) -> BaseCloudEvent:
-    """The next due event the NATS scheduler fires for `target`."""
+async def next_due(
+    sub: Any, target: Target, run: RunRef | None = None, timeout: float = 30.0
+) -> BaseCloudEvent:
+    """The next due event the NATS scheduler fires for `target` (and `run`, when given: the
+    reader sees the whole schedule stream, so an earlier test's later deadline may fire
+    in the middle of this one)."""
     end = asyncio.get_running_loop().time() + timeout
     while (left := end - asyncio.get_running_loop().time()) > 0:
         try:
@@ -154,7 +158,8 @@ async def next_due(sub: Any, target: Target, timeout: float = 30.0) -> BaseCloud
         for msg in msgs:
             await msg.ack()
             event = from_nats(msg.headers, msg.data)
-            if parse_payload(event, CleanupDue).target is target:
+            due = parse_payload(event, CleanupDue)
+            if due.target is target and (run is None or due.run.uid == run.uid):
                 return event
     raise AssertionError(f"no {target} due event within {timeout}s")
 
@@ -244,6 +249,8 @@ async def test_a_runs_artifacts_go_at_their_deadline_and_nothing_beside_them(
     while len(done) < 2:
         event = await next_due(sub, Target.ARTIFACTS)
         due = parse_payload(event, CleanupDue)
+        if due.run.uid not in owned:  # an earlier test's later deadline
+            continue
         assert datetime.now(UTC) >= due.deadline == due.run.finished_at + timedelta(seconds=4)  # type: ignore[operator]
         assert owned[due.run.uid] <= await present(s3), "deleted before T3"
         done[due.run.uid] = outcome(await lapse.reaper.handle(event))
@@ -276,7 +283,7 @@ async def test_a_prefix_shallower_than_the_depth_is_refused(
     await plant(s3, *kept)
     sub = await lapse.due_reader()
     await lapse.finished(run)
-    result = outcome(await lapse.reaper.handle(await next_due(sub, Target.ARTIFACTS)))
+    result = outcome(await lapse.reaper.handle(await next_due(sub, Target.ARTIFACTS, run)))
     assert result.outcome is Outcome.REFUSED
     assert "fewer than the store's min_prefix_depth 3" in result.detail
     assert kept <= await present(s3)
@@ -291,7 +298,7 @@ async def test_artifacts_argo_collects_itself_are_left_to_argo(
     await plant(s3, key)
     sub = await lapse.due_reader()
     await lapse.finished(wf, recorded(key, gc="the Workflow's spec.artifactGC.strategy is X"))
-    result = outcome(await lapse.reaper.handle(await next_due(sub, Target.ARTIFACTS)))
+    result = outcome(await lapse.reaper.handle(await next_due(sub, Target.ARTIFACTS, wf)))
     assert result.outcome is Outcome.SKIPPED
     assert "left to Argo's artifactGC" in result.detail
     assert key in await present(s3)
@@ -307,7 +314,7 @@ async def test_dry_run_counts_the_objects_and_deletes_none(
     await plant(s3, *keys)
     sub = await lapse.due_reader()
     await lapse.finished(run)
-    result = outcome(await lapse.reaper.handle(await next_due(sub, Target.ARTIFACTS)))
+    result = outcome(await lapse.reaper.handle(await next_due(sub, Target.ARTIFACTS, run)))
     assert result.outcome is Outcome.DRY_RUN
     assert result.detail.startswith("would delete 3 objects")
     assert keys <= await present(s3)
@@ -326,7 +333,7 @@ async def test_an_s3_outage_is_waited_out_and_costs_nothing(
     await plant(s3, *keys)
     sub = await lapse.due_reader()
     await lapse.finished(run)
-    event = await next_due(sub, Target.ARTIFACTS)
+    event = await next_due(sub, Target.ARTIFACTS, run)
 
     seaweedfs.stop()
     stopped = asyncio.get_running_loop().time()
@@ -370,7 +377,7 @@ async def test_the_brake_counts_objects(
     await plant(s3, *keys)
     sub = await lapse.due_reader()
     await lapse.finished(run)
-    produced = await lapse.reaper.handle(await next_due(sub, Target.ARTIFACTS))
+    produced = await lapse.reaper.handle(await next_due(sub, Target.ARTIFACTS, run))
     assert [e.get_type() for e in produced] == [
         EventType.CLEANUP_FAILED,
         EventType.CLEANUP_COMPLETED,
@@ -400,7 +407,7 @@ async def test_a_store_that_refuses_the_credentials_is_a_loud_failure(
     await plant(s3, *keys)
     sub = await lapse.due_reader()
     await lapse.finished(run)
-    event = await next_due(sub, Target.ARTIFACTS)
+    event = await next_due(sub, Target.ARTIFACTS, run)
     (failed,) = await lapse.reaper.handle(event)
     assert failed.get_type() == EventType.CLEANUP_FAILED
     reason = str(failed.get_data())
@@ -452,7 +459,7 @@ async def test_a_kfp_runs_artifacts_follow_ml_metadatas_account(
     await plant(s3, *own, model, f"{model}/saved.pb", *beside)
     sub = await lapse.due_reader()
     await lapse.finished(run)
-    event = await next_due(sub, Target.ARTIFACTS)
+    event = await next_due(sub, Target.ARTIFACTS, run)
 
     waiting = outcome(await lapse.reaper.handle(event))
     assert waiting.outcome is Outcome.RESCHEDULED, waiting
@@ -475,7 +482,7 @@ async def test_a_kfp_runs_artifacts_follow_ml_metadatas_account(
     await CaptureMetadata(NatsCaptures(lapse.js), config).record(run.uid, account)
 
     # Delivered again a backoff later, by the schedule the reaper put.
-    done = outcome(await lapse.reaper.handle(await next_due(sub, Target.ARTIFACTS)))
+    done = outcome(await lapse.reaper.handle(await next_due(sub, Target.ARTIFACTS, run)))
     assert done.outcome is Outcome.DELETED, done
     detail = done.detail or ""
     assert detail.startswith("deleted 4 objects"), detail
@@ -589,7 +596,7 @@ async def test_an_object_written_again_after_the_last_listing_is_kept_by_the_sto
     reaper = dataclasses.replace(
         lapse.reaper, stores=WrittenAfterTheRecheck(lapse.config, written_again)
     )
-    result = outcome(await reaper.handle(await next_due(sub, Target.ARTIFACTS)))
+    result = outcome(await reaper.handle(await next_due(sub, Target.ARTIFACTS, run)))
 
     assert await present(s3, prefix) == {rewritten}, "the object written again was deleted"
     body = await (await obstore.get_async(s3, rewritten)).bytes_async()
@@ -616,6 +623,6 @@ async def test_a_run_whose_every_object_was_written_again_ends_kept(
     reaper = dataclasses.replace(
         lapse.reaper, stores=WrittenAfterTheRecheck(lapse.config, written_again)
     )
-    result = outcome(await reaper.handle(await next_due(sub, Target.ARTIFACTS)))
+    result = outcome(await reaper.handle(await next_due(sub, Target.ARTIFACTS, run)))
     assert result.outcome is Outcome.KEPT, result.detail
     assert await present(s3, key.rsplit("/", 1)[0]) == {key}
