@@ -1,9 +1,10 @@
 """One API client, and the helpers every Kubernetes call shares.
 
 The official client is synchronous, so every call goes through a bounded thread pool
-(`request`) and never blocks the event loop. Every request is counted
-(`lapse.kubernetes.requests`, and per deletion), and inside a trace it is a CLIENT span
-named after its URL template, a child of the handler's span. Handlers never see the
+(`request`) and never blocks the event loop; the reaper's DELETE alone is sent from the
+event loop itself (`request_on_loop`, loop_http.py), the hot path of a drain. Every
+request is counted (`lapse.kubernetes.requests`, and per deletion), and inside a trace it
+is a CLIENT span named after its URL template, a child of the handler's span. Handlers never see the
 client's exceptions: `api_failure` turns them into a status and a one-line message.
 """
 
@@ -212,6 +213,7 @@ def describe_connection_failure(exc: BaseException) -> str:
     cause."""
     pool = getattr(exc, "pool", None)
     server = f"{pool.host}:{pool.port}" if pool is not None else "the API server"
+    server = getattr(exc, "server", None) or server  # set by loop_http on a connection
     cause: BaseException = exc
     while isinstance(cause, urllib3.exceptions.MaxRetryError) and cause.reason is not None:
         cause = cause.reason

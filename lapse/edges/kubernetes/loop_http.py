@@ -26,7 +26,6 @@ import ssl
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Final
 from urllib.parse import quote, urlsplit
@@ -82,21 +81,19 @@ class LoopHttp:
         tls: ssl.SSLContext | None,
         server_hostname: str | None,
         auth: Callable[[], Mapping[str, str]],
-        executor: Executor,
     ) -> None:
         self._host = host
         self._port = port
         self._tls = tls
         self._server_hostname = server_hostname
         self._auth = auth
-        self._executor = executor
         self._headers: tuple[float, bytes] | None = None
         self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Connection]] = (
             weakref.WeakKeyDictionary()
         )
 
     @classmethod
-    def of(cls, api_client: client.ApiClient, executor: Executor) -> LoopHttp | None:
+    def of(cls, api_client: client.ApiClient) -> LoopHttp | None:
         """For the API server `api_client` talks to, or None where the client's own call
         must stay (see the module's docstring)."""
         conf = api_client.configuration
@@ -117,7 +114,7 @@ class LoopHttp:
                 tls.verify_mode = ssl.CERT_NONE
         port = url.port or (443 if url.scheme == "https" else 80)
         server_hostname = getattr(conf, "tls_server_name", None) or url.hostname
-        return cls(url.hostname, port, tls, server_hostname, _auth_of(conf), executor)
+        return cls(url.hostname, port, tls, server_hostname, _auth_of(conf))
 
     async def request(
         self,
@@ -175,7 +172,8 @@ class LoopHttp:
         the client's refresh hook may run a command)."""
         now = time.monotonic()
         if self._headers is None or now - self._headers[0] > AUTH_FOR:
-            auth = await asyncio.get_running_loop().run_in_executor(self._executor, self._auth)
+            # The loop's default pool, not the Kubernetes calls' (it may be all busy).
+            auth = await asyncio.get_running_loop().run_in_executor(None, self._auth)
             lines = [f"Host: {self._host}:{self._port}"]
             lines += [f"{name}: {value}" for name, value in auth.items()]
             lines.append("Accept: application/json")
@@ -189,13 +187,17 @@ class LoopHttp:
             if connection.usable():
                 return connection
             connection.close()
-        reader, writer = await asyncio.open_connection(
-            self._host,
-            self._port,
-            ssl=self._tls,
-            server_hostname=self._server_hostname if self._tls else None,
-            limit=HEAD_LIMIT,
-        )
+        try:
+            reader, writer = await asyncio.open_connection(
+                self._host,
+                self._port,
+                ssl=self._tls,
+                server_hostname=self._server_hostname if self._tls else None,
+                limit=HEAD_LIMIT,
+            )
+        except OSError as exc:
+            exc.server = f"{self._host}:{self._port}"  # type: ignore[attr-defined]  # for describe_connection_failure
+            raise
         return _Connection(reader, writer)
 
     def _release(self, connection: _Connection) -> None:
@@ -217,11 +219,11 @@ class LoopHttp:
 _SHARED: weakref.WeakKeyDictionary[client.ApiClient, LoopHttp | None] = weakref.WeakKeyDictionary()
 
 
-def loop_http_of(api_client: client.ApiClient, executor: Executor) -> LoopHttp | None:
+def loop_http_of(api_client: client.ApiClient) -> LoopHttp | None:
     """The one `LoopHttp` of `api_client` (its connections shared by every caller), or None
     where the client's own call must stay."""
     if api_client not in _SHARED:
-        _SHARED[api_client] = LoopHttp.of(api_client, executor)
+        _SHARED[api_client] = LoopHttp.of(api_client)
     return _SHARED[api_client]
 
 

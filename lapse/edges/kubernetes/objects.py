@@ -197,7 +197,7 @@ class KubeObjects:
         }
         self.own_deletions.sending(uid)
         template = _paths(kind)[2]
-        http = loop_http_of(self.api_client, self._executor)
+        http = loop_http_of(self.api_client)
         try:
             if http is None:
                 await self._call(
