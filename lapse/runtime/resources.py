@@ -235,6 +235,9 @@ class Resources:
                 await self._engine.dispose(close=False)  # let them go without the goodbye
             self._engine = None
         if self._api_client is not None:
+            from lapse.edges.kubernetes.loop_http import close_loop_http
+
+            await close_loop_http(self._api_client)
             self._api_client.close()
             self._api_client = None
         if self._executor is not None:

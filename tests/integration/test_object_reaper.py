@@ -11,9 +11,11 @@ fake is a single synthetic 503, which a healthy test server cannot be made to re
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -368,6 +370,28 @@ async def test_a_delete_whose_answer_was_lost_ends_in_one_outcome(
         )
         == 1
     )
+
+
+async def test_the_delete_is_sent_from_the_event_loop_not_a_client_thread(
+    kube: KubeStack, bus: Bus
+) -> None:
+    """The drain's hot path (issue 41): the DELETE goes from the event loop (loop_http.py),
+    so with every thread of the Kubernetes pool busy, a due event lapse read itself
+    (`OBSERVED`: judged as planned, no GET) is still deleted, held to its uid and
+    resourceVersion. It used to wait for a thread. (A 409, a 404, a 403 and no server at
+    all through the same path: the tests around this one.)"""
+    ns = kube.namespace("reaper-loop-delete")
+    wf = await finished_workflow(kube, ns, "loop-delete")
+    busy, release = ThreadPoolExecutor(1), threading.Event()
+    busy.submit(release.wait)
+    try:
+        reap = reaper(kube, bus, workflows=ReapedObjects(KubeObjects(kube.api_client, busy)))
+        done = await asyncio.wait_for(reap.handle(due_event(wf), Trust.OBSERVED), 20)
+        completed(done, Outcome.DELETED)
+        assert not await exists(kube, wf)
+    finally:
+        release.set()
+        busy.shutdown()
 
 
 # --- step 2: identity and keep ----------------------------------------------------------

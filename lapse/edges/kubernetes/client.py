@@ -1,9 +1,10 @@
 """One API client, and the helpers every Kubernetes call shares.
 
 The official client is synchronous, so every call goes through a bounded thread pool
-(`request`) and never blocks the event loop. Every request is counted
-(`lapse.kubernetes.requests`, and per deletion), and inside a trace it is a CLIENT span
-named after its URL template, a child of the handler's span. Handlers never see the
+(`request`) and never blocks the event loop; the reaper's DELETE alone is sent from the
+event loop itself (`request_on_loop`, loop_http.py), the hot path of a drain. Every
+request is counted (`lapse.kubernetes.requests`, and per deletion), and inside a trace it
+is a CLIENT span named after its URL template, a child of the handler's span. Handlers never see the
 client's exceptions: `api_failure` turns them into a status and a one-line message.
 """
 
@@ -27,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import incluster_config
 from opentelemetry.util.types import AttributeValue
 
+from lapse.edges.kubernetes.loop_http import LoopHttp
 from lapse.functions.ratelimit import TokenBucket
 from lapse.telemetry import client_span, count_kubernetes_request, end_client_span
 from lapse.telemetry.names import HTTP_METHOD, SERVER_ADDRESS, SERVER_PORT, URL_TEMPLATE
@@ -47,12 +49,18 @@ class RateLimiter:
 
     def wait(self) -> float:
         """Take a token, sleeping until it is due; the seconds slept."""
+        delay = self.reserve()
+        if delay > 0:
+            time.sleep(delay)
+        return delay
+
+    def reserve(self) -> float:
+        """Take a token without waiting; the seconds until it is due (a caller on the event
+        loop sleeps them there)."""
         with self._lock:
             delay = self._bucket.reserve(time.monotonic())
             if delay > 0:
                 self.delayed += 1
-        if delay > 0:
-            time.sleep(delay)
         return delay
 
 
@@ -205,6 +213,7 @@ def describe_connection_failure(exc: BaseException) -> str:
     cause."""
     pool = getattr(exc, "pool", None)
     server = f"{pool.host}:{pool.port}" if pool is not None else "the API server"
+    server = getattr(exc, "server", None) or server  # set by loop_http on a connection
     cause: BaseException = exc
     while isinstance(cause, urllib3.exceptions.MaxRetryError) and cause.reason is not None:
         cause = cause.reason
@@ -299,6 +308,44 @@ async def request(
     try:
         data, status, _ = await asyncio.get_running_loop().run_in_executor(executor, call)
         return data
+    except ApiException as exc:
+        status = exc.status or None
+        error = str(status) if status else type(exc).__name__
+        raise
+    except BaseException as exc:
+        error = type(exc).__name__
+        raise
+    finally:
+        count_kubernetes_request(method, status)
+        end_client_span(span, status=status, error=error)
+
+
+async def request_on_loop(
+    http: LoopHttp,
+    api_client: client.ApiClient,
+    server: dict[str, AttributeValue],
+    method: str,
+    template: str,
+    namespace: str | None,
+    path: str,
+    body: dict[str, Any],
+    timeout: float | None,
+) -> None:
+    """`request`'s counterpart for a call made from the event loop (`LoopHttp`: the
+    reaper's DELETE): the client's rate limit, then counted and a CLIENT span alike."""
+    limiter = getattr(api_client, "limiter", None)
+    if isinstance(limiter, RateLimiter) and (delay := limiter.reserve()) > 0:
+        await asyncio.sleep(delay)
+    attributes: dict[str, AttributeValue] = {HTTP_METHOD: method, URL_TEMPLATE: template, **server}
+    if namespace is not None:
+        attributes[K8S_NAMESPACE] = namespace
+    span = client_span(f"{method} {template}", attributes)
+    status: int | None = None
+    error: str | None = None
+    seconds = timeout if timeout is not None else request_timeout_of(api_client)
+    try:
+        answer = await http.request(method, path, json.dumps(body).encode(), timeout=seconds)
+        status = answer.status
     except ApiException as exc:
         status = exc.status or None
         error = str(status) if status else type(exc).__name__

@@ -23,10 +23,12 @@ from kubernetes.watch.watch import iter_resp_lines
 from lapse.edges.kubernetes.client import (
     continue_after_expiry,
     request,
+    request_on_loop,
     request_timeout_of,
     server_attributes,
     timeout_kwargs,
 )
+from lapse.edges.kubernetes.loop_http import loop_http_of
 from lapse.edges.kubernetes.own_deletions import OwnDeletions
 from lapse.events.kinds import DEFAULT_KINDS, KindSet, KindSpec
 from lapse.telemetry import count_kubernetes_request
@@ -194,13 +196,22 @@ class KubeObjects:
             "propagationPolicy": propagation_policy,
         }
         self.own_deletions.sending(uid)
+        template = _paths(kind)[2]
+        http = loop_http_of(self.api_client)
         try:
-            await self._call(
-                "DELETE", _paths(kind)[2], namespace,
-                self._api.delete_namespaced_custom_object_with_http_info,
-                kind.group, kind.version, namespace, kind.resource, name, body=body,
-                **timeout_kwargs(request_timeout),
-            )  # fmt: skip
+            if http is None:
+                await self._call(
+                    "DELETE", template, namespace,
+                    self._api.delete_namespaced_custom_object_with_http_info,
+                    kind.group, kind.version, namespace, kind.resource, name, body=body,
+                    **timeout_kwargs(request_timeout),
+                )  # fmt: skip
+            else:  # from the event loop: no thread hop, no client machinery (loop_http.py)
+                path = template.format(namespace=namespace, name=name)
+                await request_on_loop(
+                    http, self.api_client, self._server, "DELETE", template, namespace,
+                    path, body, request_timeout,
+                )  # fmt: skip
         except BaseException:
             self.own_deletions.failed(uid)
             raise
