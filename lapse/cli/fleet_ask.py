@@ -58,7 +58,7 @@ def ask_hub(args: argparse.Namespace, verb: str, body: dict[str, Any]) -> list[d
     from lapse.operations.fleet_actions import ask
 
     config = config_from(args)
-    hub = fleet_config(config, args)
+    hub = fleet_config(config, argparse.Namespace(fleet=True, cluster=None))
     assert hub is not None
     clusters = clusters_of(args, config)
 

@@ -176,11 +176,11 @@ async def ask(
     cluster refused it, failed it, or did not answer within `timeout`)."""
     kind = ACT if VERBS.get(verb) else READ
     inbox = f"{reply_prefix(cluster)}.{secrets.token_hex(16)}"
-    answered: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    answered: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
 
     async def on_answer(msg: Msg) -> None:
         if not answered.done():
-            answered.set_result(msg.data)
+            answered.set_result(msg)
 
     sub = await nc.subscribe(inbox, cb=on_answer, max_msgs=1)
     try:
@@ -189,7 +189,7 @@ async def ask(
             action_subject(cluster, kind, verb), json.dumps(body).encode(), reply=inbox
         )
         try:
-            data = await asyncio.wait_for(answered, timeout)
+            msg = await asyncio.wait_for(answered, timeout)
         except TimeoutError:
             raise ActionFailed(
                 f"cluster {cluster!r} did not answer {verb} within {timeout:.0f}s (is its "
@@ -198,7 +198,12 @@ async def ask(
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
-    answer: dict[str, Any] = json.loads(data)
+    if (msg.headers or {}).get("Status") == "503":  # the server: nobody subscribed
+        raise ActionFailed(
+            f"no lapse up of cluster {cluster!r} is connected to the hub to carry out {verb} "
+            "(lapse status --fleet)"
+        )
+    answer: dict[str, Any] = json.loads(msg.data)
     if answer.get("outcome") != "done":
         raise ActionFailed(
             f"cluster {cluster!r} {answer.get('outcome')} {verb}: {answer.get('reason')}"
