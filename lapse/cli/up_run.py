@@ -24,7 +24,7 @@ from lapse.config.schema import NATS_AUTH_KEYS, ArtifactsSection, FleetConfig, F
 from lapse.edges.kubernetes import load_api_client
 from lapse.embedded.fleet_identities import LeafLink, leaf_settings, responder_subscriptions
 from lapse.embedded.kube import EmbeddedKube, policy_crds, run_kind_crds
-from lapse.embedded.nats import EmbeddedNats
+from lapse.embedded.nats import PORT_TAKEN, EmbeddedNats
 from lapse.embedded.nats_identities import (
     ADMIN,
     EMBEDDED,
@@ -74,7 +74,14 @@ def start_embedded_nats(state_dir: Path, fleet: FleetConfig | None = None) -> Em
     if fleet is not None and fleet.leaf is not None and fleet.cluster is not None:
         durables = tuple(sorted({d for owned in owned_durables().values() for d in owned}))
         settings |= leaf_settings(_leaf_link(fleet.cluster, fleet.leaf), durables)
-    server = EmbeddedNats(state_dir / "nats", port=port, settings=settings).start()
+    try:
+        server = EmbeddedNats(state_dir / "nats", port=port, settings=settings).start()
+    except ServerStartError as exc:
+        # Another lapse up took the default port between the look and the bind.
+        if port != DEFAULT_NATS_PORT or PORT_TAKEN not in str(exc):
+            raise
+        log.info("port %d was taken meanwhile: the embedded NATS takes another", port)
+        server = EmbeddedNats(state_dir / "nats", port=free_port(), settings=settings).start()
     state.write(state_dir, state.NATS_URL, server.url)
     return server
 
