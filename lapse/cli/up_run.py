@@ -11,6 +11,7 @@ import signal
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
+from functools import partial
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -136,9 +137,12 @@ def _fleet_responder(config: LapseConfig, url: str) -> Responder:
     assert cluster is not None
 
     async def respond(stop: asyncio.Event) -> None:
+        from lapse.cli.plan_run import plan_document
+
         nc = await connect(url, name="lapse-fleet-actions", config=config.nats)
         try:
-            await serve_actions(nc, config, cluster, stop)
+            handlers = {"plan": partial(plan_document, config)}
+            await serve_actions(nc, config, cluster, stop, handlers)
         finally:
             await nc.close()
 

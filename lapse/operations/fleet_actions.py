@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import secrets
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Any, Final
 
@@ -44,7 +45,11 @@ VERBS: Final = {
     "brake-release": True,
     "dlq-list": False,
     "dlq-replay": True,
+    "plan": False,
 }
+# A verb carried out by a layer above this one (`plan`: lapse/cli/plan_run.py), handed to
+# serve_actions by lapse up: the request's body -> the answer's document.
+Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 # How many dead letters one answer lists at most (a NATS message is bounded: 1 MiB).
 MAX_ROWS: Final = 1000
 
@@ -98,6 +103,8 @@ async def carry_out(
     js: JetStreamContext, config: LapseConfig, verb: str, body: dict[str, Any]
 ) -> dict[str, Any]:
     """Do `verb` in this cluster, as its own command would; the answer's document."""
+    if verb == "plan":
+        raise ValueError("plan: this lapse up does not preview (it has no cluster to list)")
     if verb.startswith("brake-"):
         target = _text(body, "target")
         if target is not None and target not in SCOPES:
@@ -125,9 +132,16 @@ async def carry_out(
     return report.summary()
 
 
-async def serve_actions(nc: NATS, config: LapseConfig, cluster: str, stop: asyncio.Event) -> None:
+async def serve_actions(
+    nc: NATS,
+    config: LapseConfig,
+    cluster: str,
+    stop: asyncio.Event,
+    handlers: Mapping[str, Handler] | None = None,
+) -> None:
     """Answer the hub's requests to `cluster` until `stop` (lapse up, as the cluster's
-    admin identity, the only one of its identities that receives them)."""
+    admin identity, the only one of its identities that receives them); `handlers` carry
+    out the verbs a layer above does (plan)."""
     js = nc.jetstream()
 
     async def handle(msg: Msg) -> None:
@@ -141,7 +155,9 @@ async def serve_actions(nc: NATS, config: LapseConfig, cluster: str, stop: async
                 body = json.loads(msg.data or b"{}")
                 if not isinstance(body, dict):
                     raise ValueError("not a JSON object")
-                answer = {"outcome": "done", **await carry_out(js, config, verb, body)}
+                handler = (handlers or {}).get(verb)
+                done = await (handler(body) if handler else carry_out(js, config, verb, body))
+                answer = {"outcome": "done", **done}
             except (ValueError, LapseError) as exc:
                 answer = {"outcome": "refused", "reason": str(exc)}
             except Exception as exc:

@@ -324,14 +324,11 @@ async def test_the_hub_brakes_and_replays_in_the_owning_cluster_only(
     east, west = fleet.clusters["east"], fleet.clusters["west"]
     admin = fleet.admin_env
     said = await fleet.alapse(
-        "brake", "engage", "--cluster", "east", "--target", "kubernetes", "--for", "10s",
+        "brake", "engage", "--cluster", "east", "--target", "kubernetes", "--for", "12s",
         env=admin,
     )  # fmt: skip
     assert said.startswith("east: engaged until"), said
     engaged_at = time.monotonic()
-    # Read back as the hub's reader: east's brake is on, west's is not.
-    assert "engaged since" in await fleet.alapse("brake", "status", "--cluster", "east")
-    assert "not engaged" in await fleet.alapse("brake", "status", "--cluster", "west")
 
     names = {c.name: [f"braked-{i}" for i in range(2)] for c in (east, west)}
     for cluster in (east, west):
@@ -357,11 +354,14 @@ async def test_the_hub_brakes_and_replays_in_the_owning_cluster_only(
     # ... so both of east's runs are still there.
     assert not await gone(kube, east, names["east"][:1])
     assert not await gone(kube, east, names["east"][1:])
+    # Read back as the hub's reader: east's brake is on, west's is not.
+    assert "engaged since" in await fleet.alapse("brake", "status", "--cluster", "east")
+    assert "not engaged" in await fleet.alapse("brake", "status", "--cluster", "west")
     said = await fleet.alapse("brake", "release", "--cluster", "east", env=admin)
     assert said.startswith("east: kubernetes: released"), said
     # Released: east deletes them when the pause it set ends (the rescheduled deadline).
     await wait_for(partial(gone, kube, east, names["east"]), timeout=20, interval=0.2)
-    assert time.monotonic() - engaged_at >= 10 - ON_TIME_SECONDS
+    assert time.monotonic() - engaged_at >= 12 - ON_TIME_SECONDS
 
     # A dead letter in east (an event its planner refuses: no run in it), replayed from the
     # hub: east's planner refuses it again, a new entry in east; west has none.
@@ -394,6 +394,17 @@ async def test_the_hub_brakes_and_replays_in_the_owning_cluster_only(
     assert [r["id"] for r in replayed["replayed"]] == [row["id"]], replayed
     [again] = await wait_for(partial(east_dead, 1), timeout=20, interval=0.5)
     assert again["id"] != row["id"] and again["reason"] == row["reason"]
+
+    # East's plan, asked from the hub. Each cluster lists its own API server: here the two
+    # share one, so west lists east's namespace too.
+    await finish(kube, east, ["later"], "1h")
+    planned = (await fleet.alapse("plan", "--fleet", "-n", east.namespace, "-o", "json"))["items"]
+    assert sorted((r["cluster"], r["name"]) for r in planned) == [
+        ("east", "later"),
+        ("west", "later"),
+    ], planned
+    table = await fleet.alapse("plan", "--cluster", "east", "-n", east.namespace, "--no-headers")
+    assert [line.split()[0] for line in table.splitlines()] == ["east"], table
 
 
 async def _connect(url: str, user: str, password: Path) -> tuple[NATS, list[str]]:
