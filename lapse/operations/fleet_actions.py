@@ -146,6 +146,10 @@ async def serve_actions(
 
     async def handle(msg: Msg) -> None:
         kind, verb = msg.subject.split(".")[-2:]
+        if not msg.reply.startswith(f"{reply_prefix(cluster)}."):
+            # Its outcome could reach no one: not carried out, and said here.
+            log.warning("fleet: %s refused: no answer subject of this cluster's", verb)
+            return
         answer: dict[str, Any]
         problem = refusal(kind, verb)
         if problem is not None:
@@ -164,10 +168,8 @@ async def serve_actions(
                 log.exception("fleet: %s from the hub failed", verb)
                 answer = {"outcome": "failed", "reason": f"{type(exc).__name__}: {exc}"}
         log.info("fleet: %s from the hub: %s", verb, answer["outcome"])
-        if msg.reply.startswith(f"{reply_prefix(cluster)}."):
-            await nc.publish(
-                msg.reply, json.dumps({"cluster": cluster, **answer}, default=str).encode()
-            )
+        said = json.dumps({"cluster": cluster, **answer}, default=str)
+        await nc.publish(msg.reply, said.encode())
 
     subscriptions = [await nc.subscribe(s, cb=handle) for s in responder_subscriptions(cluster)]
     await nc.flush()

@@ -70,7 +70,13 @@ async def test_the_cluster_carries_out_what_it_knows_and_refuses_the_rest(
     # A change asked on the read subject (where the hub's reader may publish).
     said = await answer(action_subject("east", "read", "brake-release"))
     assert b'"refused"' in said and b"changes the cluster" in said
-    assert "engaged since" in str((await asked("brake-status", {}))["brake"])
+    # A request whose answer could reach no one is not carried out.
+    await cluster.publish(action_subject("east", "act", "brake-release"), b"{}", reply="x.y")
+    # The next action on the same subject is handled after it (one at a time, in order).
+    await asked("brake-engage", {"target": "database", "seconds": 30})
+    assert str((await asked("brake-status", {}))["brake"]["kubernetes"]).startswith(  # type: ignore[index]
+        "engaged since"
+    )
 
 
 async def test_a_cluster_nobody_answers_for_is_said_at_once(cluster: NATS) -> None:
