@@ -14,7 +14,8 @@ import sys
 from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any
 
-from lapse.cli.common import UsageError, config_from
+from lapse.cli.common import UsageError, config_from, warn
+from lapse.cli.fleet_ask import add_cluster, ask_hub, from_hub
 from lapse.cli.names import TARGETS
 from lapse.cli.output import REPORT_FORMATS, Column, add_output, aligned, emit
 from lapse.embedded.nats_identities import ADMIN
@@ -31,6 +32,7 @@ def _field(name: str) -> Column:
     return Column(name.upper(), lambda row: row.get(name))
 
 
+CLUSTER = Column("CLUSTER", lambda r: r["cluster"])
 LIST_COLUMNS = [
     *(_field(name) for name in COLUMNS),
     Column("UID", lambda r: r.get("uid"), wide_only=True),
@@ -52,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     listing = actions.add_parser("list", help="the dead letters that match the filters")
     _filters(listing)
+    add_cluster(listing, fleet=True)
     add_output(listing, REPORT_FORMATS)
     listing.set_defaults(run=run_list)
 
@@ -73,6 +76,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         _filters(action)
         action.add_argument("--all", action="store_true", help="every dead letter")
         action.add_argument("--dry-run", action="store_true", help="show, change nothing")
+        if name == "replay":
+            add_cluster(action)
         _output(action)
         action.set_defaults(run=run)
 
@@ -144,6 +149,17 @@ async def _rows(config: LapseConfig, args: argparse.Namespace, chosen: Filter) -
 
 
 def run_list(args: argparse.Namespace) -> int:
+    if from_hub(args):
+        from lapse.operations.fleet_actions import filter_document
+
+        body = {"filter": filter_document(selection(args))}
+        rows = []
+        for answer in ask_hub(args, "dlq-list", body):
+            if answer.get("more"):
+                warn(f"cluster {answer['cluster']}: more dead letters than listed (filter)")
+            rows += [{"cluster": answer["cluster"], **row} for row in answer["items"]]
+        emit(rows, [CLUSTER, *LIST_COLUMNS], args, sys.stdout)
+        return 0
     config = config_from(args)
     letters = asyncio.run(_rows(config, args, selection(args)))
     emit([letter.row() for letter in letters], LIST_COLUMNS, args, sys.stdout)
@@ -181,8 +197,15 @@ def run_replay(args: argparse.Namespace) -> int:
     from lapse.operations.dlq import dead_letters, replay
     from lapse.runtime.resources import Resources
 
-    config = config_from(args, identity=ADMIN)
     chosen = _explicit(args, selection(args))
+    if args.cluster:
+        from lapse.operations.fleet_actions import filter_document
+
+        body = {"filter": filter_document(chosen), "all": args.all, "dryRun": args.dry_run}
+        [answer] = ask_hub(args, "dlq-replay", body)
+        _print_replay(args, {k: answer[k] for k in ("replayed", "removed", "left")})
+        return 0
+    config = config_from(args, identity=ADMIN)
 
     async def go() -> dict[str, Any]:
         async with Resources(config, nats_url=args.nats_url) as resources:
@@ -192,10 +215,14 @@ def run_replay(args: argparse.Namespace) -> int:
             report = await replay(js, streams, letters, dry_run=args.dry_run)
             return report.summary()
 
-    summary = asyncio.run(go())
+    _print_replay(args, asyncio.run(go()))
+    return 0
+
+
+def _print_replay(args: argparse.Namespace, summary: dict[str, Any]) -> None:
     if args.output == "json":
         _json(summary)
-        return 0
+        return
     verb = "would replay" if args.dry_run else "replayed"
     _table(f"{verb} {len(summary['replayed'])} event(s)", summary["replayed"], ("subject",))
     if not args.dry_run:
@@ -206,7 +233,6 @@ def run_replay(args: argparse.Namespace) -> int:
             summary["left"],
             ("problem",),
         )
-    return 0
 
 
 def run_purge(args: argparse.Namespace) -> int:

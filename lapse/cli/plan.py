@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from lapse.cli.common import add_kind, add_namespace, add_namespace_glob, add_selector
+from lapse.cli.fleet_ask import add_cluster
 from lapse.cli.names import TARGETS
 from lapse.cli.output import add_output
 
@@ -80,6 +81,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "meanwhile; skip it for huge previews)"
         ),
     )
+    add_cluster(parser, fleet=True)
     add_output(parser)
     parser.set_defaults(run=run_plan)
 

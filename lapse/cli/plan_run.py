@@ -9,7 +9,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from cloudevents.core.base import BaseCloudEvent
@@ -23,6 +23,7 @@ from lapse.cli.common import (
     namespace_of,
     warn,
 )
+from lapse.cli.fleet_ask import ask_hub, from_hub
 from lapse.cli.footprint import (
     ArtifactFootprint,
     Footprints,
@@ -56,6 +57,9 @@ from lapse.functions.ttl_planner import Planner
 from lapse.operations.reconcile import Options, Reconciler, RowCounts
 from lapse.operations.reconcile.planner import DiscardingEmitter
 from lapse.runtime.resources import Resources
+
+if TYPE_CHECKING:
+    from lapse.config import LapseConfig
 
 PAGE_SIZE = 500
 
@@ -392,23 +396,74 @@ async def _preview_listing(
     return planned
 
 
+# The flags `plan --fleet|--cluster` sends to each cluster (a file named by -f is on the
+# hub's side: not sent, refused there).
+FLEET_FLAGS = (
+    "namespace", "all_namespaces", "namespace_glob", "selector", "kind", "target",
+    "list_artifacts", "no_rows",
+)  # fmt: skip
+# How many runs one cluster's answer lists at most (a NATS message is bounded: 1 MiB).
+FLEET_MAX_RUNS = 1000
+
+
+def _document(result: Preview) -> dict[str, Any]:
+    return {
+        "items": [planned.as_json() for planned in result.runs],
+        "rowsCounted": any(planned.rows_counted for planned in result.runs),
+        "notes": result.notes,
+        "problems": result.problems,
+    }
+
+
+async def plan_document(config: LapseConfig, body: dict[str, Any]) -> dict[str, Any]:
+    """`lapse plan` in this cluster for a request from the fleet's hub (`body`: the
+    FLEET_FLAGS the hub's command was given), as its document."""
+    flags = {flag: body.get(flag) for flag in FLEET_FLAGS}
+    args = argparse.Namespace(**flags, filename=None, policy=None)
+    async with Resources(config) as resources:
+        document = _document(await preview(resources, args, datetime.now(UTC)))
+    if len(document["items"]) > FLEET_MAX_RUNS:
+        document["notes"].append(f"only the first {FLEET_MAX_RUNS} runs: narrow with -n, --kind")
+        document["items"] = document["items"][:FLEET_MAX_RUNS]
+    return document
+
+
 def run_plan(args: argparse.Namespace) -> int:
-    config = config_from(args)
     now = datetime.now(UTC)
+    if from_hub(args):
+        if args.filename or args.policy is not None:
+            raise UsageError("-f and --policy preview policies here: not with --fleet/--cluster")
+        body = {flag: getattr(args, flag) for flag in FLEET_FLAGS}
+        document: dict[str, Any] = {"items": [], "rowsCounted": False, "notes": [], "problems": []}
+        for answer in ask_hub(args, "plan", body):
+            cluster = answer["cluster"]
+            document["items"] += [{"cluster": cluster, **row} for row in answer["items"]]
+            document["rowsCounted"] = document["rowsCounted"] or answer["rowsCounted"]
+            for key in ("notes", "problems"):
+                document[key] += [f"{cluster}: {said}" for said in answer[key]]
+        shown = [CLUSTER, *columns(now, **_shown(document))]
+    else:
+        config = config_from(args)
 
-    async def collect() -> Preview:
-        async with Resources(config) as resources:
-            return await preview(resources, args, now)
+        async def collect() -> Preview:
+            async with Resources(config) as resources:
+                return await preview(resources, args, now)
 
-    result = asyncio.run(collect())
-    rows = [planned.as_json() for planned in result.runs]
-    with_artifacts = any(Target.ARTIFACTS.value in row["targets"] for row in rows)
-    with_rows = any(planned.rows_counted for planned in result.runs)
-    shown = columns(now, artifacts=with_artifacts, rows=with_rows)
-    emit(rows, shown, args, sys.stdout, name=_name)
-    for problem in [*result.notes, *result.problems]:
+        document = _document(asyncio.run(collect()))
+        shown = columns(now, **_shown(document))
+    emit(document["items"], shown, args, sys.stdout, name=_name)
+    for problem in [*document["notes"], *document["problems"]]:
         warn(problem)
-    return 1 if result.problems else 0
+    return 1 if document["problems"] else 0
+
+
+def _shown(document: dict[str, Any]) -> dict[str, bool]:
+    rows = document["items"]
+    artifacts = any(Target.ARTIFACTS.value in row["targets"] for row in rows)
+    return {"artifacts": artifacts, "rows": bool(document["rowsCounted"])}
+
+
+CLUSTER = Column("CLUSTER", lambda r: r["cluster"])
 
 
 def _name(row: Row) -> str:

@@ -9,6 +9,9 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from functools import partial
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -20,12 +23,14 @@ from lapse.cli.common import ambient_kubeconfig, settings_from, state_dir_of
 from lapse.config import ConfigError, LapseConfig
 from lapse.config.schema import NATS_AUTH_KEYS, ArtifactsSection, FleetConfig, FleetLeaf
 from lapse.edges.kubernetes import load_api_client
-from lapse.embedded.fleet_identities import LeafLink, leaf_settings
+from lapse.embedded.fleet_identities import LeafLink, leaf_settings, responder_subscriptions
 from lapse.embedded.kube import EmbeddedKube, policy_crds, run_kind_crds
-from lapse.embedded.nats import EmbeddedNats
+from lapse.embedded.nats import PORT_TAKEN, EmbeddedNats
 from lapse.embedded.nats_identities import (
+    ADMIN,
     EMBEDDED,
     PROCESS,
+    Identity,
     authorization,
     ensure_passwords,
     password_file,
@@ -58,13 +63,26 @@ def start_embedded_nats(state_dir: Path, fleet: FleetConfig | None = None) -> Em
     `fleet.leaf`, it is a leaf node of the fleet's hub in its own JetStream domain
     (docs/fleet.md)."""
     port = DEFAULT_NATS_PORT if not port_open(DEFAULT_NATS_PORT) else free_port()
+    identities: tuple[Identity, ...] = EMBEDDED
+    if fleet is not None and fleet.leaf is not None and fleet.cluster is not None:
+        # The hub's requests to this cluster reach its admin identity only: lapse up's
+        # fleet responder carries them out as `lapse brake|dlq` would here.
+        admin = replace(ADMIN, subscribe=responder_subscriptions(fleet.cluster))
+        identities = tuple(admin if i is ADMIN else i for i in EMBEDDED)
     settings = authorization(
-        ensure_passwords(state_dir), EMBEDDED, owned_durables(), retired_durables()
+        ensure_passwords(state_dir), identities, owned_durables(), retired_durables()
     )
     if fleet is not None and fleet.leaf is not None and fleet.cluster is not None:
         durables = tuple(sorted({d for owned in owned_durables().values() for d in owned}))
         settings |= leaf_settings(_leaf_link(fleet.cluster, fleet.leaf), durables)
-    server = EmbeddedNats(state_dir / "nats", port=port, settings=settings).start()
+    try:
+        server = EmbeddedNats(state_dir / "nats", port=port, settings=settings).start()
+    except ServerStartError as exc:
+        # Another lapse up took the default port between the look and the bind.
+        if port != DEFAULT_NATS_PORT or PORT_TAKEN not in str(exc):
+            raise
+        log.info("port %d was taken meanwhile: the embedded NATS takes another", port)
+        server = EmbeddedNats(state_dir / "nats", port=free_port(), settings=settings).start()
     state.write(state_dir, state.NATS_URL, server.url)
     return server
 
@@ -87,14 +105,48 @@ def _leaf_link(cluster: str, leaf: FleetLeaf) -> LeafLink:
     )
 
 
-def as_process(config: LapseConfig, state_dir: Path) -> LapseConfig:
-    """`config` connecting to the embedded server as the process identity."""
+def as_process(config: LapseConfig, state_dir: Path, identity: Identity = PROCESS) -> LapseConfig:
+    """`config` connecting to the embedded server as the process identity (or another)."""
     # Whatever credential the configuration names is for a server of its own, not this.
     unset = {key: None for keys in NATS_AUTH_KEYS.values() for key in keys}
     nats = config.nats.model_copy(
-        update={**unset, "user": PROCESS.user, "password_file": password_file(state_dir, PROCESS)}
+        update={
+            **unset,
+            "user": identity.user,
+            "password_file": password_file(state_dir, identity),
+        }
     )
     return config.model_copy(update={"nats": nats})
+
+
+def as_admin(config: LapseConfig, state_dir: Path) -> LapseConfig:
+    """`config` as the embedded server's admin: what `lapse brake|dlq` use here."""
+    return as_process(config, state_dir, ADMIN)
+
+
+Responder = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
+
+
+def _fleet_responder(config: LapseConfig, url: str) -> Responder:
+    """The hub's actions to this cluster, carried out as its own admin commands would
+    (lapse/operations/fleet_actions.py; docs/fleet.md)."""
+    from lapse.edges.nats import connect
+    from lapse.operations.fleet_actions import serve_actions
+
+    cluster = config.fleet.cluster
+    assert cluster is not None
+
+    async def respond(stop: asyncio.Event) -> None:
+        from lapse.cli.plan_run import plan_document
+
+        nc = await connect(url, name="lapse-fleet-actions", config=config.nats)
+        try:
+            handlers = {"plan": partial(plan_document, config)}
+            await serve_actions(nc, config, cluster, stop, handlers)
+        finally:
+            await nc.close()
+
+    return respond
 
 
 # The embedded S3 server's one bucket and the store lapse configures for it.
@@ -266,6 +318,9 @@ def run_up(args: argparse.Namespace) -> int:
         config = _announce_scope(config, embedded=kube is not None)
         config = _with_watch_lease(config, shared_nats=nats_server is None)
         nats_url = nats_server.url if nats_server else config.nats.url
+        responder = None
+        if nats_server is not None and config.fleet.cluster and config.fleet.leaf:
+            responder = _fleet_responder(as_admin(config, state_dir), nats_server.url)
         asyncio.run(
             _serve(
                 Pipeline(
@@ -274,7 +329,8 @@ def run_up(args: argparse.Namespace) -> int:
                     listen=args.listen or None,
                     metrics_host=args.metrics_host,
                     watch=args.watch,
-                )
+                ),
+                responder,
             )
         )
     finally:
@@ -318,12 +374,16 @@ def _announce_scope(config: LapseConfig, *, embedded: bool) -> LapseConfig:
     return config
 
 
-async def _serve(pipeline: Pipeline) -> None:
+async def _serve(pipeline: Pipeline, responder: Responder | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    answering = asyncio.create_task(responder(stop)) if responder else None
     try:
         await pipeline.run(stop)
     finally:
+        stop.set()
+        if answering is not None:
+            await asyncio.gather(answering, return_exceptions=True)
         shutdown.guard(loop)  # asyncio.run then waits for what is left

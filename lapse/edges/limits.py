@@ -248,6 +248,18 @@ class NatsBrake:
         return True
 
 
+async def engage(kv: KeyValue, scope: str, *, now: float, seconds: float) -> Engaged:
+    """Engage the brake by hand until `now + seconds` (an operator's pause, `lapse brake
+    engage`): every process pauses deleting once it next reads the brake, after the
+    deletions it already counted in (a fiftieth of max_due at most: NatsBrake's lease)."""
+    if not seconds > 0:
+        raise ValueError(f"seconds must be positive, not {seconds!r}")
+    until = Engaged(until=now + seconds, since=now)
+    value = json.dumps({"until": until.until, "since": until.since}).encode()
+    await kv.put(_scoped(scope, ENGAGED), value)
+    return until
+
+
 async def release(kv: KeyValue, scope: str = OBJECTS) -> Engaged | None:
     """Release an engaged brake for every process, with a fresh count. Returns what was
     engaged (None: it was not)."""

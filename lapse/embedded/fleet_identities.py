@@ -53,6 +53,27 @@ def deliver_prefix(cluster: str) -> str:
     return f"{FLEET_PREFIX}.{cluster}.deliver"
 
 
+# Actions from the hub (docs/fleet.md, "Actions from the hub"): a request on
+# `lapse.fleet.<cluster>.act.<verb>` (a change: lapse-hub-admin only) or
+# `lapse.fleet.<cluster>.read.<verb>` (a read: the reader too) reaches that cluster's leaf
+# only; its lapse up carries it out and answers on `lapse.fleet.<cluster>.reply.<token>`,
+# which only that cluster's leaf identity may publish. No other cluster can receive the
+# request, nor forge its answer.
+ACT: Final = "act"
+READ: Final = "read"
+REPLY: Final = "reply"
+
+
+def action_subject(cluster: str, kind: str, verb: str) -> str:
+    """Where the hub asks `cluster` to do (`kind` ACT) or tell (READ) `verb`."""
+    return f"{FLEET_PREFIX}.{cluster}.{kind}.{verb}"
+
+
+def reply_prefix(cluster: str) -> str:
+    """Where `cluster`'s answers to the hub go (a token after it)."""
+    return f"{FLEET_PREFIX}.{cluster}.{REPLY}"
+
+
 def leaf_user(cluster: str) -> str:
     return f"lapse-leaf-{cluster}"
 
@@ -60,23 +81,43 @@ def leaf_user(cluster: str) -> str:
 def leaf_permissions(cluster: str) -> dict[str, Any]:
     """The hub's permissions of `cluster`'s leaf identity (see the module's docstring)."""
     return {
-        "publish": {"allow": [f"{deliver_prefix(cluster)}.>", HUB_REPLIES]},
-        "subscribe": {"allow": [f"$JS.{cluster}.API.>", FLOW_CONTROL]},
+        "publish": {
+            "allow": [f"{deliver_prefix(cluster)}.>", HUB_REPLIES, f"{reply_prefix(cluster)}.>"]
+        },
+        "subscribe": {
+            "allow": [
+                f"$JS.{cluster}.API.>",
+                FLOW_CONTROL,
+                action_subject(cluster, ACT, ">"),
+                action_subject(cluster, READ, ">"),
+            ]
+        },
     }
 
 
-# `lapse fleet apply`: creates and updates the hub's streams (and reads them).
+def responder_subscriptions(cluster: str) -> tuple[str, ...]:
+    """What the cluster's own admin identity (its lapse up's fleet responder) subscribes
+    to in the cluster's NATS, beside its inboxes: the hub's requests to this cluster."""
+    return (action_subject(cluster, ACT, ">"), action_subject(cluster, READ, ">"))
+
+
+_REPLIES: Final = f"{FLEET_PREFIX}.*.{REPLY}.>"
+# `lapse fleet apply`: creates and updates the hub's streams (and reads them); the actions
+# sent to a cluster (brake, dlq replay: carried out there, under its rules).
 HUB_ADMIN: Final = Identity(
     user="lapse-hub-admin",
-    role="the hub's streams: lapse fleet apply",
-    publish=("$JS.>",),
+    role="the hub's streams: lapse fleet apply; actions sent to a cluster",
+    publish=("$JS.>", f"{FLEET_PREFIX}.*.{ACT}.>", f"{FLEET_PREFIX}.*.{READ}.>"),
+    subscribe=(_REPLIES,),
 )
-# `lapse history --fleet` and the other read-only commands on the hub.
+# `lapse history --fleet` and the other read-only commands on the hub, the reads asked of
+# a cluster included (dlq list, brake status).
 HUB_READER: Final = Identity(
     user="lapse-hub-reader",
-    role="read-only commands on the hub: history --fleet",
-    publish=JS_READ,
-    publish_deny=("lapse.>", "$KV.>"),
+    role="read-only commands on the hub: history --fleet, dlq list --fleet",
+    publish=(*JS_READ, f"{FLEET_PREFIX}.*.{READ}.>"),
+    publish_deny=(f"{FLEET_PREFIX}.*.{ACT}.>", f"{FLEET_PREFIX}.*.deliver.>", "$KV.>"),
+    subscribe=(_REPLIES,),
 )
 HUB_IDENTITIES: Final = (HUB_ADMIN, HUB_READER)
 

@@ -11,10 +11,15 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from lapse.embedded.nats_identities import write_config
 from lapse.embedded.process import ServerStartError, free_port, port_open, spawn, stop, wait_until
+
+# What nats-server logs once its client listener is up (checked on 2.15).
+READY_LINE: Final = b"Server is ready"
+# ... and when its port was taken meanwhile.
+PORT_TAKEN: Final = "address already in use"
 
 
 class MissingExtra(ServerStartError):
@@ -116,9 +121,14 @@ class EmbeddedNats:
             # 0600: with users, the file holds their passwords.
             write_config(config, {**settings, **(self.settings or {})})
             args += ["-c", str(config)]
+        logged = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.process = spawn(args, self.log_path)
         wait_until(
-            lambda: port_open(self.port) and port_open(self.monitor_port),
+            # Its own word that it listens: an open port may be another server's (one that
+            # took the same port a moment earlier; this one then fails to bind and exits).
+            lambda: (
+                port_open(self.port) and port_open(self.monitor_port) and self._said_ready(logged)
+            ),
             process=self.process,
             what=self.name,
             log_path=self.log_path,
@@ -127,6 +137,11 @@ class EmbeddedNats:
         if healthy:
             self.wait_healthy(timeout)
         return self
+
+    def _said_ready(self, since: int) -> bool:
+        with self.log_path.open("rb") as log:
+            log.seek(since)
+            return READY_LINE in log.read()
 
     def healthy(self) -> bool:
         """The monitor's /healthz: JetStream enabled and, in a cluster, current."""

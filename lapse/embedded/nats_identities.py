@@ -164,6 +164,8 @@ class Identity:
     role: str  # what it is for, in docs/deploy.md's table
     publish: tuple[str, ...]
     publish_deny: tuple[str, ...] = ()
+    # Beyond its own inboxes (a fleet hub's answers: lapse/embedded/fleet_identities.py).
+    subscribe: tuple[str, ...] = ()
 
     @property
     def inbox(self) -> str:
@@ -185,7 +187,7 @@ class Identity:
             "publish": publish,
             # The deny is for the record (the allow grants no other inbox): `_INBOX.>` is
             # every client's default prefix.
-            "subscribe": {"allow": [own], "deny": [INBOX]},
+            "subscribe": {"allow": [own, *self.subscribe], "deny": [INBOX]},
         }
 
 

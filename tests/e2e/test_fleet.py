@@ -46,6 +46,7 @@ from lapse.embedded.nats import EmbeddedNats, nats_server_binary
 from lapse.embedded.nats_identities import ADMIN, READER, new_password, password_file
 from lapse.embedded.process import free_port
 from lapse.operations.audit import audit_events, fleet_audit_events, history_row
+from lapse.operations.dlq import dead_letters
 from tests.conftest import KubeStack
 from tests.e2e.test_nats_auth_up import LAPSE, LapseUp, clean_env, workflow
 from tests.stack import wait_for
@@ -78,14 +79,18 @@ class Fleet:
     hub: EmbeddedNats
     clusters: dict[str, Cluster]
     hub_env: dict[str, str]  # the CLI on the hub, as lapse-hub-reader
+    admin_env: dict[str, str]  # ... as lapse-hub-admin (fleet apply, actions)
     passwords: dict[str, Path]
 
     def lapse(self, *args: str, env: dict[str, str] | None = None) -> Any:
         result = subprocess.run(
-            [*LAPSE, *args], capture_output=True, text=True, env=env or self.hub_env, timeout=60
+            [*LAPSE, *args], capture_output=True, text=True, env=env or self.hub_env, timeout=90
         )
         assert result.returncode == 0, (args, result.stderr)
         return json.loads(result.stdout) if "-o" in args else result.stdout
+
+    async def alapse(self, *args: str, env: dict[str, str] | None = None) -> Any:
+        return await asyncio.to_thread(self.lapse, *args, env=env)
 
 
 def _write(path: Path, text: str) -> Path:
@@ -114,7 +119,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, kube: KubeStack) -> Iterator
             cut = TcpCut(leaf_port).heal()
             config = {
                 "kubernetes": {"kubeconfig": str(kube.kubeconfig)},
-                "safety": {"namespaces": {"include": [namespace]}},
+                # max_due / 50 = 1: each reaper reads the brake before every deletion, so
+                # one engaged from the hub holds at once (limits.engage says why).
+                "safety": {
+                    "namespaces": {"include": [namespace]},
+                    "mass_deletion_brake": {"max_due": 49},
+                },
                 "fleet": {
                     "cluster": name,
                     "leaf": {
@@ -148,9 +158,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, kube: KubeStack) -> Iterator
         admin_yaml = _write(base / "hub-admin.yaml", yaml.safe_dump(hub_config(HUB_ADMIN.user)))
         reader_yaml = _write(base / "hub-reader.yaml", yaml.safe_dump(hub_config(HUB_READER.user)))
         hub_env = {**clean_env(base), "LAPSE_CONFIG": str(reader_yaml)}
+        admin_env = {**hub_env, "LAPSE_CONFIG": str(admin_yaml)}
         result = subprocess.run(
             [*LAPSE, "fleet", "apply"], capture_output=True, text=True, timeout=60,
-            env={**hub_env, "LAPSE_CONFIG": str(admin_yaml)},
+            env=admin_env,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert "created LAPSE_FLEET_AUDIT" in result.stdout, result.stdout
@@ -159,7 +170,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, kube: KubeStack) -> Iterator
             return all([await c.up.running() for c in clusters.values()])
 
         asyncio.run(wait_for(all_running, timeout=120, interval=0.3))
-        yield Fleet(hub, clusters, hub_env, files)
+        yield Fleet(hub, clusters, hub_env, admin_env, files)
     finally:
         # Every process stopped before any failure is reported: none outlives the test.
         failed = []
@@ -308,6 +319,100 @@ async def test_each_cluster_deletes_on_time_through_a_partition_and_the_hub_coun
     assert len(table) == 6 and all(line.split()[:3:2] == ["west", west] for line in table), table
 
 
+async def test_the_hub_brakes_and_replays_in_the_owning_cluster_only(
+    fleet: Fleet, kube: KubeStack
+) -> None:
+    east, west = fleet.clusters["east"], fleet.clusters["west"]
+    admin = fleet.admin_env
+    said = await fleet.alapse(
+        "brake", "engage", "--cluster", "east", "--target", "kubernetes", "--for", "20s",
+        env=admin,
+    )  # fmt: skip
+    assert said.startswith("east: engaged until"), said
+    engaged_at = time.monotonic()
+
+    names = {c.name: [f"braked-{i}" for i in range(2)] for c in (east, west)}
+    for cluster in (east, west):
+        await finish(kube, cluster, names[cluster.name], "1s")
+    # West keeps deleting ...
+    await wait_for(partial(gone, kube, west, names["west"]), timeout=30, interval=0.2)
+    reader = fleet.passwords[HUB_READER.user]
+    hub, _ = await _connect(fleet.hub.url, HUB_READER.user, reader)
+
+    async def rescheduled_in_east() -> bool:
+        found = set()
+        async for cluster, event in fleet_audit_events(hub.jetstream()):
+            row = history_row(event)
+            if cluster == "east" and row and row["outcome"] == "rescheduled":
+                found.add(row["name"])
+        return set(names["east"]) <= found
+
+    # ... east's reaper met its deadlines and paused them (its outcomes, on the hub) ...
+    try:
+        await wait_for(rescheduled_in_east, timeout=20, interval=0.3)
+    finally:
+        await hub.close()
+    # ... so both of east's runs are still there.
+    assert not await gone(kube, east, names["east"][:1])
+    assert not await gone(kube, east, names["east"][1:])
+    # Read back as the hub's reader: east's brake is on (west's is not, below).
+    assert "engaged since" in await fleet.alapse("brake", "status", "--cluster", "east")
+    said = await fleet.alapse("brake", "release", "--cluster", "east", env=admin)
+    assert said.startswith("east: kubernetes: released"), said
+    assert "not engaged" in await fleet.alapse("brake", "status", "--cluster", "west")
+
+    # A dead letter in east (an event its planner refuses: no run in it), replayed from the
+    # hub: east's planner refuses it again, a new entry in east; west has none.
+    state = east.state_dir
+    nc, _ = await _connect(east.nats_url, ADMIN.user, password_file(state, ADMIN))
+    js = nc.jetstream()
+
+    async def east_dead() -> list[int]:
+        """East's dead letters, read in east (as its `lapse dlq list`): no CLI per poll."""
+        return [letter.seq async for letter in dead_letters(js, "LAPSE_DLQ")]
+
+    try:
+        headers = {
+            "ce-specversion": "1.0",
+            "ce-id": f"refused-{uuid.uuid4().hex[:8]}",
+            "ce-source": "tests/e2e/test_fleet",
+            "ce-type": "dev.lapse.run.finished.v1",
+            "content-type": "application/json",
+        }
+        await js.publish(
+            "lapse.events.dev.lapse.run.finished.v1", b'{"no": "run"}', headers=headers
+        )
+        [first] = await wait_for(east_dead, timeout=20, interval=0.2)
+        # The hub's list: east's entry, in a CLUSTER column; none of west's.
+        listed = await fleet.alapse("dlq", "list", "--fleet", "--no-headers")
+        assert [line.split()[:2] for line in listed.splitlines()] == [["east", str(first)]]
+        replayed = await fleet.alapse(
+            "dlq", "replay", "--cluster", "east", str(first), "-o", "json", env=admin
+        )
+        assert replayed["removed"] == [first], replayed
+        assert [r["id"] for r in replayed["replayed"]] == [first], replayed
+        # Replayed in east: its planner refused the event again, a new entry.
+        [again] = await wait_for(east_dead, timeout=20, interval=0.2)
+        assert again != first
+    finally:
+        await nc.close()
+
+    # East's plan, asked from the hub. Each cluster lists its own API server: here the two
+    # share one, so west lists east's namespace too.
+    await finish(kube, east, ["later"], "1h")
+    planned = (await fleet.alapse("plan", "--fleet", "-n", east.namespace, "-o", "json"))["items"]
+    # (east's braked runs too, while their pause lasts)
+    found = {(r["cluster"], r["name"]) for r in planned}
+    assert {("east", "later"), ("west", "later")} <= found, planned
+    assert {cluster for cluster, _ in found} == {"east", "west"}
+
+    # Released meanwhile: east deletes them when the pause it set ends (their rescheduled
+    # deadline). 20 s: the steps from engage to release take 5 to 15 s on 2 busy cores,
+    # and must end within the pause; those after it run in what is left of it.
+    await wait_for(partial(gone, kube, east, names["east"]), timeout=30, interval=0.2)
+    assert time.monotonic() - engaged_at >= 20 - ON_TIME_SECONDS
+
+
 async def _connect(url: str, user: str, password: Path) -> tuple[NATS, list[str]]:
     errors: list[str] = []
 
@@ -343,12 +448,24 @@ async def test_a_clusters_credentials_reach_neither_another_cluster_nor_the_hub(
             ("$JS.API.DIRECT.GET.LAPSE_FLEET_AUDIT", None),
             # West's deliveries to the hub.
             ("lapse.fleet.west.deliver.audit", None),
+            # An action for west, or an answer as west.
+            ("lapse.fleet.west.act.brake-release", None),
+            ("lapse.fleet.west.read.dlq-list", None),
+            ("lapse.fleet.west.reply.x", None),
         ):
             await nc.publish(subject, b"{}")
             said = f'violation for publish to "{(reported or subject).lower()}"'
             await wait_for(partial(_told, errors, said), timeout=5)
         await nc.subscribe("lapse.fleet.west.>")
         await wait_for(lambda: _told(errors, 'subscription to "lapse.fleet.west.>"'), timeout=5)
+    finally:
+        await nc.close()
+    # The hub's reader may ask a cluster what it holds, never act there.
+    nc, errors = await _connect(fleet.hub.url, HUB_READER.user, fleet.passwords[HUB_READER.user])
+    try:
+        await nc.publish("lapse.fleet.west.act.brake-release", b"{}")
+        said = 'violation for publish to "lapse.fleet.west.act.brake-release"'
+        await wait_for(partial(_told, errors, said), timeout=5)
     finally:
         await nc.close()
 
@@ -359,6 +476,7 @@ async def test_a_clusters_credentials_reach_neither_another_cluster_nor_the_hub(
     try:
         assert (await nc.request("$JS.API.STREAM.INFO.LAPSE_AUDIT", b"", timeout=5)).data
         await refused(nc, "$JS.west.API.STREAM.INFO.LAPSE_AUDIT")
+        await refused(nc, "lapse.fleet.west.act.brake-release")
         await refused(nc, "$JS.hub.API.STREAM.INFO.LAPSE_FLEET_AUDIT")
     finally:
         await nc.close()

@@ -102,6 +102,10 @@ async def test_the_brake_trips_once_for_the_deployment_and_a_command_releases_it
     ]
     again = await workers(own_nats.url, "brake", 1, max_due=max_due, window=60)
     assert all(d["admitted"] for r in again for d in r["decisions"])
+    # Engaged by hand (that the reapers then pause: tests/e2e/test_fleet.py, from the hub).
+    said = await lapse("brake", "engage", "--target", "kubernetes", "--for", "5m")
+    assert said.startswith("engaged until"), said
+    assert (await lapse("brake", "status")).startswith("kubernetes: engaged since")
 
 
 @pytest.mark.kube

@@ -33,9 +33,19 @@ def test_each_leaf_identity_is_allowed_its_own_cluster_only() -> None:
     users = {u["user"]: u for u in settings["authorization"]["users"]}
     assert set(users) == {HUB_ADMIN.user, HUB_READER.user, "lapse-leaf-east", "lapse-leaf-west"}
     east = users["lapse-leaf-east"]["permissions"]
+    # Its deliveries and answers; the hub's API requests and actions for its own domain.
     assert east == {
-        "publish": {"allow": ["lapse.fleet.east.deliver.>", "$JSC.R.>"]},
-        "subscribe": {"allow": ["$JS.east.API.>", "$JS.FC.>"]},
+        "publish": {
+            "allow": ["lapse.fleet.east.deliver.>", "$JSC.R.>", "lapse.fleet.east.reply.>"]
+        },
+        "subscribe": {
+            "allow": [
+                "$JS.east.API.>",
+                "$JS.FC.>",
+                "lapse.fleet.east.act.>",
+                "lapse.fleet.east.read.>",
+            ]
+        },
     }
     assert "west" not in str(east)
     assert users["lapse-leaf-west"]["password"] == "pw-lapse-leaf-west"
@@ -155,3 +165,54 @@ def test_history_reads_the_hub_only_when_asked_and_configured() -> None:
     for bad in ("*", ">", "a.b", "East"):
         with pytest.raises(argparse.ArgumentTypeError):
             _cluster_name(bad)
+
+
+def test_the_hub_sends_changes_as_its_admin_only_and_reads_as_its_reader_too() -> None:
+    admin, reader = HUB_ADMIN.permissions(), HUB_READER.permissions()
+    assert "lapse.fleet.*.act.>" in admin["publish"]["allow"]
+    assert "lapse.fleet.*.act.>" not in reader["publish"]["allow"]
+    assert "lapse.fleet.*.act.>" in reader["publish"]["deny"]
+    assert "lapse.fleet.*.read.>" in reader["publish"]["allow"]
+    for permissions in (admin, reader):
+        assert "lapse.fleet.*.reply.>" in permissions["subscribe"]["allow"]
+        # Never a cluster's deliveries: those are the hub's streams' to receive.
+        assert not any("deliver" in s for s in permissions["subscribe"]["allow"])
+
+
+@pytest.mark.parametrize(
+    ("kind", "verb", "refused"),
+    [
+        ("act", "brake-engage", None),
+        ("read", "brake-status", None),
+        ("act", "dlq-list", None),
+        ("read", "brake-engage", "changes the cluster"),
+        ("read", "dlq-replay", "changes the cluster"),
+        ("act", "schedules-purge", "unknown action"),
+    ],
+)
+def test_a_cluster_carries_out_only_known_actions_and_changes_only_when_sent_as_one(
+    kind: str, verb: str, refused: str | None
+) -> None:
+    from lapse.operations.fleet_actions import refusal
+
+    said = refusal(kind, verb)
+    assert said is None if refused is None else refused in str(said)
+
+
+def test_a_dead_letter_filter_crosses_to_the_cluster_unchanged() -> None:
+    from datetime import UTC, datetime
+
+    from lapse.operations.dlq import Filter
+    from lapse.operations.fleet_actions import filter_document, filter_of
+
+    chosen = Filter(
+        namespace="team-a",
+        stage="planner",
+        reason="refused",
+        since=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+        ids=frozenset({3, 1}),
+    )
+    assert filter_of(filter_document(chosen)) == chosen
+    assert filter_of({}) == Filter()
+    with pytest.raises(ValueError, match="namespace"):
+        filter_of({"namespace": ["a", "b"]})
