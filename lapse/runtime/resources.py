@@ -237,7 +237,7 @@ class Resources:
         if self._api_client is not None:
             from lapse.edges.kubernetes.loop_http import close_loop_http
 
-            await close_loop_http(self._api_client)
+            close_loop_http(self._api_client)
             self._api_client.close()
             self._api_client = None
         if self._executor is not None:
