@@ -501,9 +501,7 @@ def overlay_for(
         "kind": "Kustomization",
         # kustomize takes no absolute path: the dev overlay relative to this folder
         "resources": [os.path.relpath(DEV_OVERLAY, folder), *extra],
-        "components": (
-            [os.path.relpath(NATSS_CHANNEL, folder)] if CHANNEL == "natss" else []
-        ),
+        "components": ([os.path.relpath(NATSS_CHANNEL, folder)] if CHANNEL == "natss" else []),
         "images": [
             {"name": name, "newName": ref.rsplit(":", 1)[0], "newTag": ref.rsplit(":", 1)[1]}
             for name, ref in sorted(images.items())
