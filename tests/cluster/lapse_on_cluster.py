@@ -48,12 +48,13 @@ from tests.observability import COLLECTOR_CONFIG, collector_overrides, jaeger_co
 from tests.stack import Database
 
 DEV_OVERLAY = REPO / "infra/overlays/dev"
-# The Broker's channel (docs/deploy.md, "The Broker's channel"): the production overlay's
-# NATS JetStream channel (knative.sh natss installs it), so every test here runs on it;
-# LAPSE_CLUSTER_CHANNEL=in-memory deploys the dev overlay's as it is (the in-memory
-# channel), e.g. to see test_channel_dispatcher_killed.py lose runs there.
+# The Broker's channel (docs/deploy.md, "The Broker's channel"): the dev overlay's (the
+# cluster's default, in-memory). LAPSE_CLUSTER_CHANNEL=natss adds the natss-channel
+# component (Knative's NATS JetStream channel; `make cluster CLUSTER_KNATIVE="eventing natss
+# serving"` installs it): with Eventing's sender authentication on, its dispatcher's
+# deliveries are refused by the Broker's filter (401), so nothing reaches the functions.
 NATSS_CHANNEL = REPO / "infra/components/natss-channel"
-CHANNEL = os.environ.get("LAPSE_CLUSTER_CHANNEL", "natss")
+CHANNEL = os.environ.get("LAPSE_CLUSTER_CHANNEL", "in-memory")
 SYSTEM = "lapse-system"
 RUNS = "default"  # the namespace the dev overlay cleans
 # A second namespace lapse cleans (lapse.yaml's safety.namespaces, the Roles the overlay
@@ -623,9 +624,13 @@ def _install(
                         "--ignore-not-found") or "{}"
     )  # fmt: skip
     on_natss = broker.get("spec", {}).get("config", {}).get("name") == "lapse-broker-channel"
-    if broker and on_natss != (CHANNEL == "natss"):
+    recreated = bool(broker) and on_natss != (CHANNEL == "natss")
+    if recreated:
         cluster.kubectl("-n", SYSTEM, "delete", "broker", "lapse", "--wait=true")
     kubectl_apply_retrying(cluster, "-k", str(overlay))
+    if recreated:  # the SinkBinding stays NoAddressable until something requeues it
+        cluster.kubectl("-n", SYSTEM, "annotate", "sinkbinding", "lapse-bridge",
+                        f"lapse.dev/requeued={int(time.time())}", "--overwrite")  # fmt: skip
     deployment.timings["applied"] = time.monotonic() - started
     until = time.monotonic() + INSTALL_TIMEOUT
 

@@ -11,17 +11,25 @@ once the ingress accepted the event; from then on only the channel holds it. The
 channel acks its own copy only after the filter answered, so the events the dead dispatcher
 was delivering are redelivered (after the consumer's ack wait, 30 s). With
 LAPSE_CLUSTER_CHANNEL=in-memory (the dev overlay's channel, docs/cluster.md) the same test
-fails: what the in-memory dispatcher held when it died is never delivered."""
+fails: what the in-memory dispatcher held when it died is never delivered.
+
+Opt-in (LAPSE_CLUSTER_CHANNEL=natss, or LAPSE_CLUSTER_DISPATCHER_KILL=1 on the in-memory
+channel): eventing-natss v0.48.1's dispatcher presents no OIDC token to the Broker's filter,
+which refuses its every delivery (401) with sender authentication on, as lapse needs it;
+on the in-memory channel, the cluster stage's default, the test fails by design."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from bench.report import parse_audit_line
 from tests.cluster.conftest import Cluster, json_objects, poll
@@ -36,6 +44,11 @@ from tests.cluster.lapse_on_cluster import (
     kill_container,
 )
 
+pytestmark = pytest.mark.skipif(
+    CHANNEL != "natss" and os.environ.get("LAPSE_CLUSTER_DISPATCHER_KILL") != "1",
+    reason="the Broker is on the in-memory channel, which loses what its dispatcher held "
+    "(LAPSE_CLUSTER_CHANNEL=natss, or LAPSE_CLUSTER_DISPATCHER_KILL=1 to see it)",
+)
 EVENTING = "knative-eventing"
 DISPATCHER = {
     "natss": "messaging.knative.dev/channel=nats-jetstream-channel,"
@@ -49,7 +62,8 @@ TTL = 20
 
 
 def running_pods(cluster: Cluster, namespace: str, selector: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = cluster.get(namespace, f"pods -l {selector}")["items"]
+    out = cluster.kubectl("-n", namespace, "get", "pods", "-l", selector, "-o", "json")
+    items: list[dict[str, Any]] = json.loads(out)["items"]
     return [p for p in items if "deletionTimestamp" not in p["metadata"]]
 
 
