@@ -48,8 +48,8 @@ from tests.cluster.lapse_on_cluster import (
 
 pytestmark = pytest.mark.skipif(
     CHANNEL != "natss" and os.environ.get("LAPSE_CLUSTER_DISPATCHER_KILL") != "1",
-    reason="the Broker is on the in-memory channel, which loses what its dispatcher held "
-    "(LAPSE_CLUSTER_CHANNEL=natss, or LAPSE_CLUSTER_DISPATCHER_KILL=1 to see it)",
+    reason="the Broker is on the in-memory channel (LAPSE_CLUSTER_CHANNEL=natss, or "
+    "LAPSE_CLUSTER_DISPATCHER_KILL=1 to run it there)",
 )
 EVENTING = "knative-eventing"
 DISPATCHER = {
