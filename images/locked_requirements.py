@@ -7,13 +7,14 @@ Debian bookworm's 23.0, turns hash-checking on for hashes in a constraints file 
 refuses every requirement not pinned with `==`.) `scripts/release.py` lists the same lines
 for the release's SBOMs, so an SBOM names exactly what the image installed.
 
-Which packages: the closure of the roots (a pyproject.toml's `dependencies`, an extra)
-over the lock's `# via` annotations, which `uv pip compile` writes for every package; lines
+Which packages: the closure of the roots (a pyproject.toml's `dependencies`, an extra, or
+one function's share of lapse's dependencies, `[tool.lapse.function-dependencies]`) over
+the lock's `# via` annotations, which `uv pip compile` writes for every package; lines
 whose environment marker does not hold here (Windows, PyPy) are left out. Standard library
 only, plus the `packaging` that pip vendors: it runs in the Containerfile's build stages.
 
     python images/locked_requirements.py requirements.lock pyproject.toml [--extra NAME]
-        [--without-dependencies]
+        [--without-dependencies] [--function NAME]
 """
 
 from __future__ import annotations
@@ -89,8 +90,38 @@ def roots(pyproject: Path, extras: tuple[str, ...], dependencies: bool) -> set[s
     wanted: list[str] = list(project.get("dependencies", [])) if dependencies else []
     for extra in extras:
         wanted += project["optional-dependencies"][extra]
+    return names_of(wanted)
+
+
+EVERY_FUNCTION = "every-function"
+
+
+def function_dependencies(pyproject: Path, function: str) -> list[str]:
+    """The requirements (as `dependencies` writes them, ranges and extras kept) of one of
+    lapse's functions: `every-function`'s names and its own, in
+    `[tool.lapse.function-dependencies]`."""
+    document = tomllib.loads(pyproject.read_text())
+    table = document["tool"]["lapse"]["function-dependencies"]
+    if function == EVERY_FUNCTION or function not in table:
+        known = ", ".join(sorted(set(table) - {EVERY_FUNCTION}))
+        raise SystemExit(f"[tool.lapse.function-dependencies] has no {function!r} ({known})")
+    names = {normalize(name) for name in [*table[EVERY_FUNCTION], *table[function]]}
+    chosen = []
+    for requirement in document["project"]["dependencies"]:
+        match = _NAME.match(requirement.strip())
+        assert match is not None, requirement
+        if normalize(match.group(1)) in names:
+            chosen.append(requirement)
+            names.discard(normalize(match.group(1)))
+    if names:
+        raise SystemExit(f"{function}: not in [project] dependencies: {', '.join(sorted(names))}")
+    return chosen
+
+
+def names_of(requirements: list[str]) -> set[str]:
+    """The distribution names of requirement strings."""
     names = set()
-    for requirement in wanted:
+    for requirement in requirements:
         match = _NAME.match(requirement.strip())
         assert match is not None, requirement
         names.add(normalize(match.group(1)))
@@ -114,10 +145,17 @@ def closure(locked: dict[str, Locked], names: set[str]) -> list[Locked]:
 
 
 def requirements(
-    lock: Path, pyproject: Path, extras: tuple[str, ...] = (), without_dependencies: bool = False
+    lock: Path,
+    pyproject: Path,
+    extras: tuple[str, ...] = (),
+    without_dependencies: bool = False,
+    function: str | None = None,
 ) -> list[Locked]:
-    """What an image installs for `pyproject`'s dependencies and `extras`, from `lock`."""
+    """What an image installs for `pyproject`'s dependencies and `extras` (or, for one of
+    lapse's functions, that function's dependencies), from `lock`."""
     locked = parse_lock(lock.read_text())
+    if function is not None:
+        return closure(locked, names_of(function_dependencies(pyproject, function)))
     chosen = closure(locked, roots(pyproject, (), dependencies=True))
     if extras:
         extra = closure(locked, roots(pyproject, extras, dependencies=False))
@@ -139,8 +177,13 @@ def main() -> int:
         action="store_true",
         help="only what the extras add to the project's dependencies",
     )
+    parser.add_argument(
+        "--function", help="one of lapse's functions: only what it imports (ttl-planner, ...)"
+    )
     args = parser.parse_args()
-    chosen = requirements(args.lock, args.pyproject, tuple(args.extra), args.without_dependencies)
+    chosen = requirements(
+        args.lock, args.pyproject, tuple(args.extra), args.without_dependencies, args.function
+    )
     print("\n".join(package.requirement for package in chosen))
     return 0
 

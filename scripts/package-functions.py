@@ -4,19 +4,24 @@
 builder runs `pip install .` there. So this copies the `lapse` package into <folder>/vendor/
 (its symlinks lapse/events, lapse/functions, lapse/infra followed: real folders in the copy)
 and writes <folder>/pyproject.toml: a project named `function` that installs the entry point
-and that package, with lapse's own pinned dependencies. Both are generated (git ignores
-them); run `make functions` again after a change.
+and that package, with the share of lapse's dependencies the function imports
+(pyproject.toml's `[tool.lapse.function-dependencies]`, images/locked_requirements.py).
+Both are generated (git ignores them); run `make functions` again after a change.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "images"))
+from locked_requirements import function_dependencies  # noqa: E402
+
 PACKAGES = ("lapse",)
 IGNORE = shutil.ignore_patterns(
     "__pycache__", "*.pyc", "vendor", "lib", "function", "func.yaml", "pyproject.toml"
@@ -54,17 +59,25 @@ def pyproject(packages: list[str], dependencies: list[str], version: str) -> str
     )
 
 
+def function_name(folder: Path) -> str:
+    """The function's name in lapse (func.yaml's `name: lapse-ttl-planner`: ttl-planner). Not
+    the folder's: the Containerfile packages the folder as /func."""
+    found = re.search(r"^name:\s*(\S+)\s*$", (folder / "func.yaml").read_text(), re.M)
+    if found is None:
+        raise SystemExit(f"package-functions: {folder}/func.yaml names no function")
+    return found.group(1).removeprefix("lapse-")
+
+
 def package(folder: Path) -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    dependencies = function_dependencies(ROOT / "pyproject.toml", function_name(folder))
     vendor = folder / "vendor"
     shutil.rmtree(vendor, ignore_errors=True)
     for top in PACKAGES:
         # symlinks=False (the default): the folders they point at are copied.
         shutil.copytree(ROOT / top, vendor / top, ignore=IGNORE, symlinks=False)
     packages = find_packages(vendor)
-    (folder / "pyproject.toml").write_text(
-        pyproject(packages, project["dependencies"], project["version"])
-    )
+    (folder / "pyproject.toml").write_text(pyproject(packages, dependencies, project["version"]))
 
 
 def main() -> int:

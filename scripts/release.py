@@ -215,8 +215,11 @@ def image_requirements(image: dict[str, Any]) -> tuple[list[Locked], Path]:
     if image.get("extension"):
         project = ROOT / image["folder"] / "pyproject.toml"
         return requirements(LOCK, project), project
-    extras = ("embedded",) if image["containerfile_target"] == "lapse" else ()
-    return requirements(LOCK, PYPROJECT, extras), PYPROJECT
+    if image["containerfile_target"] == "lapse":
+        return requirements(LOCK, PYPROJECT, ("embedded",)), PYPROJECT
+    # One of lapse's functions: its own share of the lock (func.yaml's lapse-ttl-planner).
+    function = image["function"].removeprefix("lapse-")
+    return requirements(LOCK, PYPROJECT, function=function), PYPROJECT
 
 
 def write_sbom(tools: Tools, packages: list[Locked], project: Path, sbom: Path) -> None:

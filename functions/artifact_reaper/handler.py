@@ -23,13 +23,17 @@ module is its port, `ArtifactsPort`, and reads in one screen:
   belong to one (`verdict.belongs`) and that no other run records (`verdict.owned`),
   cut in batches of `BATCH` (one DeleteObjects request). Disallowed and kept items are
   said in the outcome, never deleted.
-- **remove** a batch held to its precondition: no configured store's client sends a
-  conditional delete, so the batch's keys are listed again just before and deleted only
-  as they were judged; one whose size or etag changed is a `Conflict` (read and judged
-  again). An object already gone is no error, so a second delivery deletes what is left
-  and nothing twice. The brake and the rate limit count objects, a batch at a time.
+- **remove** a batch held to its precondition: the batch's keys are listed again just
+  before, and one whose size or etag changed is a `Conflict` (read and judged again).
+  Then an S3 store deletes each object with `If-Match: <the etag listed>`: one written
+  again in between is refused by the store itself (412) and kept, counted in the outcome
+  (`conditional_delete: false`, GCS and Azure: a batched delete, the listing again being
+  the precondition). An object already gone is no error, so a second delivery deletes
+  what is left and nothing twice. The brake and the rate limit count objects, a batch at
+  a time.
 - **removed**: the capture is forgotten; `deleted` (with the tally), `refused` when items
-  were disallowed and nothing deleted, else `already_gone`.
+  were disallowed and nothing deleted, `kept` when the store kept every object as
+  changed, else `already_gone`.
 
 A store that does not answer (timeouts, 5xx, throttling) is `Unavailable` (a `RetryLater`):
 waited out like the API server, never dead-lettered. A store that refuses (403, no such
@@ -41,7 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import ClassVar, Final
 
@@ -50,7 +54,13 @@ from lapse.events.run import RunRef, Target
 from lapse.events.types import Outcome
 from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture
 from lapse.functions.artifact_reaper.ownership import Protection, live_protections
-from lapse.functions.artifact_reaper.ports import Captures, LiveRuns, ObjectStores, StoredObject
+from lapse.functions.artifact_reaper.ports import (
+    Captures,
+    Deletion,
+    LiveRuns,
+    ObjectStores,
+    StoredObject,
+)
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig
 from lapse.functions.artifact_reaper.verdict import (
     Allowed,
@@ -91,6 +101,10 @@ class Tally:
     shared: tuple[Shared, ...] = ()
     outside: tuple[str, ...] = ()
     unrendered: tuple[str, ...] = ()
+    # Objects the store kept because they changed since they were listed (S3 412), and
+    # objects that were gone by the delete.
+    changed: int = 0
+    gone: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +162,11 @@ class ArtifactReaper(Reaper):
 
 @dataclass(frozen=True, slots=True)
 class ArtifactsPort:
-    """The artifact-reaper's port to the reaping sequence (functions/reaping/ports.py)."""
+    """The artifact-reaper's port to the reaping sequence (functions/reaping/ports.py),
+    one per due event: `deletions` is what its deletes did."""
 
     reaper: ArtifactReaper
+    deletions: list[Deletion] = field(default_factory=list)
 
     @property
     def target(self) -> Target:
@@ -282,9 +298,11 @@ class ArtifactsPort:
                 f"({', '.join(moved[:3])})"
             )
         there = {obj.path for obj in now}
-        await self.reaper.stores.delete(
+        gone = tuple(obj for obj in batch.objects if obj.path not in there)
+        deletion = await self.reaper.stores.delete(
             batch.store, [obj for obj in batch.objects if obj.path in there]
         )
+        self.deletions.append(dataclasses.replace(deletion, gone=gone + deletion.gone))
         return None
 
     async def removed(self, removal: Removal[Plan], done: int) -> End:
@@ -292,11 +310,13 @@ class ArtifactsPort:
         await self.reaper.captures.forget(plan.capture)
         if plan.left_to is not None:
             return Ended(due.run, Outcome.SKIPPED, due.deadline, plan.left_to)
-        tally = _counted(plan)
+        tally = _counted(plan, self.deletions)
         if tally.objects > 0:
             outcome = Outcome.DELETED
         elif tally.refused:
             outcome = Outcome.REFUSED  # nothing deleted, and not because it was gone
+        elif tally.changed:
+            outcome = Outcome.KEPT  # the store kept each: written again since listed
         else:
             outcome = Outcome.ALREADY_GONE
         return Ended(due.run, outcome, due.deadline, describe(tally))
@@ -311,10 +331,22 @@ def _with_shared(tally: Tally, guarding: Sequence[Protection]) -> Tally:
     return dataclasses.replace(tally, shared=tuple(shared))
 
 
-def _counted(plan: Plan) -> Tally:
-    objects = [obj for batch in plan.batches for obj in batch.objects]
+def _counted(plan: Plan, deletions: Sequence[Deletion] = ()) -> Tally:
+    """The plan's objects, less those its deletes found changed or gone."""
+    kept = {obj.path for deletion in deletions for obj in deletion.kept}
+    gone = {obj.path for deletion in deletions for obj in deletion.gone}
+    objects = [
+        obj
+        for batch in plan.batches
+        for obj in batch.objects
+        if obj.path not in kept and obj.path not in gone
+    ]
     return dataclasses.replace(
-        plan.tally, objects=len(objects), bytes=sum(obj.size for obj in objects)
+        plan.tally,
+        objects=len(objects),
+        bytes=sum(obj.size for obj in objects),
+        changed=len(kept),
+        gone=len(gone),
     )
 
 
@@ -322,6 +354,13 @@ def describe(tally: Tally, *, dry_run: bool = False) -> str:
     """`12 objects, 3456 bytes; shared (kept): ...; refused: ...` (bounded)."""
     verb = "would delete" if dry_run else "deleted"
     parts = [f"{verb} {tally.objects} objects, {tally.bytes} bytes"]
+    if tally.changed:
+        parts.append(
+            f"kept {tally.changed} objects written again since they were listed "
+            "(the store refused their conditional delete)"
+        )
+    if tally.gone:
+        parts.append(f"{tally.gone} objects were already gone")
     if tally.shared:
         kept = ", ".join(
             f"{s.item.store}:{s.item.key} (by {', '.join(s.by[:3])})" for s in tally.shared

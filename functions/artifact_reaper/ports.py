@@ -21,6 +21,16 @@ class StoredObject:
     etag: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Deletion:
+    """What a delete did with the objects it was given: `kept`, those the store refused to
+    delete because they changed since they were listed (S3 `If-Match`: 412); `gone`,
+    those that were not there; every other one was deleted."""
+
+    kept: tuple[StoredObject, ...] = ()
+    gone: tuple[StoredObject, ...] = ()
+
+
 class ObjectStores(Protocol):
     """The configured stores, by name. Raise `failures.Unavailable` (no answer, 5xx, 429,
     throttling: waited out) or `failures.Refused` (403, no such bucket)."""
@@ -38,12 +48,14 @@ class ObjectStores(Protocol):
         self, store: str, objects: Sequence[StoredObject]
     ) -> tuple[StoredObject, ...]:
         """These objects as they are now (those still there), listed again just before
-        they are deleted: the precondition, as no configured store's client can send a
-        conditional delete (docs/architecture.md, "The artifact-reaper")."""
+        they are deleted: the precondition where the store takes no conditional delete,
+        and a second guard where it does (docs/architecture.md, "The artifact-reaper")."""
         ...
 
-    async def delete(self, store: str, objects: Sequence[StoredObject]) -> None:
-        """Delete these objects (batched; an object already gone is no error)."""
+    async def delete(self, store: str, objects: Sequence[StoredObject]) -> Deletion:
+        """Delete these objects: each only while it is the object listed (its etag) where
+        the store takes a conditional delete, else batched. An object already gone is no
+        error."""
         ...
 
 

@@ -127,6 +127,13 @@ class ArtifactStore(_Model):
     # names (and a label-rendered capture) outside all of them is kept. '': the whole
     # store (a store of one namespace's only; a start-up warning otherwise).
     roots: tuple[Root, ...] = Field(default=DEFAULT_ROOTS, min_length=1)
+    # Each object deleted with `If-Match: <the etag listed>`, so the store itself keeps
+    # one rewritten since (docs/architecture.md, "The artifact-reaper"). None: yes for
+    # S3 (AWS S3 and SeaweedFS honour it); false for an S3-compatible server that rejects
+    # or ignores the header (MinIO ignores it), and for GCS and Azure, where lapse sends
+    # none yet: batched deletes. Every store's batch is listed again just before its
+    # delete, and deleted only as it was judged.
+    conditional_delete: bool | None = None
 
     @model_validator(mode="after")
     def _valid(self) -> ArtifactStore:
@@ -140,6 +147,11 @@ class ArtifactStore(_Model):
             raise ValueError(f"url {self.url!r} names no bucket")
         if root and (not root.endswith("/") or "//" in root or ".." in root.split("/")):
             raise ValueError(f"url {self.url!r}: the prefix root ends in '/', no empty parts")
+        if self.conditional_delete and self.provider != "s3":
+            raise ValueError(
+                f"store {self.name!r}: conditional_delete is sent to S3 stores only "
+                "(GCS and Azure: the batch is listed again before its delete)"
+            )
         return self
 
     def serves(self, namespace: str, kind: str | None) -> str | None:
@@ -182,6 +194,11 @@ class ArtifactStore(_Model):
     @property
     def provider(self) -> Provider:
         return SCHEMES[self.url.partition("://")[0]]
+
+    @property
+    def conditional(self) -> bool:
+        """Whether each object is deleted with `If-Match` (`conditional_delete`)."""
+        return self.provider == "s3" and self.conditional_delete is not False
 
     @property
     def bucket(self) -> str:

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Final
@@ -28,6 +28,7 @@ from lapse.cli.watch import add_watch, run_watch, watch
 
 if TYPE_CHECKING:
     from cloudevents.core.base import BaseCloudEvent
+    from nats.js import JetStreamContext
 
     from lapse.config import LapseConfig
     from lapse.events.kinds import KindSpec
@@ -57,9 +58,54 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     history.add_argument("--since", metavar="DURATION", help="only the last DURATION (1h, 7d)")
     history.add_argument("--all", action="store_true", help="also scheduled/cancelled events")
+    add_fleet(history)
     add_output(history)
     add_watch(history)
     history.set_defaults(run=run_history)
+
+
+def add_fleet(parser: argparse.ArgumentParser) -> None:
+    """`--fleet` and `--cluster`: answer from the fleet's hub (docs/fleet.md)."""
+    parser.add_argument(
+        "--fleet",
+        action="store_true",
+        help="every cluster of the fleet, from its hub (fleet.hub), with a CLUSTER column",
+    )
+    parser.add_argument(
+        "--cluster",
+        metavar="NAME",
+        type=_cluster_name,
+        help="only this cluster of the fleet, from its hub (implies --fleet)",
+    )
+
+
+def _cluster_name(text: str) -> str:
+    # A token of the hub's subjects: a wildcard or a dot would read other clusters' rows.
+    from pydantic import TypeAdapter, ValidationError
+
+    from lapse.config.schema import ClusterName
+
+    try:
+        return TypeAdapter(ClusterName).validate_python(text)
+    except ValidationError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a cluster name (lower-case letters, digits and '-')"
+        ) from None
+
+
+def fleet_config(config: LapseConfig, args: argparse.Namespace) -> LapseConfig | None:
+    """With --fleet or --cluster: `config` connecting to the hub instead of this
+    cluster's NATS; None without them."""
+    if not (args.fleet or args.cluster):
+        return None
+    hub = config.fleet.hub
+    if hub is None:
+        raise UsageError(
+            "--fleet and --cluster read from the fleet's hub: set fleet.hub.url (and its "
+            "credentials: fleet.hub.user and fleet.hub.password_file) in lapse.yaml "
+            "(docs/fleet.md)"
+        )
+    return config.model_copy(update={"nats": hub.as_nats()})
 
 
 def add_filters(parser: argparse.ArgumentParser) -> None:
@@ -178,19 +224,34 @@ def _since(args: argparse.Namespace) -> datetime | None:
 async def read_rows(
     resources: Resources, config: LapseConfig, args: argparse.Namespace, filters: Filters
 ) -> list[Row]:
-    from lapse.operations.audit import OUTCOME_TYPES, audit_events
+    from lapse.operations.audit import OUTCOME_TYPES
 
     js = await resources.jetstream()
     rows = []
-    async for event in audit_events(js, config.nats.streams.audit, since=_since(args)):
+    async for cluster, event in _events(js, config, args):
         if not args.all and event.get_type() not in OUTCOME_TYPES:
             continue
         row = audit_row(event)
         if row is not None and filters.keep(row):
-            rows.append(row)
+            rows.append(row if cluster is None else {"cluster": cluster, **row})
     return rows
 
 
+async def _events(
+    js: JetStreamContext, config: LapseConfig, args: argparse.Namespace
+) -> AsyncIterator[tuple[str | None, BaseCloudEvent]]:
+    """(cluster, event): this cluster's own audit stream (cluster None), or the hub's."""
+    from lapse.operations.audit import audit_events, fleet_audit_events
+
+    if args.fleet or args.cluster:
+        async for named, event in fleet_audit_events(js, cluster=args.cluster, since=_since(args)):
+            yield named, event
+        return
+    async for event in audit_events(js, config.nats.streams.audit, since=_since(args)):
+        yield None, event
+
+
+CLUSTER = Column("CLUSTER", lambda r: r["cluster"])
 COLUMNS = [
     Column("TIME", lambda r: r["time"]),
     Column("NAMESPACE", lambda r: r["namespace"]),
@@ -219,10 +280,13 @@ def run_history(args: argparse.Namespace) -> int:
     # Usage problems (and the deprecation warning) first; the audit trail may hold a
     # built-in kind no longer configured.
     filters = Filters.of(args, [*config.kinds, *DEFAULT_KINDS])
+    hub = fleet_config(config, args)
+    columns = COLUMNS if hub is None else [CLUSTER, *COLUMNS]
+    config = hub or config
 
     async def draw(resources: Resources, out: IO[str]) -> None:
         rows = await read_waiting_out_nats(lambda: read_rows(resources, config, args, filters))
-        emit(rows, COLUMNS, args, out, name=_name)
+        emit(rows, columns, args, out, name=_name)
         # Under the table, for people: json and yaml stay a list of rows (sum bytesFreed),
         # and without headers the table stays rows alone, for awk and grep.
         total = total_line(rows)

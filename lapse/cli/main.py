@@ -69,6 +69,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "deliver due events and cleanup outcomes from NATS to an HTTP sink (Knative Broker)",
     ),
     "infra": ("lapse.cli.infra", "manage what lapse needs in NATS"),
+    "fleet": ("lapse.cli.fleet", "the fleet's hub: its NATS configuration and streams"),
     "completion": ("lapse.cli.completion", "print a shell completion script (bash, zsh, fish)"),
     "version": ("lapse.cli.version", "the client's version, and the running lapse up's"),
 }

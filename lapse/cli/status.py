@@ -43,6 +43,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="every namespace (what status always shows; accepted as in kubectl)",
     )
     add_filters(status)
+    status.add_argument(
+        "--fleet",
+        action="store_true",
+        help="each cluster of the fleet as its hub knows it (fleet.hub): when it last heard "
+        "from the cluster, how far behind it is, its audit events (docs/fleet.md)",
+    )
     add_output(status, REPORT_FORMATS)
     add_watch(status)
     status.set_defaults(run=run_status)
@@ -208,6 +214,8 @@ def run_status(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     filters = Filters.of(args, [*settings.config.kinds, *DEFAULT_KINDS])
+    if args.fleet:
+        return _fleet_status(settings, args)
 
     async def draw(resources: Resources, out: IO[str]) -> None:
         report = await read_waiting_out_nats(
@@ -217,6 +225,29 @@ def run_status(args: argparse.Namespace) -> int:
 
     async def work() -> None:
         async with Resources(settings.config) as resources:
+            await reach_nats(resources)
+            if args.watch:
+                await watch(lambda out: draw(resources, out), args, "lapse status", sys.stdout)
+            else:
+                await draw(resources, sys.stdout)
+
+    return run_watch(work) if args.watch else _once(work)
+
+
+def _fleet_status(settings: Settings, args: argparse.Namespace) -> int:
+    from lapse.cli.fleet_status import fleet_report, print_fleet_report
+    from lapse.cli.history import fleet_config
+    from lapse.runtime.resources import Resources
+
+    args.cluster = None  # status has no --cluster: every cluster is one row
+    config = fleet_config(settings.config, args)
+    assert config is not None
+
+    async def draw(resources: Resources, out: IO[str]) -> None:
+        print_fleet_report(await read_waiting_out_nats(lambda: fleet_report(resources)), args, out)
+
+    async def work() -> None:
+        async with Resources(config) as resources:
             await reach_nats(resources)
             if args.watch:
                 await watch(lambda out: draw(resources, out), args, "lapse status", sys.stdout)

@@ -17,9 +17,10 @@ from kubernetes import client
 
 from lapse.cli import cluster, state
 from lapse.cli.common import ambient_kubeconfig, settings_from, state_dir_of
-from lapse.config import LapseConfig
-from lapse.config.schema import NATS_AUTH_KEYS, ArtifactsSection
+from lapse.config import ConfigError, LapseConfig
+from lapse.config.schema import NATS_AUTH_KEYS, ArtifactsSection, FleetConfig, FleetLeaf
 from lapse.edges.kubernetes import load_api_client
+from lapse.embedded.fleet_identities import LeafLink, leaf_settings
 from lapse.embedded.kube import EmbeddedKube, policy_crds, run_kind_crds
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.nats_identities import (
@@ -49,18 +50,41 @@ def has_cluster(config: LapseConfig) -> bool:
     return cluster.chosen_explicitly(config) or cluster.in_a_pod()
 
 
-def start_embedded_nats(state_dir: Path) -> EmbeddedNats:
+def start_embedded_nats(state_dir: Path, fleet: FleetConfig | None = None) -> EmbeddedNats:
     """The embedded server admits only lapse's identities (nats_identities: the process,
     the read-only commands, the admin), each with the subjects it may publish and the
     durable consumers it owns; their
-    passwords stay in the state directory, where the other commands find them."""
+    passwords stay in the state directory, where the other commands find them. With
+    `fleet.leaf`, it is a leaf node of the fleet's hub in its own JetStream domain
+    (docs/fleet.md)."""
     port = DEFAULT_NATS_PORT if not port_open(DEFAULT_NATS_PORT) else free_port()
     settings = authorization(
         ensure_passwords(state_dir), EMBEDDED, owned_durables(), retired_durables()
     )
+    if fleet is not None and fleet.leaf is not None and fleet.cluster is not None:
+        durables = tuple(sorted({d for owned in owned_durables().values() for d in owned}))
+        settings |= leaf_settings(_leaf_link(fleet.cluster, fleet.leaf), durables)
     server = EmbeddedNats(state_dir / "nats", port=port, settings=settings).start()
     state.write(state_dir, state.NATS_URL, server.url)
     return server
+
+
+def _leaf_link(cluster: str, leaf: FleetLeaf) -> LeafLink:
+    try:
+        password = leaf.password_file.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(
+            [f"fleet.leaf.password_file: cannot read {leaf.password_file} ({exc.strerror})"]
+        ) from None
+    if not password:
+        raise ConfigError([f"fleet.leaf.password_file: {leaf.password_file} is empty"])
+    return LeafLink(
+        cluster=cluster,
+        urls=tuple(url.strip() for url in leaf.url.split(",")),
+        user=leaf.user,
+        password=password,
+        ca_file=str(leaf.ca_file) if leaf.ca_file is not None else None,
+    )
 
 
 def as_process(config: LapseConfig, state_dir: Path) -> LapseConfig:
@@ -171,6 +195,13 @@ def run_up(args: argparse.Namespace) -> int:
     listen_token(args.listen or None, config.ingress)
     if has_cluster(config):  # before any server starts: a missing file is a usage error
         cluster.check_kubeconfig_files(config)
+    if config.fleet.leaf is not None and config.nats.url is not None:
+        raise ConfigError(
+            [
+                "fleet.leaf: it makes lapse up's own NATS a leaf node of the hub; with "
+                "nats.url set, configure that server as the leaf instead (docs/fleet.md)"
+            ]
+        )
     state_dir = state_dir_of(args)
     state.make_private(state_dir)  # credentials are written there: 0600 in 0700
     state.write(state_dir, state.UP, f"{version('lapse')} {os.getpid()}")
@@ -179,13 +210,21 @@ def run_up(args: argparse.Namespace) -> int:
     s3: EmbeddedSeaweedFS | None = None
     try:
         if config.nats.url is None:
-            nats_server = start_embedded_nats(state_dir)
+            nats_server = start_embedded_nats(state_dir, config.fleet)
             config = as_process(config, state_dir)
             log.info(
                 "no nats.url configured: started nats-server at %s (users and passwords in %s)",
                 nats_server.url,
                 password_file(state_dir, PROCESS).parent,
             )
+            if config.fleet.leaf is not None:
+                log.info(
+                    "fleet: this cluster's JetStream domain is %r, a leaf node of the hub "
+                    "at %s as %s (its deadlines stay here; docs/fleet.md)",
+                    config.fleet.cluster,
+                    config.fleet.leaf.url,
+                    config.fleet.leaf.user,
+                )
         if config.database.url is None:
             url = f"sqlite:///{state_dir / 'lapse.db'}"
             config = config.model_copy(

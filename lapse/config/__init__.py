@@ -29,7 +29,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lapse.config.database_url import DatabaseURLError, async_url
+    from lapse.config.database_syntax import DatabaseURLError
+    from lapse.config.database_url import async_url
     from lapse.config.errors import ConfigError
     from lapse.config.loader import CONFIG_ENV, ENV_PREFIX, ENV_SEPARATOR, load_config
     from lapse.config.schema import (
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 # Imported on first use (PEP 562): `lapse.config.redact`, which every command's logging
 # uses, must not bring pydantic and SQLAlchemy into `lapse --help` (docs/cli.md, "Start-up").
 _WHERE = {
-    "DatabaseURLError": "database_url",
+    "DatabaseURLError": "database_syntax",
     "async_url": "database_url",
     "ConfigError": "errors",
     "CONFIG_ENV": "loader",

@@ -1,28 +1,18 @@
-"""Which databases lapse supports, and the async driver each plain URL means.
+"""The SQLAlchemy URL lapse connects with: the async driver each plain URL means.
 
 Users write the URL they know (postgresql://, mysql://, sqlite:///); lapse needs an async
-driver for each, so plain dialects are mapped to one and an explicit driver is kept. The
-configuration checks `database.url` with this at load time; the database edge connects
-with the URL it returns.
+driver for each, so plain dialects are mapped to one and an explicit driver is kept
+(`lapse.config.database_syntax`, which the configuration checks `database.url` with at load
+time, without SQLAlchemy). The database edge connects with the URL this returns.
 """
 
 from __future__ import annotations
 
 from sqlalchemy.engine import URL, make_url
 
-from lapse.errors import LapseError
+from lapse.config.database_syntax import ASYNC_DRIVERS, DatabaseURLError
 
-_ASYNC_DRIVERS = {
-    "postgresql": "postgresql+asyncpg",
-    "postgres": "postgresql+asyncpg",
-    "mysql": "mysql+aiomysql",
-    "mariadb": "mysql+aiomysql",
-    "sqlite": "sqlite+aiosqlite",
-}
-
-
-class DatabaseURLError(LapseError, ValueError):
-    """The configured database URL cannot be used."""
+__all__ = ["DatabaseURLError", "async_url"]
 
 
 def async_url(url: str | URL) -> URL:
@@ -35,8 +25,8 @@ def async_url(url: str | URL) -> URL:
         ) from None
     if "+" in parsed.drivername:
         return parsed
-    driver = _ASYNC_DRIVERS.get(parsed.drivername)
+    driver = ASYNC_DRIVERS.get(parsed.drivername)
     if driver is None:
-        supported = ", ".join(sorted(_ASYNC_DRIVERS))
+        supported = ", ".join(sorted(ASYNC_DRIVERS))
         raise DatabaseURLError(f"unsupported database '{parsed.drivername}' (use {supported})")
     return parsed.set(drivername=driver)

@@ -21,9 +21,8 @@ from pydantic import (
     SecretStr,
     model_validator,
 )
-from sqlalchemy.engine import make_url
 
-from lapse.config.database_url import DatabaseURLError, async_url
+from lapse.config.database_syntax import DatabaseURLError, drivername, parses
 from lapse.events.kinds import DEFAULT_KIND_NAMES, KindSet, KindSpec, resolve_kinds
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig
 from lapse.functions.durations import DurationField, PositiveDuration
@@ -66,25 +65,34 @@ KeyFrom = Annotated[
 
 def _database_url(value: str) -> str:
     # Messages never echo the URL: it usually carries a password.
+    # SQLAlchemy's grammar, without SQLAlchemy: only the row-reaper's image carries it.
+    if not parses(value):
+        raise ValueError("not a SQLAlchemy URL (e.g. postgresql://user:password@host/db)")
     try:
-        make_url(value)
-    except Exception:  # SQLAlchemy raises ArgumentError (and others) for unparseable text
-        raise ValueError("not a SQLAlchemy URL (e.g. postgresql://user:password@host/db)") from None
-    try:
-        async_url(value)
+        drivername(value)
     except DatabaseURLError as exc:
         raise ValueError(str(exc)) from None
     return value
 
 
-def _nats_url(value: str) -> str:
+def _servers(value: str, schemes: tuple[str, ...], what: str) -> list[str]:
+    """What follows each scheme in `value` (comma-separated URLs, each with one of
+    `schemes`); `what` opens the message, its parenthesis closed here."""
+    rests = []
     for server in value.split(","):
         scheme, sep, rest = server.strip().partition("://")
-        if not sep or scheme not in ("nats", "tls", "ws", "wss") or not rest:
-            raise ValueError(
-                "not a NATS URL (nats://host:4222, tls://, ws:// or wss://; "
-                "several separated by commas)"
-            )
+        if not sep or scheme not in schemes or not rest:
+            raise ValueError(f"not {what} several separated by commas)")
+        rests.append(rest)
+    return rests
+
+
+def _nats_url(value: str) -> str:
+    _servers(
+        value,
+        ("nats", "tls", "ws", "wss"),
+        "a NATS URL (nats://host:4222, tls://, ws:// or wss://;",
+    )
     return value
 
 
@@ -202,6 +210,95 @@ class NatsConfig(_Section):
                 if getattr(self, key) is not None:
                     return f"nats.{key}"
         return None
+
+
+# A cluster's name in the fleet: its JetStream domain and a token of the hub's subjects
+# (lapse.fleet.<cluster>.>), so no dots, wildcards or spaces (docs/fleet.md).
+ClusterName = Annotated[
+    str,
+    _checked(
+        r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?",
+        "a cluster name (1-32 lower-case letters, digits and '-', a letter or digit at each end)",
+    ),
+]
+
+
+def _leaf_url(value: str) -> str:
+    rests = _servers(
+        value,
+        ("nats-leaf", "tls", "ws", "wss"),
+        "a leaf node URL (nats-leaf://hub:7422, tls://, ws:// or wss://;",
+    )
+    if any("@" in rest for rest in rests):
+        # Credentials come from user and password_file, never from the URL: it is logged,
+        # and shown by `lapse up`'s configuration errors.
+        raise ValueError("no credentials in the URL: set user and password_file")
+    return value
+
+
+class FleetLeaf(_Section):
+    """How `lapse up`'s embedded NATS joins the fleet's hub as a leaf node: the hub's leaf
+    node port and this cluster's own hub identity (`lapse-leaf-<cluster>`, docs/fleet.md)."""
+
+    url: Annotated[str, AfterValidator(_leaf_url)] = Field(repr=False)
+    user: str = Field(min_length=1)
+    # Read by `lapse up` when it writes its NATS's configuration (0600 in its state dir).
+    password_file: Path
+    # The CA that signed the hub's certificate (tls:// URLs); default: the system's.
+    ca_file: Path | None = None
+
+
+class FleetHub(_Section):
+    """Where `--fleet` commands and `lapse fleet apply` reach the hub: its client port and
+    an identity of the hub's (docs/fleet.md: lapse-hub-reader reads, lapse-hub-admin
+    applies the streams). Secrets only from files."""
+
+    url: Annotated[str, AfterValidator(_nats_url)] = Field(repr=False)
+    user: str | None = Field(default=None, min_length=1)
+    password_file: Path | None = None
+    creds_file: Path | None = None
+    tls: NatsTls = NatsTls()
+
+    def as_nats(self) -> NatsConfig:
+        """The `nats:` section that connects to the hub (its checks of the credentials
+        included)."""
+        return NatsConfig(
+            url=self.url,
+            user=self.user,
+            password_file=self.password_file,
+            creds_file=self.creds_file,
+            tls=self.tls,
+        )
+
+    @model_validator(mode="after")
+    def _credentials(self) -> FleetHub:
+        self.as_nats()
+        return self
+
+
+class FleetConfig(_Section):
+    """A fleet of clusters (docs/fleet.md): each keeps its deadlines in its own JetStream
+    domain, a leaf node of the hub, which sources every cluster's outcomes and lifecycle
+    events into its own streams."""
+
+    # This cluster's name: `lapse up`'s JetStream domain and its name on the hub.
+    cluster: ClusterName | None = None
+    # `lapse up`: its embedded NATS is a leaf node of the hub (needs `cluster`).
+    leaf: FleetLeaf | None = None
+    # The hub's client port, for `--fleet` commands and `lapse fleet apply`.
+    hub: FleetHub | None = None
+    # On the hub: the clusters whose events its streams source (`lapse fleet apply`).
+    clusters: tuple[ClusterName, ...] = ()
+
+    @model_validator(mode="after")
+    def _leaf_has_a_name(self) -> FleetConfig:
+        if self.leaf is not None and self.cluster is None:
+            raise ValueError("leaf needs cluster: the name of this cluster's JetStream domain")
+        if len(set(self.clusters)) != len(self.clusters):
+            raise ValueError("clusters: a name is listed twice")
+        if "hub" in (self.cluster, *self.clusters):
+            raise ValueError("'hub' is the hub's own domain: name the cluster otherwise")
+        return self
 
 
 class KfpTarget(_Section):
@@ -458,3 +555,5 @@ class LapseConfig(_Section):
     artifacts: ArtifactsSection = ArtifactsSection()
     # The Knative shape's periodic reconcile (the safety net).
     reconcile: ReconcileConfig = ReconcileConfig()
+    # Many clusters, one view (docs/fleet.md).
+    fleet: FleetConfig = FleetConfig()

@@ -253,3 +253,18 @@ async def key_value_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyV
             return await js.create_key_value(config=config)
         except APIError:
             return await js.key_value(config.bucket)
+
+
+class LazyBucket:
+    """The key-value bucket `config` names, opened or made (`key_value_bucket`) on the first
+    call and kept: a process that never uses a bucket never makes it."""
+
+    def __init__(self, js: JetStreamContext, config: KeyValueConfig) -> None:
+        self._js = js
+        self._config = config
+        self._kv: KeyValue | None = None
+
+    async def __call__(self) -> KeyValue:
+        if self._kv is None:
+            self._kv = await key_value_bucket(self._js, self._config)
+        return self._kv

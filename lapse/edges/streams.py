@@ -146,6 +146,8 @@ _DIRECT_HEADERS = frozenset(
         "Nats-UpTo-Sequence",
     }
 )
+# Where read_stream(with_subject=True) puts a message's subject.
+SUBJECT_HEADER = "Nats-Subject"
 _BATCH = 500
 _TIMEOUT = 5.0
 
@@ -165,12 +167,15 @@ async def read_stream(
     since: datetime | None = None,
     headers_only: bool = False,
     limit: int | None = None,
+    with_subject: bool = False,
 ) -> AsyncIterator[tuple[int, dict[str, str], bytes]]:
     """Every message on `subject` stored now, oldest first; stops at what was the last
-    message when it started. Read by message gets, in batches where the stream allows
-    direct gets, never through a consumer: a read-only identity may create none, since a
-    consumer create can update any of lapse's durables (docs/security.md, "NATS
-    identities"). `headers_only` is a hint: the bodies may be read anyway."""
+    message when it started. With `with_subject`, each message's own subject is in its
+    headers as `Nats-Subject` (a hub's stream names the cluster there). Read by message
+    gets, in batches where the stream allows direct gets, never through a consumer: a
+    read-only identity may create none, since a consumer create can update any of lapse's
+    durables (docs/security.md, "NATS identities"). `headers_only` is a hint: the bodies
+    may be read anyway."""
     del headers_only  # a message get returns whole messages
     info = await js.stream_info(stream)
     last = info.state.last_seq
@@ -185,9 +190,9 @@ async def read_stream(
         start["seq"] = 1
     seen = 0
     messages = (
-        _direct_gets(_client(js), stream, subject, start)
+        _direct_gets(_client(js), stream, subject, start, with_subject)
         if info.config.allow_direct
-        else _message_gets(js, stream, subject, start)
+        else _message_gets(js, stream, subject, start, with_subject)
     )
     async for seq, headers, body in messages:
         if seq > last:
@@ -199,7 +204,7 @@ async def read_stream(
 
 
 async def _direct_gets(
-    nc: NATS, stream: str, subject: str, start: dict[str, Any]
+    nc: NATS, stream: str, subject: str, start: dict[str, Any], with_subject: bool
 ) -> AsyncIterator[tuple[int, dict[str, str], bytes]]:
     """Batched direct gets (`$JS.API.DIRECT.GET.<stream>`, `batch`): each answer streams up
     to _BATCH messages, then a 204 (end of batch) or a 404 (none left)."""
@@ -224,6 +229,8 @@ async def _direct_gets(
                     raise APIError(code=int(status), description=headers.get("Description"))
                 after = int(headers["Nats-Sequence"])
                 kept = {k: v for k, v in headers.items() if k not in _DIRECT_HEADERS}
+                if with_subject:
+                    kept[SUBJECT_HEADER] = headers["Nats-Subject"]
                 yield after, kept, msg.data
             if after is None:
                 return
@@ -234,7 +241,7 @@ async def _direct_gets(
 
 
 async def _message_gets(
-    js: JetStreamContext, stream: str, subject: str, start: dict[str, Any]
+    js: JetStreamContext, stream: str, subject: str, start: dict[str, Any], with_subject: bool
 ) -> AsyncIterator[tuple[int, dict[str, str], bytes]]:
     """One `$JS.API.STREAM.MSG.GET.<stream>` a message: for a stream without direct gets."""
     seq = start.get("seq")
@@ -257,8 +264,21 @@ async def _message_gets(
         except NotFoundError:
             return
         seq = msg.seq or seq
-        yield seq, dict(msg.headers or {}), msg.data or b""
+        headers = dict(msg.headers or {})
+        if with_subject:
+            headers[SUBJECT_HEADER] = msg.subject or ""
+        yield seq, headers, msg.data or b""
         seq += 1
+
+
+async def stream_info_document(js: JetStreamContext, stream: str) -> dict[str, Any]:
+    """The server's own stream info, as JSON: what nats-py's StreamInfo drops included (a
+    source's `external` API prefix names the domain it comes from)."""
+    answer = await _client(js).request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=_TIMEOUT)
+    info: dict[str, Any] = json.loads(answer.data)
+    if "error" in info:
+        raise APIError.from_error(info["error"])
+    return info
 
 
 async def count_messages(js: JetStreamContext, stream: str, subject: str) -> int:

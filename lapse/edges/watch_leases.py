@@ -33,7 +33,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from lapse.edges.nats import key_value_bucket
+from lapse.edges.nats import LazyBucket
 
 BUCKET: Final = "LAPSE_LEASES"
 LEASE_PREFIX: Final = "lease."
@@ -67,30 +67,31 @@ class WatchLeases:
     def __init__(
         self, js: JetStreamContext, cluster: str, me: str, *, ttl: float, replicas: int = 1
     ) -> None:
-        self._js = js
         self.cluster = cluster
         self._scope = cluster_key(cluster)
         self.me = me
         self.ttl = ttl
-        self._replicas = replicas
-        self._kv: KeyValue | None = None
-
-    async def _bucket(self) -> KeyValue:
-        if self._kv is None:
-            config = KeyValueConfig(
+        self._kv = LazyBucket(
+            js,
+            KeyValueConfig(
                 bucket=BUCKET,
                 description="Which lapse up process watches which kind",
                 history=1,
-                ttl=self.ttl,
-                replicas=self._replicas,
-            )
-            kv = await key_value_bucket(self._js, config)
+                ttl=ttl,
+                replicas=replicas,
+            ),
+        )
+        self._ttl_read = False
+
+    async def _bucket(self) -> KeyValue:
+        kv = await self._kv()
+        if not self._ttl_read:
             # Whoever made the bucket chose the TTL: every holder gives up by it.
             status = await kv.status()
             if status.ttl:
                 self.ttl = float(status.ttl)
-            self._kv = kv
-        return self._kv
+            self._ttl_read = True
+        return kv
 
     def _lease_key(self, kind: str) -> str:
         return f"{LEASE_PREFIX}{self._scope}.{kind}"

@@ -22,9 +22,8 @@ from typing import Final
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
 from nats.js.errors import KeyNotFoundError
-from nats.js.kv import KeyValue
 
-from lapse.edges.nats import key_value_bucket
+from lapse.edges.nats import LazyBucket
 
 BUCKET: Final = "LAPSE_WATCH"
 
@@ -33,20 +32,15 @@ class WatchPositions:
     """The stored watch position per kind; the bucket is made on first use."""
 
     def __init__(self, js: JetStreamContext, *, replicas: int = 1) -> None:
-        self._js = js
-        self._replicas = replicas
-        self._kv: KeyValue | None = None
-
-    async def _bucket(self) -> KeyValue:
-        if self._kv is None:
-            config = KeyValueConfig(
+        self._bucket = LazyBucket(
+            js,
+            KeyValueConfig(
                 bucket=BUCKET,
                 description="Where each kind's watch resumes (lapse up's watcher)",
                 history=1,
-                replicas=self._replicas,
-            )
-            self._kv = await key_value_bucket(self._js, config)
-        return self._kv
+                replicas=replicas,
+            ),
+        )
 
     async def get(self, kind: str, cluster: str) -> str | None:
         """The resourceVersion stored for `kind` on `cluster` (the API server's URL), or

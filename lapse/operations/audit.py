@@ -12,8 +12,9 @@ from typing import Any
 from cloudevents.core.base import BaseCloudEvent
 from nats.js import JetStreamContext
 
+from lapse.edges.fleet_streams import FLEET_AUDIT, cluster_of, fleet_subject
 from lapse.edges.schedules import SCHEDULE_HEADER
-from lapse.edges.streams import count_messages, read_stream
+from lapse.edges.streams import SUBJECT_HEADER, count_messages, read_stream
 from lapse.events.builder import parse_payload
 from lapse.events.errors import InvalidEvent
 from lapse.events.models import CleanupCompleted, CleanupFailed
@@ -40,6 +41,29 @@ async def audit_events(
             yield from_nats(headers, body)
         except InvalidEvent:
             continue  # not written by lapse; the audit view shows lapse's own events
+
+
+async def fleet_audit_events(
+    js: JetStreamContext,
+    *,
+    cluster: str | None = None,
+    since: datetime | None = None,
+) -> AsyncIterator[tuple[str, BaseCloudEvent]]:
+    """(cluster, event) for every outcome, schedule and cancellation the hub sourced from
+    its clusters (or from `cluster` only), oldest first as the hub stored them; the
+    cluster is the one the hub's subject names, which only that cluster's leaf identity
+    can deliver (docs/fleet.md)."""
+    subject = f"{fleet_subject(cluster or '*', 'audit')}.>"
+    async for _, headers, body in read_stream(
+        js, FLEET_AUDIT, subject, since=since, with_subject=True
+    ):
+        named = cluster_of(headers.pop(SUBJECT_HEADER, ""))
+        if named is None:
+            continue
+        try:
+            yield named, from_nats(headers, body)
+        except InvalidEvent:
+            continue  # not written by lapse
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,7 @@ from lapse.config import ConfigError, load_config
 from lapse.functions.ports import Handler, RetryLater
 from lapse.runtime import shutdown
 from lapse.runtime.asgi import Receive, Scope, Send, respond
-from lapse.runtime.policy_watcher import FOLLOWERS, follow
-from lapse.runtime.registry import RENAMED, build_handler
+from lapse.runtime.registry import FOLLOWERS, RENAMED, build_handler
 from lapse.runtime.resources import Resources
 from lapse.runtime.senders import SenderCheck, refused
 from lapse.runtime.trust import trust_of_request
@@ -72,6 +71,9 @@ class FunctionShell:
             config = load_config(env.get("LAPSE_CONFIG"), env=env)
             self._resources = Resources(config)
             if RENAMED.get(self.name, self.name) in FOLLOWERS:
+                # Imported here: only the followers' images carry the Kubernetes client.
+                from lapse.runtime.policy_watcher import follow
+
                 # The policy objects are read before the first event is decided.
                 self._follower = await follow(self._resources, self._stopping)
             self._handler = await build_handler(self.name, self._resources)

@@ -420,10 +420,6 @@ def _label(obj: dict[str, Any]) -> str:
     return f"{kind.lower()}:{namespace + '/' if namespace else ''}{name}"
 
 
-# The functions that decide with the policies, and so follow the policy objects on Knative.
-FOLLOWERS = frozenset({"ttl-planner", "object-reaper"})
-
-
 async def _nothing_published(event: BaseCloudEvent) -> None:  # pragma: no cover - never called
     raise AssertionError("a policy follower publishes nothing")
 

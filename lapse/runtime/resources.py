@@ -1,7 +1,10 @@
 """The connections a process holds, opened once from the configuration and closed together.
 
 Each is opened on first use, so a command or function only connects to what it needs
-(`lapse plan` never touches NATS; the row-reaper never touches Kubernetes).
+(`lapse plan` never touches NATS; the row-reaper never touches Kubernetes). The Kubernetes
+client and SQLAlchemy are imported there too, when their connection is first opened: a
+function's image carries only the clients that function uses (images/README.md), so this
+module, which every function loads, must not import the others'.
 """
 
 from __future__ import annotations
@@ -14,21 +17,24 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from kubernetes import client
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from lapse.config import LapseConfig
-from lapse.edges import database, nats
-from lapse.edges.kubernetes import KubeObjects, OwnDeletions, Workflows, load_api_client
+from lapse.edges import nats
 from lapse.edges.publishing import NatsEmitter
 from lapse.edges.schedules import NatsScheduleStore
 from lapse.errors import LapseError
 from lapse.functions.policy_objects import PolicyBook
 from lapse.runtime.outages import PatientEmitter
+
+if TYPE_CHECKING:
+    from kubernetes import client
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from lapse.edges.kubernetes import KubeObjects, OwnDeletions, Workflows
 
 # The official Kubernetes client is synchronous: its calls run on this many threads, which
 # also bounds how many API requests one process has in flight.
@@ -120,7 +126,7 @@ class Resources:
         self._api_client: client.ApiClient | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._engine: AsyncEngine | None = None
-        self._own_deletions = OwnDeletions()
+        self._own_deletions: OwnDeletions | None = None
         self._policies: PolicyBook | None = None
 
     async def __aenter__(self) -> Resources:
@@ -153,6 +159,8 @@ class Resources:
 
     def kube_client(self) -> client.ApiClient:
         if self._api_client is None:
+            from lapse.edges.kubernetes import load_api_client
+
             k = self.config.kubernetes
             self._api_client = load_api_client(
                 str(k.kubeconfig) if k.kubeconfig else None,
@@ -171,10 +179,16 @@ class Resources:
         return self._executor
 
     def workflows(self) -> Workflows:
+        from lapse.edges.kubernetes import Workflows
+
         return Workflows(self.kube_client(), self.kube_executor())
 
     def objects(self) -> KubeObjects:
         """Run objects of the configured kinds (`kinds:` in lapse.yaml)."""
+        from lapse.edges.kubernetes import KubeObjects, OwnDeletions
+
+        if self._own_deletions is None:
+            self._own_deletions = OwnDeletions()
         return KubeObjects(
             self.kube_client(), self.kube_executor(), self.config.kinds, self._own_deletions
         )
@@ -192,6 +206,8 @@ class Resources:
             settings = self.config.database
             if not settings.url:
                 raise MissingSetting("database.url is not set (LAPSE_DATABASE__URL)")
+            from lapse.edges import database
+
             self._engine = database.create_engine(
                 settings.url,
                 connect_timeout=settings.connect_timeout,

@@ -3,7 +3,7 @@ ends the process.
 
 Each task (a kind's watcher, the policy watcher, the dispatcher, the ingress, the health
 and gauge reporters, whatever is added next) is started with `Supervisor.start`. A fault
-is classified in one place (`lapse.runtime.outages.fault_of`):
+is classified in one place (`lapse.runtime.faults.fault_of`):
 
 - **transient** (the API server or NATS unreachable, a timeout, 408/429/5xx) and
   **unexpected** (a bug: logged with its traceback) are waited out: the loop that met it
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lapse import telemetry
-from lapse.runtime.outages import Backoff, Fault, fault_of
+from lapse.runtime.faults import Fault, fault_of
+from lapse.runtime.outages import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -14,17 +14,23 @@ ends in exactly one outcome, and nothing is dead-lettered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
+import hypercorn.asyncio
+import hypercorn.config
+import obstore
 import pytest
 
 from lapse.embedded.nats import EmbeddedNats
+from lapse.embedded.process import free_port, port_open
 from lapse.embedded.seaweedfs import REGION, EmbeddedSeaweedFS
 from lapse.events.timeutil import parse_rfc3339
 from tests.conftest import ARTIFACT_BUCKET, KubeStack, kube_stack
@@ -153,3 +159,124 @@ async def test_up_deletes_a_workflows_artifacts_on_their_clock_through_an_s3_out
         if seaweedfs.process is None:
             seaweedfs.start()
         assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
+
+
+@contextlib.asynccontextmanager
+async def writing_before_the_delete(
+    upstream: str, key: str, write: Callable[[], Awaitable[None]]
+) -> AsyncIterator[str]:
+    """The S3 server behind a loopback pass-through that, when `key`'s delete first
+    arrives (a DELETE of it, or a DeleteObjects naming it), runs `write` against the
+    real server and then forwards the delete: a write landing after everything lapse
+    looked at and before its delete, the moment no test can otherwise hit. Requests go
+    on byte for byte, the signed Host header with them."""
+    pending = [write]
+    client = httpx.AsyncClient(timeout=60)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        path, query = scope["raw_path"].decode(), scope["query_string"].decode()
+        deleting = (scope["method"] == "DELETE" and path.endswith(f"/{key}")) or (
+            scope["method"] == "POST" and "delete" in query and f"<Key>{key}</Key>" in body.decode()
+        )
+        if deleting and pending:
+            await pending.pop()()
+        request = client.build_request(
+            scope["method"], f"{upstream}{path}" + (f"?{query}" if query else ""),
+            headers=[(k, v) for k, v in scope["headers"]], content=body,
+        )  # fmt: skip
+        response = await client.send(request, stream=True)
+        raw = b"".join([chunk async for chunk in response.aiter_raw()])
+        headers = [
+            (k, v)
+            for k, v in response.headers.raw
+            if k.lower() not in (b"connection", b"transfer-encoding")
+        ]
+        await send(
+            {"type": "http.response.start", "status": response.status_code, "headers": headers}
+        )
+        await send({"type": "http.response.body", "body": raw})
+
+    port = free_port()
+    config = hypercorn.config.Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.accesslog = None
+    stop = asyncio.Event()
+    task = asyncio.create_task(hypercorn.asyncio.serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+
+    async def listening() -> bool:
+        return port_open(port)
+
+    await wait_for(listening, timeout=10, interval=0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await client.aclose()
+    assert not pending, f"no delete of {key} came"
+
+
+async def test_up_keeps_an_artifact_written_again_just_before_its_delete(
+    tmp_path: Path,
+    own_nats: EmbeddedNats,
+    kube: KubeStack,
+    seaweedfs: EmbeddedSeaweedFS,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`lapse up` deletes a Workflow's outputs; one of them is written again after lapse
+    listed it and before its delete reaches the store. The store deletes each output only
+    if it is still the object lapse judged (S3 If-Match on the etag listed): the one
+    written again is kept, whole, and the outcome says so; the others go."""
+    for key, value in seaweedfs.env().items():
+        monkeypatch.setenv(key, value)
+    ns = kube.namespace(f"race-{uuid.uuid4().hex[:6]}")
+    base = f"e2e/{ns}/wf"
+    outputs = [f"{base}/wf-1/main.log", f"{base}/wf-1/model.tgz", f"{base}/wf-1/metrics.json"]
+    rewritten = outputs[1]
+    s3 = client(seaweedfs)
+    await plant(s3, *outputs)
+
+    async def written_again() -> None:
+        await obstore.put_async(s3, rewritten, b"a new model, same key")
+
+    async with writing_before_the_delete(seaweedfs.endpoint, rewritten, written_again) as s3_url:
+        config = tmp_path / "lapse.yaml"
+        config.write_text(
+            f"nats: {{url: '{own_nats.url}'}}\n"
+            f"kubernetes: {{kubeconfig: '{kube.kubeconfig}'}}\n"
+            "policies:\n"
+            "  - name: clocks\n"
+            "    kubernetes: {ttl: 1s}\n"
+            "    artifacts: {ttl: 3s}\n"
+            "safety: {max_deletions_per_second: 1000, namespaces: {include: ['*']}}\n"
+            "artifacts:\n"
+            "  stores:\n"
+            f"    - {{name: argo, url: 's3://{ARTIFACT_BUCKET}/e2e/', endpoint: "
+            f"'{s3_url}', region: {REGION}, min_prefix_depth: 3}}\n"
+        )
+        up = LapseUp(config, tmp_path / "state", tmp_path / "up.log")
+        await up.start()
+        try:
+            await kube.workflows.create(ns, workflow_with_outputs("wf", outputs))
+
+            async def recorded() -> list[dict[str, Any]]:
+                rows = lapse_json("history", "-n", ns, config=config)
+                return [r for r in rows if r["target"] == "artifacts"]
+
+            (artifacts,) = await wait_for(recorded, timeout=60, interval=0.5)
+        finally:
+            assert up.stop() == 0, (tmp_path / "up.log").read_text()[-3000:]
+    assert await present(s3, f"{base}/") == {rewritten}, "the output written again was deleted"
+    body = await (await obstore.get_async(s3, rewritten)).bytes_async()
+    assert bytes(body) == b"a new model, same key"
+    assert artifacts["outcome"] == "deleted", artifacts
+    assert artifacts["objectsDeleted"] == 2, artifacts
+    assert "kept 1 objects written again since they were listed" in artifacts["detail"]

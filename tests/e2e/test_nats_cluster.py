@@ -42,8 +42,10 @@ pytestmark = [pytest.mark.kube, pytest.mark.nats]
 
 OBJECTS = 1_000
 # Deadlines are spread over this window, starting once every object exists and lapse has
-# planned it; the faults land inside it.
-FIRST_DUE = 20.0
+# planned it; the faults land inside it. Creating the objects takes ~10 s of it under CI's
+# load, and three processes must settle who watches (the lease) and plan them all: CI once
+# saw planning miss 20 s, before any fault.
+FIRST_DUE = 30.0
 WINDOW = 50.0
 NATS_DOWN_AT = 10.0  # seconds into the window: kill -9 of the schedule stream's leader
 NATS_DOWN_FOR = 20.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -509,7 +509,9 @@ async def test_an_object_another_run_rewrites_after_the_listing_is_judged_again(
 ) -> None:
     """Between the listing and the delete another run writes one of the listed keys anew
     and records it. The delete is held to the listing: the key's etag changed, so the
-    reaper reads and judges again, finds the other run's capture, and keeps its object."""
+    reaper reads and judges again, finds the other run's capture, and keeps its object.
+    On a store without conditional deletes (`conditional_delete: false`, GCS, Azure) this
+    listing again is the whole precondition; S3's If-Match is the next test's."""
     s3 = client(seaweedfs)
     now = datetime.now(UTC)
     wf = workflow("wf", now)
@@ -525,8 +527,9 @@ async def test_an_object_another_run_rewrites_after_the_listing_is_judged_again(
         await obstore.put_async(s3, rewritten, b"the later run's, and longer than before")
         await lapse.finished(later, recorded(rewritten))
 
-    hooked = RewrittenAfterListing(lapse.config, f"{base}/out-dir", another_run_writes)
-    reaper = dataclasses.replace(lapse.reaper, stores=hooked)
+    config = stores(seaweedfs, conditional_delete=False)
+    hooked = RewrittenAfterListing(config, f"{base}/out-dir", another_run_writes)
+    reaper = dataclasses.replace(lapse.reaper, stores=hooked, config=config)
     while parse_payload(event := await next_due(sub, Target.ARTIFACTS), CleanupDue).run != wf:
         pass
     result = outcome(await reaper.handle(event))
@@ -539,3 +542,77 @@ async def test_an_object_another_run_rewrites_after_the_listing_is_judged_again(
     assert result.outcome is Outcome.DELETED
     assert result.detail.startswith("deleted 1 objects")
     assert later.uid in result.detail  # shared, kept
+
+
+class WrittenAfterTheRecheck(ObstoreStores):
+    """The real store (SeaweedFS); right after the reaper lists a batch again (its last
+    look before the delete), `then` runs: a write lands in the window no listing can
+    close, the moment no test can otherwise hit."""
+
+    def __init__(self, config: ArtifactsConfig, then: Any) -> None:
+        super().__init__(config)
+        self.then = then
+
+    async def current(
+        self, store: str, objects: Sequence[StoredObject]
+    ) -> tuple[StoredObject, ...]:
+        now = await super().current(store, objects)
+        if self.then is not None:
+            then, self.then = self.then, None
+            await then()
+        return now
+
+
+async def test_an_object_written_again_after_the_last_listing_is_kept_by_the_store(
+    lapse: Lapse, seaweedfs: EmbeddedSeaweedFS
+) -> None:
+    """After the batch's last listing, one of its keys is written again (same size, new
+    etag) and another is deleted by someone else. The store deletes each object only if
+    its etag is still the one listed (S3 If-Match): the rewritten one is kept, the gone
+    one counts as already gone, the unchanged ones go, and the outcome says so."""
+    s3 = client(seaweedfs)
+    run = job("raced", datetime.now(UTC) - timedelta(seconds=10))
+    prefix = f"runs/logs/team-a/raced/{run.uid}/"
+    keys = [f"{prefix}{i}.log" for i in range(6)]
+    rewritten, vanished = keys[1], keys[4]
+    await plant(s3, *keys)
+    sub = await lapse.due_reader()
+    await lapse.finished(run)
+
+    async def written_again() -> None:
+        await obstore.put_async(s3, rewritten, f"CONTENT OF {rewritten}".encode())
+        await obstore.delete_async(s3, vanished)
+
+    reaper = dataclasses.replace(
+        lapse.reaper, stores=WrittenAfterTheRecheck(lapse.config, written_again)
+    )
+    result = outcome(await reaper.handle(await next_due(sub, Target.ARTIFACTS)))
+
+    assert await present(s3, prefix) == {rewritten}, "the object written again was deleted"
+    body = await (await obstore.get_async(s3, rewritten)).bytes_async()
+    assert bytes(body) == f"CONTENT OF {rewritten}".encode()
+    assert result.outcome is Outcome.DELETED
+    assert result.detail.startswith("deleted 4 objects")
+    assert "kept 1 objects written again since they were listed" in result.detail
+    assert "1 objects were already gone" in result.detail
+
+
+async def test_a_run_whose_every_object_was_written_again_ends_kept(
+    lapse: Lapse, seaweedfs: EmbeddedSeaweedFS
+) -> None:
+    s3 = client(seaweedfs)
+    run = job("rewritten", datetime.now(UTC) - timedelta(seconds=10))
+    key = f"runs/logs/team-a/rewritten/{run.uid}/0.log"
+    await plant(s3, key)
+    sub = await lapse.due_reader()
+    await lapse.finished(run)
+
+    async def written_again() -> None:
+        await obstore.put_async(s3, key, b"written again")
+
+    reaper = dataclasses.replace(
+        lapse.reaper, stores=WrittenAfterTheRecheck(lapse.config, written_again)
+    )
+    result = outcome(await reaper.handle(await next_due(sub, Target.ARTIFACTS)))
+    assert result.outcome is Outcome.KEPT, result.detail
+    assert await present(s3, key.rsplit("/", 1)[0]) == {key}

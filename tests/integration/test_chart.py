@@ -62,7 +62,9 @@ HELM_LABELS = frozenset(
 HELM_ANNOTATIONS = ("helm.sh/", "checksum/")
 KUSTOMIZE_HASH = re.compile(r"\b(lapse-nats-conf)-[a-z0-9]{10}\b")
 UNORDERED = ("env", "volumes", "volumeMounts")
-# What lapse.yaml says the chart sets from its own values, never from `config`.
+# What lapse.yaml says the chart sets from its own values, never from `config` (None: the
+# whole section). `fleet` is not offered: a fleet leaf is lapse up's embedded NATS, and the
+# chart's lapse always names a NATS of its own (docs/fleet.md, "Set up").
 CHART_OWNED = {
     "nats": {"url", "user", "password", "password_file", "token", "token_file", "nkey_file",
              "creds_file", "tls"},
@@ -71,6 +73,7 @@ CHART_OWNED = {
     "ingress": {"token_file"},
     "policies": None,
     "kinds": None,
+    "fleet": None,
 }  # fmt: skip
 
 Key = tuple[str, str, str, str]

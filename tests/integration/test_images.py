@@ -28,6 +28,7 @@ import yaml
 
 from lapse.embedded.nats import EmbeddedNats
 from lapse.embedded.process import free_port
+from tests.unit.test_function_imports import NOT_LOADED, REACHED, TELEMETRY
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT = 1800  # seconds: a cold build with empty pip and Debian caches
@@ -242,6 +243,24 @@ def test_each_function_image_serves_its_function_and_carries_no_nats_server(
         if name == "ttl-planner":
             assert answers["readiness"] == 200, (tmp_path / f"{name}.log").read_text()
         assert served[-1].poll() is None
+        # The image carries only its function's share of the lock (pyproject.toml's
+        # [tool.lapse.function-dependencies]): everything a deployed function reaches past
+        # start-up imports from the image's own files (its factory, the clients its
+        # resources open on first use, the policy follower, every telemetry exporter), and
+        # the other functions' edges are not there.
+        reached = [*REACHED[name], *TELEMETRY]
+        probe = (
+            "import importlib, importlib.util; import function, func_python.cloudevent\n"
+            "from lapse.runtime.registry import factory_of\n"
+            f"factory_of({name!r})\n"
+            f"[importlib.import_module(m) for m in {reached!r}]\n"
+            f"absent = [m for m in {NOT_LOADED[name]!r} if importlib.util.find_spec(m)]\n"
+            "assert not absent, absent"
+        )
+        imported = subprocess.run(
+            in_image(rootfs, config, ["python", "-c", probe]), capture_output=True, text=True
+        )
+        assert imported.returncode == 0, imported.stderr
 
 
 def test_the_lapse_image_runs_lapse_as_65532_on_a_read_only_root(

@@ -15,7 +15,7 @@ from lapse.config.schema import KubernetesConfig
 from lapse.embedded.process import free_port
 from lapse.events.kinds import ARGO_WORKFLOW
 from lapse.functions.ports import RetryLater
-from lapse.runtime.registry import _ReferencedObjects
+from lapse.runtime.factories.ttl_planner import ReferencedObjects
 from lapse.runtime.resources import Resources
 
 
@@ -44,7 +44,7 @@ async def test_a_claimed_object_read_during_an_outage_is_delivered_again(
     lapse/edges/kubernetes/reaping.py) both wait an outage out."""
     config = LapseConfig(kubernetes=KubernetesConfig(kubeconfig=_refused_kubeconfig(tmp_path)))
     async with Resources(config) as resources:
-        objects = _ReferencedObjects(resources)
+        objects = ReferencedObjects(resources)
         with pytest.raises(RetryLater) as waited:
             await objects.fetch("argoproj.io/v1alpha1", "Workflow", "team-a", "wf-1")
         with pytest.raises(RetryLater) as listed:

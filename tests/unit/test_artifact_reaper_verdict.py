@@ -282,3 +282,14 @@ def test_an_object_listed_again_with_another_size_or_etag_has_changed() -> None:
     # Gone since is no change: deleting it is a no-op.
     assert changed(judged, now) == ["b", "c"]
     assert changed(judged, judged) == []
+
+
+def test_s3_stores_delete_conditionally_unless_told_not_to_and_only_s3_can() -> None:
+    def store(url: str, **extra: object) -> ArtifactStore:
+        return ArtifactStore.model_validate({"name": "s", "url": url, **extra})
+
+    assert store("s3://b/").conditional
+    assert not store("s3://b/", conditional_delete=False).conditional
+    assert not store("gs://b/").conditional and not store("az://b/").conditional
+    with pytest.raises(ValidationError, match="conditional_delete is sent to S3 stores only"):
+        store("gs://b/", conditional_delete=True)

@@ -267,7 +267,7 @@ def test_lapse_variables_without_a_double_underscore_are_not_overrides() -> None
         (
             "natz: {}\n",
             "lapse.yaml: natz: unknown key (expected one of: nats, database, "
-            "kubernetes, policies, safety, ingress, kinds, artifacts, reconcile)",
+            "kubernetes, policies, safety, ingress, kinds, artifacts, reconcile, fleet)",
         ),
         (
             "policies:\n  - name: a\n    kubernetes: {ttl: 1h, after_error: 1h}\n",
@@ -285,7 +285,7 @@ def test_lapse_variables_without_a_double_underscore_are_not_overrides() -> None
         (
             "- nats\n",
             "lapse.yaml: the top level must be a mapping of sections (nats, "
-            "database, kubernetes, policies, safety, ingress, kinds, artifacts, reconcile)",
+            "database, kubernetes, policies, safety, ingress, kinds, artifacts, reconcile, fleet)",
         ),
         ("nats: [1]\n", "lapse.yaml: nats: expected a mapping of keys, got a list"),
         (
@@ -401,7 +401,7 @@ def test_file_errors_name_the_key(tmp_path: Path, text: str, message: str) -> No
         (
             {"LAPSE_NATZ__URL": "x"},
             "LAPSE_NATZ__URL: unknown setting 'natz' (expected one of: nats, database, "
-            "kubernetes, policies, safety, ingress, kinds, artifacts, reconcile)",
+            "kubernetes, policies, safety, ingress, kinds, artifacts, reconcile, fleet)",
         ),
         (
             {"LAPSE_NATS__STREAMS": "x"},

