@@ -66,15 +66,15 @@ YAML
 install_natss() {
   local t0 dir out; t0=$(date +%s)
   bash "$HERE/build-images.sh" natss >/dev/null
-  dir=$(moddir knative.dev/eventing-natss "$NATSS_VERSION")
-  out="$MANIFESTS/natss-$NATSS_VERSION"; mkdir -p "$out"
+  dir=$(natss_source)  # patched: the dispatcher may create service account tokens
+  out="$MANIFESTS/natss-$NATSS_TAG"; mkdir -p "$out"
   # v0.48.1's config/ has no symlinks (nothing for the module zip to drop).
-  python3 "$HERE/render.py" "$dir" knative.dev/eventing-natss "$NATSS_VERSION" localhost/knative/eventing-natss config/jetstream config/webhook > "$out/natss.yaml"
+  python3 "$HERE/render.py" "$dir" knative.dev/eventing-natss "$NATSS_TAG" localhost/knative/eventing-natss config/jetstream config/webhook > "$out/natss.yaml"
   sed "s|NATS_SERVER_IMAGE|localhost/nats-io/nats-server:$NATS_SERVER_VERSION|" "$HERE/manifests/natss-jetstream.yaml" > "$out/jetstream.yaml"
   bash "$HERE/import-images.sh" >/dev/null
   apply "$out/jetstream.yaml"; apply "$out/natss.yaml"
   rollout knative-eventing
-  log "Knative's NATS JetStream channel $NATSS_VERSION installed ($(( $(date +%s) - t0 )) s)"
+  log "Knative's NATS JetStream channel $NATSS_TAG installed ($(( $(date +%s) - t0 )) s)"
 }
 
 install_serving() {
