@@ -48,13 +48,12 @@ from tests.observability import COLLECTOR_CONFIG, collector_overrides, jaeger_co
 from tests.stack import Database
 
 DEV_OVERLAY = REPO / "infra/overlays/dev"
-# The Broker's channel (docs/deploy.md, "The Broker's channel"): the dev overlay's (the
-# cluster's default, in-memory). LAPSE_CLUSTER_CHANNEL=natss adds the natss-channel
-# component (Knative's NATS JetStream channel; `make cluster CLUSTER_KNATIVE="eventing natss
-# serving"` installs it): with Eventing's sender authentication on, its dispatcher's
-# deliveries are refused by the Broker's filter (401), so nothing reaches the functions.
+# The Broker's channel (docs/deploy.md, "The Broker's channel"): the natss-channel component
+# on the dev overlay (Knative's NATS JetStream channel, as in production; `make cluster`
+# installs it, its dispatcher patched to present OIDC tokens: infra/natss).
+# LAPSE_CLUSTER_CHANNEL=in-memory leaves the dev overlay's, the cluster's default channel.
 NATSS_CHANNEL = REPO / "infra/components/natss-channel"
-CHANNEL = os.environ.get("LAPSE_CLUSTER_CHANNEL", "in-memory")
+CHANNEL = os.environ.get("LAPSE_CLUSTER_CHANNEL", "natss")
 SYSTEM = "lapse-system"
 RUNS = "default"  # the namespace the dev overlay cleans
 # A second namespace lapse cleans (lapse.yaml's safety.namespaces, the Roles the overlay

@@ -87,7 +87,7 @@ def held_by_the_channel(cluster: Cluster) -> dict[str, int]:
     held: dict[str, int] = {}
     for account in jsz.get("account_details", []):
         for stream in account.get("stream_detail", []):
-            if SYSTEM.upper() not in stream["name"].upper():
+            if f"KN_{SYSTEM.upper().replace('-', '_')}__" not in stream["name"]:
                 continue  # another namespace's channel
             for consumer in stream.get("consumer_detail", []):
                 held[f"{stream['name']}/{consumer['name']}"] = (
