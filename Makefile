@@ -5,10 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-# What `make cluster` installs on Kubernetes after the node: "eventing natss serving" (the
-# Broker's durable channel, Knative's NATS JetStream one: docs/cluster.md), "eventing
-# serving" or "eventing".
-CLUSTER_KNATIVE ?= eventing natss serving
+# What `make cluster` installs on Kubernetes after the node: "eventing serving" or "eventing".
+CLUSTER_KNATIVE ?= eventing serving
 .PHONY: help install lock databases mlmd-venv kube crds observability seaweedfs stack test test-unit lint format run demo functions images kubectl helm helm-docs release bench bench-quick bench-knative cluster cluster-stop test-cluster clean
 
 help: ## Show the targets

@@ -24,9 +24,6 @@ namespace bench-up, unthrottled) gets the same burst.
 
     make cluster && .venv/bin/python -m bench.bench_knative [--burst 400] [--replicas 1,2,4]
 
-The Broker runs on Knative's NATS JetStream channel, as in production;
-LAPSE_CLUSTER_CHANNEL=in-memory measures the in-memory channel instead.
-
 Writes bench/out/knative.json. Needs root (cgroups), the images `make images` builds and the
 host's PostgreSQL (`make databases`: the row-reaper's target, as in the cluster tests).
 A benchmark, never a test.
@@ -58,7 +55,6 @@ import yaml
 from bench import report
 from tests.cluster.conftest import REPO, Cluster, _cluster_env, json_objects, poll
 from tests.cluster.lapse_on_cluster import (
-    CHANNEL,
     JAEGER_QUERY_PORT,
     OBSERVABILITY,
     REAPER,
@@ -465,8 +461,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "versions": versions(cluster),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
         "burst": args.burst, "ttl_s": args.ttl, "reaper_cpu_limit": args.cpu,
-        # The Broker's channel: natss, or LAPSE_CLUSTER_CHANNEL=in-memory (lapse_on_cluster)
-        "channel": CHANNEL,
     }  # fmt: skip
     async with scratch_database("postgresql") as database:
         _, relay = await asyncio.to_thread(

